@@ -1,0 +1,37 @@
+# transformer-pde: the two commands of the README, plus helpers.
+#   make demo   set up .venv (Python 3.12, pinned), run the default S^2 experiment on 2 ranks
+#   make test   set up .venv, run the test suite serially and under mpiexec -n 2
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MPIEXEC := $(VENV)/bin/mpiexec
+NP ?= 2
+OUT ?= results/demo
+TEST_TIMEOUT ?= 600
+
+.PHONY: demo test test-serial test-mpi venv lint bench clean
+
+venv:
+	@VENV=$(VENV) bash docker/install.sh
+
+demo: venv
+	timeout 600 $(MPIEXEC) -n $(NP) $(VENV)/bin/transformer-pde run configs/demo_s2.toml --out $(OUT)
+	@echo "results in $(OUT): density.xdmf (ParaView), metrics.csv, final.npz, summary.json, density.png"
+
+test: venv
+	$(MAKE) test-serial test-mpi
+
+test-serial:
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -q tests
+
+test-mpi:
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -q -m "not serial" tests
+
+lint: venv
+	$(VENV)/bin/ruff check solvers meshes drivers tests benchmarks
+
+bench: venv
+	$(PY) benchmarks/velocity.py
+
+clean:
+	rm -rf results .pytest_cache

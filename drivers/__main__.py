@@ -1,0 +1,7 @@
+"""``python -m drivers run CONFIG.toml ...``: the same CLI as ``transformer-pde``."""
+
+import sys
+
+from drivers.cli import main
+
+sys.exit(main())

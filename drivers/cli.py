@@ -1,0 +1,60 @@
+"""Command line: ``transformer-pde run CONFIG.toml [--out DIR] [--set section.key=value ...]``.
+
+Exit codes (DESIGN section 4): 0 success; 2 invalid input, with one line naming the key or
+file (no traceback); 3 the run stopped on a detected failure (NaN, blow-up), after writing
+everything computed so far. Works serially and under ``mpiexec -n N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own code)
+        self.exit(2, f"transformer-pde: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="transformer-pde", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run an experiment from a TOML config")
+    r.add_argument("config", help="TOML configuration file")
+    r.add_argument("--out", default=None, help="output folder (default results/<config name>)")
+    r.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="SECTION.KEY=VALUE", help="override a config value (TOML syntax)")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # Heavy imports after argument parsing so that --help is fast.
+    import dolfinx_solver  # noqa: F401
+    from mpi4py import MPI
+
+    from drivers.config import ConfigError, load_config
+    from drivers.run import run
+    from meshes.sphere import MeshError
+    from solvers.initial import DensityError
+
+    comm = MPI.COMM_WORLD
+    out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
+    try:
+        cfg = load_config(args.config, args.overrides)
+        result = run(cfg, out, comm, verbose=not args.quiet)
+    except (ConfigError, MeshError, DensityError) as exc:
+        key = getattr(exc, "key", None)
+        prefix = "" if key else ("mesh.file: " if isinstance(exc, MeshError) else "initial.density: ")
+        if comm.rank == 0:
+            print(f"transformer-pde: error: {prefix}{exc}".replace("\n", " "), file=sys.stderr, flush=True)
+        return 2
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Run configuration: TOML files, ``--set`` overrides, defaults and validation.
+
+The keys of DESIGN section 4 exist with exactly those meanings; the others are additions.
+
+    [mesh]       manifold = "S1" | "S2"; refinement = int (S2: icosphere level 0..8;
+                 S1: 16 * 2^refinement cells, 0..16); file = path (optional, meshio format)
+    [attention]  beta = float > 0; sign = +1 | -1; heads = [{Q, K, V}], each "identity" or a
+                 d x d nested list; backend = "auto" | "numba" | "numpy"
+    [weights]    dynamics = "frozen" | "ou" | "oscillating"; init = "config" | "random";
+                 seed = int >= 0; sigma = float >= 0 (OU); dt = float > 0 (OU grid)
+    [initial]    density = numpy expression in x[0], x[1], (x[2]), normalised to mass 1
+    [time]       t_end = float > 0; scheme = "fv" | "jko" | "particles"; cfl = float;
+                 dt = float > 0 (jko; particles; optional cap for fv); rk = "ssp3" | "ssp2" |
+                 "euler" (fv), "rk4" | "euler" (particles)
+    [transport]  reconstruction = "muscl" | "upwind"
+    [output]     every = int >= 1 (write every k-th step; t = 0 and t_end always);
+                 progress = float seconds between progress lines (rank 0)
+
+Invalid input raises :class:`ConfigError` naming the key; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ConfigError", "DEFAULTS", "load_config", "validate", "parse_override", "head_matrices"]
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; ``key`` is the dotted key (or file) at fault."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "mesh": {"manifold": "S2", "refinement": 3, "file": ""},
+    "attention": {"beta": 1.0, "sign": 1, "heads": [{"Q": "identity", "K": "identity", "V": "identity"}],
+                  "backend": "auto"},  # fmt: skip
+    "weights": {"dynamics": "frozen", "init": "config", "seed": 0, "sigma": math.sqrt(2.0), "dt": 5e-3},
+    "initial": {"density": "1 + 0.5 * x[0]"},
+    "time": {"t_end": 1.0, "scheme": "fv", "cfl": 0.4, "dt": 0.0, "rk": ""},
+    "transport": {"reconstruction": "muscl"},
+    "output": {"every": 10, "progress": 5.0},
+}
+
+_CHOICES = {
+    ("mesh", "manifold"): ("S1", "S2"),
+    ("attention", "backend"): ("auto", "numba", "numpy"),
+    ("weights", "dynamics"): ("frozen", "ou", "oscillating"),
+    ("weights", "init"): ("config", "random"),
+    ("time", "scheme"): ("fv", "jko", "particles"),
+    ("transport", "reconstruction"): ("muscl", "upwind"),
+}
+_RK_CHOICES = {"fv": ("ssp3", "ssp2", "euler"), "particles": ("rk4", "euler"), "jko": ("",)}
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """Parse ``section.key=value``; the value is read as a TOML value, else as a string."""
+    if "=" not in item or "." not in item.split("=", 1)[0]:
+        raise ConfigError("--set", f"expected section.key=value, got {item!r}")
+    lhs, rhs = item.split("=", 1)
+    section, key = lhs.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {rhs.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = rhs.strip()
+    return section, key, value
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Read a TOML file (or only defaults if ``path`` is None), apply overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(str(path), "config file not found")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(str(path), f"not valid TOML ({exc})") from None
+    for item in overrides or []:
+        section, key, value = parse_override(item)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ConfigError(section, "must be a table")
+        raw[section][key] = value
+    return validate(raw)
+
+
+def validate(raw: dict[str, Any]) -> dict[str, Any]:
+    """Merge with defaults and check every key; returns the resolved configuration."""
+    cfg = copy.deepcopy(DEFAULTS)
+    for section, table in raw.items():
+        if section not in DEFAULTS:
+            raise ConfigError(section, f"unknown section (known: {', '.join(DEFAULTS)})")
+        if not isinstance(table, dict):
+            raise ConfigError(section, "must be a table")
+        for key, value in table.items():
+            if key not in DEFAULTS[section]:
+                known = ", ".join(DEFAULTS[section])
+                raise ConfigError(f"{section}.{key}", f"unknown key (known in [{section}]: {known})")
+            cfg[section][key] = value
+    for (section, key), choices in _CHOICES.items():
+        value = cfg[section][key]
+        if value not in choices:
+            raise ConfigError(f"{section}.{key}", f"must be one of {list(choices)}, got {value!r}")
+
+    m = cfg["mesh"]
+    m["refinement"] = _int(m["refinement"], "mesh.refinement")
+    limit = 8 if m["manifold"] == "S2" else 16
+    if not (0 <= m["refinement"] <= limit):
+        raise ConfigError("mesh.refinement", f"must be in [0, {limit}] for {m['manifold']}, got {m['refinement']}")
+    if not isinstance(m["file"], str):
+        raise ConfigError("mesh.file", "must be a path string")
+    if m["file"] and not Path(m["file"]).is_file():
+        raise ConfigError("mesh.file", f"file not found: {m['file']}")
+
+    a = cfg["attention"]
+    a["beta"] = _float(a["beta"], "attention.beta")
+    if not a["beta"] > 0:
+        raise ConfigError("attention.beta", f"must be > 0, got {a['beta']}")
+    if isinstance(a["sign"], bool) or a["sign"] not in (1, -1):
+        raise ConfigError("attention.sign", f"must be +1 or -1, got {a['sign']!r}")
+    a["sign"] = int(a["sign"])
+    d = 2 if m["manifold"] == "S1" else 3
+    if not isinstance(a["heads"], list) or not a["heads"]:
+        raise ConfigError("attention.heads", "must be a non-empty list of tables {Q, K, V}")
+    for h, head in enumerate(a["heads"]):
+        if not isinstance(head, dict):
+            raise ConfigError(f"attention.heads[{h}]", "must be a table {Q, K, V}")
+        for k in head:
+            if k not in ("Q", "K", "V"):
+                raise ConfigError(f"attention.heads[{h}].{k}", "unknown key (expected Q, K, V)")
+        for k in ("Q", "K", "V"):
+            _matrix(head.get(k, "identity"), d, f"attention.heads[{h}].{k}")
+
+    w = cfg["weights"]
+    w["seed"] = _int(w["seed"], "weights.seed")
+    if w["seed"] < 0:
+        raise ConfigError("weights.seed", "must be >= 0")
+    w["sigma"] = _float(w["sigma"], "weights.sigma")
+    if w["sigma"] < 0:
+        raise ConfigError("weights.sigma", f"must be >= 0, got {w['sigma']}")
+    w["dt"] = _float(w["dt"], "weights.dt")
+    if not w["dt"] > 0:
+        raise ConfigError("weights.dt", f"must be > 0, got {w['dt']}")
+    if w["dynamics"] != "frozen" and w["init"] == "config":
+        for h, head in enumerate(a["heads"]):
+            Q, K, V = (_matrix(head.get(k, "identity"), d, "") for k in ("Q", "K", "V"))
+            if not (np.allclose(Q.T @ K, V, atol=1e-12) and np.allclose(V, V.T, atol=1e-12)):
+                raise ConfigError(
+                    f"attention.heads[{h}]",
+                    f"weights.dynamics = {w['dynamics']!r} evolves D = V = Q^T K: needs V symmetric "
+                    "and Q^T K = V (or set weights.init = \"random\")",
+                )
+
+    if not isinstance(cfg["initial"]["density"], str) or not cfg["initial"]["density"].strip():
+        raise ConfigError("initial.density", "must be a non-empty numpy expression string")
+
+    t = cfg["time"]
+    t["t_end"] = _float(t["t_end"], "time.t_end")
+    if not t["t_end"] > 0:
+        raise ConfigError("time.t_end", f"must be > 0, got {t['t_end']}")
+    t["cfl"] = _float(t["cfl"], "time.cfl")
+    t["dt"] = _float(t["dt"], "time.dt")
+    if t["dt"] < 0:
+        raise ConfigError("time.dt", f"must be > 0, got {t['dt']}")
+    scheme = t["scheme"]
+    if scheme == "jko":
+        raise ConfigError("time.scheme", "'jko' is not available in this version yet (use 'fv' or 'particles')")
+    if not t["rk"]:
+        t["rk"] = {"fv": "ssp3", "particles": "rk4"}[scheme]
+    if t["rk"] not in _RK_CHOICES[scheme]:
+        raise ConfigError("time.rk", f"must be one of {list(_RK_CHOICES[scheme])} for scheme {scheme!r}, got {t['rk']!r}")
+    limit = {"muscl": 0.5, "upwind": 1.0}[cfg["transport"]["reconstruction"]]
+    if scheme == "fv" and not (0 < t["cfl"] <= limit):
+        raise ConfigError(
+            "time.cfl",
+            f"must be in (0, {limit}] for {cfg['transport']['reconstruction']} (positivity), got {t['cfl']}",
+        )
+    if scheme == "particles" and t["dt"] == 0 and not (0 < t["cfl"] <= 1):
+        raise ConfigError("time.cfl", f"must be in (0, 1] (or set time.dt), got {t['cfl']}")
+
+    o = cfg["output"]
+    o["every"] = _int(o["every"], "output.every")
+    if o["every"] < 1:
+        raise ConfigError("output.every", f"must be >= 1, got {o['every']}")
+    o["progress"] = _float(o["progress"], "output.progress")
+    return cfg
+
+
+def head_matrices(cfg: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The (Q, K, V) matrices of the configured heads."""
+    d = 2 if cfg["mesh"]["manifold"] == "S1" else 3
+    return [
+        tuple(_matrix(head.get(k, "identity"), d, f"attention.heads[{h}].{k}") for k in ("Q", "K", "V"))
+        for h, head in enumerate(cfg["attention"]["heads"])
+    ]
+
+
+def _int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(key, f"must be an integer, got {value!r}")
+    return int(value)
+
+
+def _float(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(key, f"must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(key, f"must be finite, got {value}")
+    return value
+
+
+def _matrix(value: Any, d: int, key: str) -> np.ndarray:
+    if isinstance(value, str):
+        if value != "identity":
+            raise ConfigError(key, f"must be \"identity\" or a {d}x{d} nested list, got {value!r}")
+        return np.eye(d)
+    try:
+        arr = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(key, f"must be a {d}x{d} nested list of numbers") from None
+    if arr.shape != (d, d):
+        raise ConfigError(key, f"must be {d}x{d} for the sphere S^{d - 1}, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ConfigError(key, "entries must be finite")
+    return arr

@@ -1,0 +1,256 @@
+"""One configured run: config -> mesh -> initial measure -> time loop -> diagnostics -> writers.
+
+Used by the CLI (``transformer-pde run``) and by the drivers. Collective over ``comm``.
+Outputs in ``out`` (DESIGN section 4): density.xdmf/.h5, metrics.csv, final.npz,
+summary.json, density.png, plus metrics.png. Everything written so far survives a failure:
+metrics rows and XDMF steps are flushed when written, and on a detected failure (NaN, blow-up)
+the last good state is written to final.npz and the summary says what happened.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+from petsc4py import PETSc
+
+import dolfinx
+import numpy as np
+
+from drivers.config import head_matrices
+from meshes import ControlVolumes, circle, control_volumes, from_file, icosphere, mesh_quality
+from solvers.attention import Attention, Head, gather_measure
+from solvers.deposit import deposit_to_cells
+from solvers.errors import SolverError
+from solvers.initial import initial_density
+from solvers.io import DensityWriter, GatheredCells, MetricsWriter, plot_metrics, render_density
+from solvers.io import write_final, write_json
+from solvers.particles import ParticleSystem
+from solvers.transport import TransportSolver
+from solvers.weights import WeightDynamics, make_weights
+
+__all__ = ["RunResult", "build_mesh", "build_model", "run", "METRIC_COLUMNS"]
+
+METRIC_COLUMNS = [
+    "t", "step", "dt", "mass", "energy", "min_density", "max_density", "G2", "dissipation",
+    "wall",
+]  # fmt: skip
+
+
+@dataclass
+class RunResult:
+    """What a run did: status "ok" or "failed", the message, steps, final time, metrics."""
+
+    status: str
+    message: str
+    steps: int
+    t: float
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    exit_code: int = 0
+
+
+def build_mesh(cfg: dict[str, Any], comm: MPI.Comm) -> ControlVolumes:
+    m = cfg["mesh"]
+    if m["file"]:
+        mesh = from_file(comm, m["file"], m["manifold"])
+    elif m["manifold"] == "S2":
+        mesh = icosphere(comm, m["refinement"])
+    else:
+        mesh = circle(comm, m["refinement"])
+    return control_volumes(mesh)
+
+
+def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
+    a, w = cfg["attention"], cfg["weights"]
+    heads = [Head(Q, K, V) for Q, K, V in head_matrices(cfg)]
+    attention = Attention(a["beta"], a["sign"], manifold=True, backend=a["backend"])
+    weights = make_weights(
+        w["dynamics"], heads, init=w["init"], seed=w["seed"], sigma=w["sigma"], dt=w["dt"]
+    )
+    return attention, weights
+
+
+class _ParticleScheme:
+    """Weighted particles started at the cell centres with the cell masses; densities by deposit."""
+
+    def __init__(self, cv: ControlVolumes, attention: Attention, weights: WeightDynamics,
+                 density: np.ndarray, cfg: dict[str, Any]) -> None:  # fmt: skip
+        n = cv.n_owned
+        self.cv = cv
+        self.system = ParticleSystem(
+            attention, weights, cv.centres[:n], density * cv.measures[:n], comm=cv.comm,
+            integrator=cfg["time"]["rk"],
+        )  # fmt: skip
+        self.t = 0.0
+        self.steps = 0
+        self.dt_fixed = cfg["time"]["dt"]
+        self.cfl = cfg["time"]["cfl"]
+        h = mesh_quality(cv).h_min
+        self.h = h
+
+    def step(self, t_stop: float) -> tuple[float, float]:
+        if self.dt_fixed > 0:
+            dt = self.dt_fixed
+        else:
+            v = self.system.velocity(self.t, self.system.points)
+            vmax = self.cv.comm.allreduce(float(np.abs(v).max(initial=0.0)), op=MPI.MAX)
+            if not math.isfinite(vmax):
+                raise SolverError(f"non-finite particle velocity at t = {self.t:.6g}", t=self.t)
+            dt = self.cfl * self.h / vmax if vmax > 0 else t_stop - self.t
+        dt = min(dt, t_stop - self.t)
+        self.system.step(self.t, dt)
+        if not np.all(np.isfinite(self.system.points)):
+            raise SolverError(f"non-finite particle positions at t = {self.t + dt:.6g}", t=self.t)
+        self.t = t_stop if dt == t_stop - self.t else self.t + dt
+        self.steps += 1
+        return self.t, dt
+
+    @property
+    def density(self) -> np.ndarray:
+        pts, ms = gather_measure(self.cv.comm, self.system.points, self.system.masses)
+        return deposit_to_cells(self.cv, pts, ms)
+
+    def diagnostics(self):
+        return self.system.diagnostics(self.t)
+
+
+class _FVScheme:
+    def __init__(self, cv, attention, weights, density, cfg) -> None:
+        self.solver = TransportSolver(
+            cv, attention, weights, density, reconstruction=cfg["transport"]["reconstruction"],
+            rk=cfg["time"]["rk"], cfl=cfg["time"]["cfl"],
+        )  # fmt: skip
+        self.dt_cap = cfg["time"]["dt"] if cfg["time"]["dt"] > 0 else math.inf
+
+    @property
+    def t(self) -> float:
+        return self.solver.t
+
+    @property
+    def steps(self) -> int:
+        return self.solver.steps
+
+    def step(self, t_stop: float) -> tuple[float, float]:
+        t0 = self.solver.t
+        target = min(t_stop, t0 + self.dt_cap)
+        result = self.solver.step(target)
+        return result.t, result.dt
+
+    @property
+    def density(self) -> np.ndarray:
+        return self.solver.density
+
+    def diagnostics(self):
+        return self.solver.diagnostics()
+
+
+def _log(comm: MPI.Comm, msg: str) -> None:
+    if comm.rank == 0:
+        print(f"[transformer-pde {comm.rank}/{comm.size}] {msg}", flush=True)
+
+
+def run(cfg: dict[str, Any], out: str | Path, comm: MPI.Comm = MPI.COMM_WORLD,
+        verbose: bool = True) -> RunResult:  # fmt: skip
+    """Run the configured experiment, writing outputs to ``out``. Collective.
+
+    Raises ConfigError/MeshError/DensityError for invalid input (before anything is written
+    except the output folder). A detected failure during the time loop returns a RunResult
+    with status "failed" and exit code 3 after writing all outputs up to the failure.
+    """
+    wall0 = time.perf_counter()
+    log = (lambda msg: _log(comm, msg)) if verbose else (lambda msg: None)
+    out = Path(out)
+    cv = build_mesh(cfg, comm)
+    quality = mesh_quality(cv)
+    attention, weights = build_model(cfg)
+    rho0 = initial_density(cv, cfg["initial"]["density"])
+    if comm.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    comm.barrier()
+    log(
+        f"{cfg['mesh']['manifold']} mesh: {quality.n_cells} cells, h = {quality.h:.4g}, "
+        f"area ratio {quality.area_ratio:.3f}; scheme {cfg['time']['scheme']}, "
+        f"{weights.n_heads} head(s), weights {cfg['weights']['dynamics']}, t_end = {cfg['time']['t_end']}"
+    )
+    scheme_cls = _FVScheme if cfg["time"]["scheme"] == "fv" else _ParticleScheme
+    scheme = scheme_cls(cv, attention, weights, rho0, cfg)
+    gathered = GatheredCells(cv)
+    writer = DensityWriter(cv, out / "density.xdmf")
+    metrics = MetricsWriter(comm, out / "metrics.csv", METRIC_COLUMNS)
+    t_end = cfg["time"]["t_end"]
+    every = cfg["output"]["every"]
+    state = {"density": rho0, "t": 0.0, "dt": 0.0}
+
+    def output() -> None:
+        density = scheme.density
+        diag = scheme.diagnostics()
+        rho_min = comm.allreduce(float(density.min(initial=np.inf)), op=MPI.MIN)
+        rho_max = comm.allreduce(float(density.max(initial=-np.inf)), op=MPI.MAX)
+        writer.write(scheme.t, density)
+        metrics.write({
+            "t": scheme.t, "step": scheme.steps, "dt": state["dt"], "mass": diag.mass,
+            "energy": diag.energy, "min_density": rho_min, "max_density": rho_max, "G2": diag.G2,
+            "dissipation": diag.dissipation, "wall": time.perf_counter() - wall0,
+        })  # fmt: skip
+        state["density"], state["t"] = density, scheme.t
+
+    status, message, code = "ok", "completed", 0
+    last_progress = time.perf_counter()
+    try:
+        output()
+        while scheme.t < t_end:
+            t, dt = scheme.step(t_end)
+            state["dt"] = dt
+            if scheme.steps % every == 0 or t >= t_end:
+                output()
+            if verbose and time.perf_counter() - last_progress > cfg["output"]["progress"]:
+                last_progress = time.perf_counter()
+                log(f"t = {t:.4g} / {t_end:g} ({100 * t / t_end:.0f}%), step {scheme.steps}, dt = {dt:.3g}")
+    except SolverError as exc:
+        status, code = "failed", 3
+        message = f"run stopped at t = {scheme.t:.6g} (step {scheme.steps}): {exc}"
+        log(message)
+
+    final_density = gathered.gather(state["density"])
+    wall = time.perf_counter() - wall0
+    if comm.rank == 0:
+        write_final(out / "final.npz", gathered.points, gathered.weights, final_density, state["t"])
+        summary = {
+            "status": status, "message": message, "config": cfg,
+            "versions": _versions(), "ranks": comm.size, "wall_time_s": wall,
+            "steps": scheme.steps, "t_final": state["t"],
+            "final_metrics": metrics.rows[-1] if metrics.rows else {},
+            "mesh": quality.as_dict(), "backend": attention.backend,
+        }  # fmt: skip
+        write_json(out / "summary.json", summary)
+        try:
+            render_density(out / "density.png", gathered.vertices, final_density,
+                           title=f"density t={state['t']:.3g}")  # fmt: skip
+            plot_metrics(out / "metrics.png", metrics.rows, ["mass", "energy", "G2", "min_density"])
+        except Exception as exc:  # a picture must never lose a finished run
+            print(f"[transformer-pde] warning: could not render pictures: {exc}", file=sys.stderr)
+    writer.close()
+    metrics.close()
+    log(f"{status}: {message}; {scheme.steps} steps, wall {wall:.1f} s, results in {out}")
+    return RunResult(status, message, scheme.steps, state["t"], metrics.rows, code)
+
+
+def _versions() -> dict[str, str]:
+    import numba
+
+    return {
+        "python": platform.python_version(),
+        "dolfinx": dolfinx.__version__,
+        "petsc": ".".join(map(str, PETSc.Sys.getVersion())),
+        "mpi4py": __import__("mpi4py").__version__,
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "mpi": MPI.Get_library_version().splitlines()[0],
+    }

@@ -1,0 +1,67 @@
+"""Shared test set-up: MPI discipline for a suite that runs serially and under mpiexec.
+
+- Ranks other than 0 report nothing (one set of pytest output).
+- After each test: gc.collect() and a barrier, since PETSc/DOLFINx destruction is collective
+  (DOLFINx's own conftest does the same).
+- Tests marked ``serial`` launch their own processes (CLI runs, mpiexec); they are skipped on
+  communicators of size > 1.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from pathlib import Path
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if MPI.COMM_WORLD.rank != 0:
+        config.option.verbose = -2
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            config.pluginmanager.unregister(reporter)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if MPI.COMM_WORLD.size > 1:
+        skip = pytest.mark.skip(reason="serial-only test (launches its own processes)")
+        for item in items:
+            if "serial" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _collective_cleanup():
+    yield
+    gc.collect()
+    MPI.COMM_WORLD.barrier()
+
+
+@pytest.fixture
+def comm() -> MPI.Comm:
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def shared_tmp(tmp_path_factory) -> Path:
+    """A temporary folder with the same path on every rank."""
+    comm = MPI.COMM_WORLD
+    path = str(tmp_path_factory.mktemp("shared")) if comm.rank == 0 else None
+    return Path(comm.bcast(path, root=0))
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env

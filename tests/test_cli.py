@@ -1,0 +1,189 @@
+"""The command-line contract of DESIGN section 4: outputs, exit codes, rank independence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+
+import numpy as np
+import pytest
+
+from drivers.cli import main
+from tests.conftest import ROOT, VENV_BIN, cli_env
+
+SMALL = [
+    "--quiet", "--set", "mesh.refinement=2", "--set", "time.t_end=0.3",
+    "--set", "output.every=5",
+]  # fmt: skip
+
+
+def _write(path: Path, text: str) -> Path:
+    comm = MPI.COMM_WORLD
+    if comm.rank == 0:
+        path.write_text(text)
+    comm.barrier()
+    return path
+
+
+def test_run_outputs(shared_tmp):
+    """A small S^2 run writes every output with the contracted content."""
+    out = shared_tmp / "out"
+    code = main(["run", str(ROOT / "configs/demo_s2.toml"), "--out", str(out), *SMALL])
+    assert code == 0
+    if MPI.COMM_WORLD.rank != 0:
+        return
+    for name in ("density.xdmf", "density.h5", "metrics.csv", "final.npz", "summary.json",
+                 "density.png"):  # fmt: skip
+        assert (out / name).is_file(), name
+    final = np.load(out / "final.npz")
+    assert final["points"].shape == (320, 3)
+    assert np.allclose(np.linalg.norm(final["points"], axis=1), 1.0)
+    assert final["weights"].sum() == pytest.approx(4 * np.pi, abs=1e-12)
+    assert float(final["t"]) == 0.3  # lands exactly on t_end
+    assert final["density"] @ final["weights"] == pytest.approx(1.0, abs=1e-12)
+    assert final["density"].min() >= 0
+    rows = np.genfromtxt(out / "metrics.csv", delimiter=",", names=True)
+    for col in ("t", "mass", "energy", "min_density", "G2"):
+        assert col in rows.dtype.names
+    assert np.all(np.abs(rows["mass"] - 1) < 1e-12)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["ranks"] == MPI.COMM_WORLD.size
+    assert summary["config"]["mesh"]["refinement"] == 2
+    assert "dolfinx" in summary["versions"] and summary["wall_time_s"] > 0
+
+    import meshio
+
+    with meshio.xdmf.TimeSeriesReader(str(out / "density.xdmf")) as reader:
+        points, cells = reader.read_points_cells()
+        assert sum(len(c.data) for c in cells) == 320
+        assert reader.num_steps == len(rows)
+        t, _, cell_data = reader.read_data(reader.num_steps - 1)
+        assert t == pytest.approx(0.3)
+        density = np.concatenate(cell_data["density"]).ravel()
+        assert density.shape == (320,)
+        assert np.sort(density) == pytest.approx(np.sort(final["density"]), abs=1e-14)
+
+
+def test_s1_run_and_particles(shared_tmp):
+    out = shared_tmp / "s1"
+    cfg = _write(shared_tmp / "s1.toml", '[mesh]\nmanifold = "S1"\nrefinement = 2\n'
+                 '[initial]\ndensity = "1 + 0.5 * x[0]"\n[time]\nt_end = 0.5\n')  # fmt: skip
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    out_p = shared_tmp / "s1p"
+    assert main(["run", str(cfg), "--out", str(out_p), "--quiet",
+                 "--set", 'time.scheme="particles"', "--set", "time.dt=0.01"]) == 0  # fmt: skip
+    if MPI.COMM_WORLD.rank == 0:
+        fv, pa = np.load(out / "final.npz"), np.load(out_p / "final.npz")
+        assert fv["points"].shape == (64, 2) and fv["weights"].sum() == pytest.approx(2 * np.pi)
+        assert pa["density"] @ pa["weights"] == pytest.approx(1.0, abs=1e-12)
+        # particles (deposited on cells) and FV agree on the first moment of the measure
+        m_fv = (fv["density"] * fv["weights"]) @ fv["points"]
+        m_pa = (pa["density"] * pa["weights"]) @ pa["points"]
+        assert np.allclose(m_fv, m_pa, atol=5e-3)
+
+
+BAD = [
+    ("[bogus]\nx = 1\n", "bogus: unknown section"),
+    ("[mesh]\nlevel = 3\n", "mesh.level: unknown key"),
+    ("[attention]\nbeta = -1.0\n", "attention.beta: must be > 0"),
+    ("[attention]\nbeta = \"big\"\n", "attention.beta: must be a number"),
+    ("[attention]\nsign = 0\n", "attention.sign"),
+    ("[attention]\nheads = [{ Q = [[1.0, 0.0], [0.0, 1.0]] }]\n", "attention.heads[0].Q: must be 3x3"),
+    ("[attention]\nheads = [{ V = \"eye\" }]\n", "attention.heads[0].V"),
+    ("[attention]\nheads = []\n", "attention.heads"),
+    ("[initial]\ndensity = \"exp(x[0]\"\n", "initial.density"),
+    ("[initial]\ndensity = \"foo(x[0])\"\n", "initial.density"),
+    ("[initial]\ndensity = \"x[0]\"\n", "negative"),
+    ("[initial]\ndensity = \"0 * x[0]\"\n", "zero total mass"),
+    ("[initial]\ndensity = \"log(x[0] - 2)\"\n", "not finite"),
+    ("[mesh]\nrefinement = 12\n", "mesh.refinement: must be in [0, 8]"),
+    ("[mesh]\nrefinement = 2.5\n", "mesh.refinement: must be an integer"),
+    ("[mesh]\nfile = \"/no/such/mesh.msh\"\n", "mesh.file: file not found"),
+    ("[mesh]\nmanifold = \"T2\"\n", "mesh.manifold: must be one of"),
+    ("[time]\ncfl = 0.9\n", "time.cfl"),
+    ("[time]\nt_end = 0\n", "time.t_end"),
+    ("[time]\nscheme = \"jko\"\n", "time.scheme"),
+    ("[weights]\ndynamics = \"ou\"\n[attention]\nheads = [{ Q = [[1.0,2.0,0.0],[0.0,1.0,0.0],[0.0,0.0,1.0]] }]\n",
+     "attention.heads[0]"),
+    ("[output]\nevery = 0\n", "output.every"),
+    ("this is not toml", "not valid TOML"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text,message", BAD)
+def test_bad_input_exit_2(shared_tmp, capfd, text, message):
+    cfg = _write(shared_tmp / "bad.toml", text)
+    code = main(["run", str(cfg), "--out", str(shared_tmp / "bad"), "--quiet",
+                 "--set", "mesh.refinement=1"] if "refinement" not in text and "manifold" not in text
+                else ["run", str(cfg), "--out", str(shared_tmp / "bad"), "--quiet"])  # fmt: skip
+    assert code == 2
+    err = capfd.readouterr().err
+    if MPI.COMM_WORLD.rank == 0:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert message in lines[0], lines[0]
+
+
+def test_missing_config_and_bad_set(shared_tmp, capfd):
+    assert main(["run", str(shared_tmp / "nope.toml")]) == 2
+    assert "config file not found" in capfd.readouterr().err or MPI.COMM_WORLD.rank != 0
+    cfg = _write(shared_tmp / "ok.toml", "")
+    assert main(["run", str(cfg), "--set", "beta=2"]) == 2
+    assert "--set" in capfd.readouterr().err or MPI.COMM_WORLD.rank != 0
+
+
+def test_blow_up_exit_3_keeps_outputs(shared_tmp, capfd):
+    """Overflowing weights stop the run with exit 3; outputs up to the failure are kept."""
+    cfg = _write(shared_tmp / "nan.toml",
+                 "[mesh]\nrefinement = 1\n[attention]\n"
+                 "heads = [{ V = [[1e308, 1e308, 0.0], [0.0, 1e308, 0.0], [0.0, 0.0, 1e308]] }]\n")  # fmt: skip
+    out = shared_tmp / "nan"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 3
+    if MPI.COMM_WORLD.rank == 0:
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "failed"
+        msg = summary["message"]
+        assert "t = 0" in msg and ("non-finite" in msg or "blew up" in msg), msg
+        assert (out / "metrics.csv").read_text().count("\n") == 2  # header + the t = 0 row
+        final = np.load(out / "final.npz")
+        assert float(final["t"]) == 0.0 and np.all(np.isfinite(final["density"]))
+        assert (out / "density.xdmf").is_file()
+
+
+def _mpirun(args: list[str], n: int) -> subprocess.CompletedProcess:
+    cmd = [str(VENV_BIN / "mpiexec"), "-n", str(n), sys.executable, "-m", "drivers", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("scheme", ["fv", "particles"])
+def test_serial_and_mpiexec_agree(tmp_path, scheme):
+    """`mpiexec -n 1` and `-n 2` runs of the CLI give the same final.npz to 1e-10."""
+    args = ["run", str(ROOT / "configs/demo_s2.toml"), *SMALL, "--set", f'time.scheme="{scheme}"',
+            "--set", "weights.dynamics=\"oscillating\"", "--set", 'weights.init="random"']  # fmt: skip
+    finals = []
+    for n in (1, 2):
+        out = tmp_path / f"n{n}"
+        proc = _mpirun([*args, "--out", str(out)], n)
+        assert proc.returncode == 0, proc.stderr
+        finals.append(np.load(out / "final.npz"))
+    a, b = finals
+    assert np.array_equal(a["points"], b["points"])
+    assert float(a["t"]) == float(b["t"])
+    assert np.abs(a["density"] - b["density"]).max() < 1e-10
+
+
+@pytest.mark.serial
+def test_console_script_bad_input_no_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[attention]\nbeta = 0.0\n")
+    proc = subprocess.run([str(VENV_BIN / "transformer-pde"), "run", str(bad)], capture_output=True,
+                          text=True, timeout=120, env=cli_env(), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert "attention.beta" in proc.stderr

@@ -1,0 +1,124 @@
+"""Every driver in drivers/ runs at tiny size, serially and under ``mpiexec -n 2``.
+
+Like DOLFINx's ``python/demo/test.py`` and Firedrake's ``test_demos_run.py``: each driver
+script is listed in :data:`REGISTRY` with the arguments of its tiny problem and the files it
+must write; a driver script that is not registered fails :func:`test_every_driver_is_registered`.
+The runs are subprocesses (``@pytest.mark.serial``: skipped when pytest itself runs under MPI),
+each under a timeout so that a rank that fails before a collective cannot hang the suite. The
+final densities of the serial and the parallel run must agree (results do not depend on the
+number of ranks).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVERS = ROOT / "drivers"
+PYTHON = sys.executable
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+TIMEOUT = 300  # seconds per run
+
+#: Modules of drivers/ that are not driver scripts (the package and the config-driven CLI).
+NOT_DRIVERS = {"__init__.py", "__main__.py", "cli.py", "config.py", "run.py"}
+
+_FILES = ("density.xdmf", "density.h5", "metrics.csv", "density.png", "final.npz")
+
+#: driver script -> arguments of its tiny problem and the output files (relative to --out).
+REGISTRY: dict[str, dict[str, list[str]]] = {
+    "clustering_s2.py": {
+        "args": ["--tiny"],
+        "outputs": [*_FILES, "metrics.png"],
+    },
+    "multihead_s2.py": {
+        "args": ["--tiny", "--dynamics", "both"],
+        "outputs": [f"{dyn}/{name}" for dyn in ("ou", "oscillating") for name in _FILES]
+        + ["g2.png"],
+    },
+}
+
+_RUNS: dict[tuple[str, int], Path] = {}
+
+
+def _driver_scripts() -> list[str]:
+    return sorted(
+        p.name
+        for p in DRIVERS.glob("*.py")
+        if p.name not in NOT_DRIVERS and not p.name.startswith("_")
+    )
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _final(out: Path, name: str) -> list[Path]:
+    return sorted(out / p for p in REGISTRY[name]["outputs"] if p.endswith("final.npz"))
+
+
+def test_every_driver_is_registered():
+    scripts = _driver_scripts()
+    missing = sorted(set(scripts) - set(REGISTRY))
+    stale = sorted(set(REGISTRY) - set(scripts))
+    assert not missing, f"drivers not in tests/test_drivers.py REGISTRY: {missing}"
+    assert not stale, f"REGISTRY lists drivers that do not exist: {stale}"
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("nprocs", [1, 2], ids=["serial", "mpi2"])
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_driver_runs(name: str, nprocs: int, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp(f"{Path(name).stem}-np{nprocs}")
+    cmd = [PYTHON, str(DRIVERS / name), *REGISTRY[name]["args"], "--out", str(out)]
+    if nprocs > 1:
+        cmd = [MPIEXEC, "-n", str(nprocs), *cmd]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{' '.join(cmd)} did not finish within {TIMEOUT} s")
+    log = f"$ {' '.join(cmd)}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, log
+    for rel in REGISTRY[name]["outputs"]:
+        path = out / rel
+        assert path.is_file() and path.stat().st_size > 0, f"{rel} not written\n{log}"
+        if rel.endswith(".png"):
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{rel} is not a PNG"
+    for metrics in sorted(out / p for p in REGISTRY[name]["outputs"] if p.endswith("metrics.csv")):
+        with open(metrics, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert len(rows) >= 2, f"{metrics}: expected a row per output time"
+        for column in ("t", "mass", "energy", "min_density", "G2"):
+            assert column in rows[0], f"{metrics}: no column {column}"
+        for row in rows:
+            assert abs(float(row["mass"]) - 1.0) < 1e-12, f"{metrics}: mass not conserved"
+            assert float(row["min_density"]) >= 0.0, f"{metrics}: negative density"
+            assert np.isfinite(float(row["G2"])) and float(row["G2"]) >= 0.0
+        assert float(rows[0]["t"]) == 0.0 and float(rows[-1]["t"]) > 0.0
+    _RUNS[(name, nprocs)] = out
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_driver_independent_of_ranks(name: str):
+    if (name, 1) not in _RUNS or (name, 2) not in _RUNS:
+        pytest.skip("needs the serial and the mpiexec -n 2 run of test_driver_runs")
+    serial, parallel = _final(_RUNS[(name, 1)], name), _final(_RUNS[(name, 2)], name)
+    assert serial, "the registry lists no final.npz to compare"
+    for a, b in zip(serial, parallel, strict=True):
+        fa, fb = np.load(a), np.load(b)
+        np.testing.assert_array_equal(fa["points"], fb["points"])
+        assert float(fa["t"]) == float(fb["t"])
+        np.testing.assert_allclose(fb["density"], fa["density"], rtol=1e-10, atol=1e-13)
