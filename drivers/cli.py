@@ -25,9 +25,22 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run an experiment from a TOML config")
     r.add_argument("config", help="TOML configuration file")
     r.add_argument("--out", default=None, help="output folder (default results/<config name>)")
-    r.add_argument("--set", dest="overrides", action="append", default=[],
-                   metavar="SECTION.KEY=VALUE", help="override a config value (TOML syntax)")
+    r.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (TOML syntax)",
+    )
     r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.add_argument(
+        "--restart",
+        metavar="DIR",
+        default=None,
+        help="continue the run in DIR from its newest valid checkpoint (same or "
+        "another number of ranks), appending to its outputs",
+    )
     return p
 
 
@@ -43,15 +56,24 @@ def main(argv: list[str] | None = None) -> int:
     from solvers.initial import DensityError
 
     comm = MPI.COMM_WORLD
-    out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
+    if args.restart:
+        out = Path(args.restart)
+    else:
+        out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
     try:
         cfg = load_config(args.config, args.overrides)
-        result = run(cfg, out, comm, verbose=not args.quiet)
+        result = run(cfg, out, comm, verbose=not args.quiet, restart=bool(args.restart))
     except (ConfigError, MeshError, DensityError) as exc:
         key = getattr(exc, "key", None)
-        prefix = "" if key else ("mesh.file: " if isinstance(exc, MeshError) else "initial.density: ")
+        prefix = (
+            "" if key else ("mesh.file: " if isinstance(exc, MeshError) else "initial.density: ")
+        )
         if comm.rank == 0:
-            print(f"transformer-pde: error: {prefix}{exc}".replace("\n", " "), file=sys.stderr, flush=True)
+            print(
+                f"transformer-pde: error: {prefix}{exc}".replace("\n", " "),
+                file=sys.stderr,
+                flush=True,
+            )
         return 2
     return result.exit_code
 

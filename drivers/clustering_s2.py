@@ -17,7 +17,10 @@ direction of the interaction energy
 so the flow concentrates mass: tokens gather into clusters ([G23]: a single cluster in the
 long run on S^2, after long metastable phases with several clusters when beta is large, their
 number growing with beta). We start from a smooth, nearly uniform density with a few random
-bumps and count the clusters at the end.
+bumps and count the clusters at the end. What to expect with the defaults (beta = 9): clusters
+nucleate from t ~ 2, five of them by t ~ 7, two merge, and from t ~ 9 four point-like clusters
+of masses about 0.42, 0.24, 0.24 and 0.10 hold 99.8 % of the mass; the maximum density grows
+by a factor of about 700 (the clusters are one or two cells wide) and the energy from 26 to 134.
 
 Discretisation: cell-centred finite volumes on an icosphere (``meshes.icosphere``), second-
 order MUSCL fluxes and SSP-RK3 with an adaptive CFL time step (``solvers.transport``); the
@@ -30,7 +33,7 @@ Sources:
     [G23] Geshkovski, Letrouit, Polyanskiy, Rigollet, A mathematical perspective on
           Transformers, arXiv 2312.10794 (2023).
 
-Run (default: 5,120 cells, t_end = 8; about 1.5 minutes on 2 cores, less on 4):
+Run (default: 5,120 cells, t_end = 12; about 1 minute on 2 cores, less on 4):
 
     mpiexec -n 4 python drivers/clustering_s2.py
     mpiexec -n 2 python drivers/clustering_s2.py --tiny       # S^2 level 2, a few seconds
@@ -108,8 +111,9 @@ out = args.out
 # Several MPI ranks on one node share its cores: give each rank's numba kernels its share of
 # threads (set NUMBA_NUM_THREADS to override).
 if "NUMBA_NUM_THREADS" not in os.environ:
-    node_ranks = comm.Split_type(MPI.COMM_TYPE_SHARED).size
-    numba.set_num_threads(max(1, numba.config.NUMBA_NUM_THREADS // node_ranks))
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    numba.set_num_threads(max(1, numba.config.NUMBA_NUM_THREADS // node.size))
+    node.Free()
 
 # %% Mesh
 # -------

@@ -14,7 +14,8 @@ The keys of DESIGN section 4 exist with exactly those meanings; the others are a
                  "euler" (fv), "rk4" | "euler" (particles)
     [transport]  reconstruction = "muscl" | "upwind"
     [output]     every = int >= 1 (write every k-th step; t = 0 and t_end always);
-                 progress = float seconds between progress lines (rank 0)
+                 progress = float seconds between progress lines (rank 0);
+                 checkpoint_every = int >= 0 (checkpoint every k-th step; 0 = off)
 
 Invalid input raises :class:`ConfigError` naming the key; the CLI turns it into exit code 2.
 """
@@ -42,13 +43,23 @@ class ConfigError(ValueError):
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "mesh": {"manifold": "S2", "refinement": 3, "file": ""},
-    "attention": {"beta": 1.0, "sign": 1, "heads": [{"Q": "identity", "K": "identity", "V": "identity"}],
-                  "backend": "auto"},  # fmt: skip
-    "weights": {"dynamics": "frozen", "init": "config", "seed": 0, "sigma": math.sqrt(2.0), "dt": 5e-3},
+    "attention": {
+        "beta": 1.0,
+        "sign": 1,
+        "heads": [{"Q": "identity", "K": "identity", "V": "identity"}],
+        "backend": "auto",
+    },
+    "weights": {
+        "dynamics": "frozen",
+        "init": "config",
+        "seed": 0,
+        "sigma": math.sqrt(2.0),
+        "dt": 5e-3,
+    },
     "initial": {"density": "1 + 0.5 * x[0]"},
     "time": {"t_end": 1.0, "scheme": "fv", "cfl": 0.4, "dt": 0.0, "rk": ""},
     "transport": {"reconstruction": "muscl"},
-    "output": {"every": 10, "progress": 5.0},
+    "output": {"every": 10, "progress": 5.0, "checkpoint_every": 0},
 }
 
 _CHOICES = {
@@ -106,7 +117,9 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         for key, value in table.items():
             if key not in DEFAULTS[section]:
                 known = ", ".join(DEFAULTS[section])
-                raise ConfigError(f"{section}.{key}", f"unknown key (known in [{section}]: {known})")
+                raise ConfigError(
+                    f"{section}.{key}", f"unknown key (known in [{section}]: {known})"
+                )
             cfg[section][key] = value
     for (section, key), choices in _CHOICES.items():
         value = cfg[section][key]
@@ -117,7 +130,9 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     m["refinement"] = _int(m["refinement"], "mesh.refinement")
     limit = 8 if m["manifold"] == "S2" else 16
     if not (0 <= m["refinement"] <= limit):
-        raise ConfigError("mesh.refinement", f"must be in [0, {limit}] for {m['manifold']}, got {m['refinement']}")
+        raise ConfigError(
+            "mesh.refinement", f"must be in [0, {limit}] for {m['manifold']}, got {m['refinement']}"
+        )
     if not isinstance(m["file"], str):
         raise ConfigError("mesh.file", "must be a path string")
     if m["file"] and not Path(m["file"]).is_file():
@@ -159,7 +174,7 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
                 raise ConfigError(
                     f"attention.heads[{h}]",
                     f"weights.dynamics = {w['dynamics']!r} evolves D = V = Q^T K: needs V symmetric "
-                    "and Q^T K = V (or set weights.init = \"random\")",
+                    'and Q^T K = V (or set weights.init = "random")',
                 )
 
     if not isinstance(cfg["initial"]["density"], str) or not cfg["initial"]["density"].strip():
@@ -175,11 +190,16 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("time.dt", f"must be > 0, got {t['dt']}")
     scheme = t["scheme"]
     if scheme == "jko":
-        raise ConfigError("time.scheme", "'jko' is not available in this version yet (use 'fv' or 'particles')")
+        raise ConfigError(
+            "time.scheme", "'jko' is not available in this version yet (use 'fv' or 'particles')"
+        )
     if not t["rk"]:
         t["rk"] = {"fv": "ssp3", "particles": "rk4"}[scheme]
     if t["rk"] not in _RK_CHOICES[scheme]:
-        raise ConfigError("time.rk", f"must be one of {list(_RK_CHOICES[scheme])} for scheme {scheme!r}, got {t['rk']!r}")
+        raise ConfigError(
+            "time.rk",
+            f"must be one of {list(_RK_CHOICES[scheme])} for scheme {scheme!r}, got {t['rk']!r}",
+        )
     limit = {"muscl": 0.5, "upwind": 1.0}[cfg["transport"]["reconstruction"]]
     if scheme == "fv" and not (0 < t["cfl"] <= limit):
         raise ConfigError(
@@ -194,6 +214,11 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     if o["every"] < 1:
         raise ConfigError("output.every", f"must be >= 1, got {o['every']}")
     o["progress"] = _float(o["progress"], "output.progress")
+    o["checkpoint_every"] = _int(o["checkpoint_every"], "output.checkpoint_every")
+    if o["checkpoint_every"] < 0:
+        raise ConfigError(
+            "output.checkpoint_every", f"must be >= 0 (0: off), got {o['checkpoint_every']}"
+        )
     return cfg
 
 
@@ -201,7 +226,10 @@ def head_matrices(cfg: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray, np.
     """The (Q, K, V) matrices of the configured heads."""
     d = 2 if cfg["mesh"]["manifold"] == "S1" else 3
     return [
-        tuple(_matrix(head.get(k, "identity"), d, f"attention.heads[{h}].{k}") for k in ("Q", "K", "V"))
+        tuple(
+            _matrix(head.get(k, "identity"), d, f"attention.heads[{h}].{k}")
+            for k in ("Q", "K", "V")
+        )
         for h, head in enumerate(cfg["attention"]["heads"])
     ]
 
@@ -224,7 +252,7 @@ def _float(value: Any, key: str) -> float:
 def _matrix(value: Any, d: int, key: str) -> np.ndarray:
     if isinstance(value, str):
         if value != "identity":
-            raise ConfigError(key, f"must be \"identity\" or a {d}x{d} nested list, got {value!r}")
+            raise ConfigError(key, f'must be "identity" or a {d}x{d} nested list, got {value!r}')
         return np.eye(d)
     try:
         arr = np.array(value, dtype=np.float64)

@@ -24,14 +24,22 @@ from petsc4py import PETSc
 import dolfinx
 import numpy as np
 
-from drivers.config import head_matrices
+from drivers.config import ConfigError, head_matrices
 from meshes import ControlVolumes, circle, control_volumes, from_file, icosphere, mesh_quality
 from solvers.attention import Attention, Head, gather_measure
+from solvers.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
 from solvers.deposit import deposit_to_cells
 from solvers.errors import SolverError
 from solvers.initial import initial_density
-from solvers.io import DensityWriter, GatheredCells, MetricsWriter, plot_metrics, render_density
-from solvers.io import write_final, write_json
+from solvers.io import (
+    DensityWriter,
+    GatheredCells,
+    MetricsWriter,
+    plot_metrics,
+    render_density,
+    write_final,
+    write_json,
+)
 from solvers.particles import ParticleSystem
 from solvers.transport import TransportSolver
 from solvers.weights import WeightDynamics, make_weights
@@ -39,9 +47,16 @@ from solvers.weights import WeightDynamics, make_weights
 __all__ = ["RunResult", "build_mesh", "build_model", "run", "METRIC_COLUMNS"]
 
 METRIC_COLUMNS = [
-    "t", "step", "dt", "mass", "energy", "min_density", "max_density", "G2", "dissipation",
-    "wall",
-]  # fmt: skip
+    "t",
+    "step",
+    "dt",
+    "mass",
+    "energy",
+    "min_density",
+    "max_density",
+    "G2",
+    "dissipation",
+]
 
 
 @dataclass
@@ -80,14 +95,24 @@ def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
 class _ParticleScheme:
     """Weighted particles started at the cell centres with the cell masses; densities by deposit."""
 
-    def __init__(self, cv: ControlVolumes, attention: Attention, weights: WeightDynamics,
-                 density: np.ndarray, cfg: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cv: ControlVolumes,
+        attention: Attention,
+        weights: WeightDynamics,
+        density: np.ndarray,
+        cfg: dict[str, Any],
+    ) -> None:
         n = cv.n_owned
         self.cv = cv
         self.system = ParticleSystem(
-            attention, weights, cv.centres[:n], density * cv.measures[:n], comm=cv.comm,
+            attention,
+            weights,
+            cv.centres[:n],
+            density * cv.measures[:n],
+            comm=cv.comm,
             integrator=cfg["time"]["rk"],
-        )  # fmt: skip
+        )
         self.t = 0.0
         self.steps = 0
         self.dt_fixed = cfg["time"]["dt"]
@@ -120,13 +145,38 @@ class _ParticleScheme:
     def diagnostics(self):
         return self.system.diagnostics(self.t)
 
+    def owned_state(self) -> dict[str, np.ndarray]:
+        """Particle positions and masses, row i = the particle started in owned cell i."""
+        return {"points": self.system.points.copy(), "masses": self.system.masses.copy()}
+
+    def restore(self, t: float, steps: int, state: dict[str, np.ndarray]) -> None:
+        s = self.system
+        self.system = ParticleSystem(
+            s.attention,
+            s.weights,
+            state["points"],
+            state["masses"],
+            comm=self.cv.comm,
+            integrator=s.integrator,
+        )
+        # the constructor retracts onto the sphere; keep the saved bits exactly
+        exact = np.array(state["points"], dtype=np.float64)
+        exact.flags.writeable = False
+        self.system._points = exact
+        self.t, self.steps = float(t), int(steps)
+
 
 class _FVScheme:
     def __init__(self, cv, attention, weights, density, cfg) -> None:
         self.solver = TransportSolver(
-            cv, attention, weights, density, reconstruction=cfg["transport"]["reconstruction"],
-            rk=cfg["time"]["rk"], cfl=cfg["time"]["cfl"],
-        )  # fmt: skip
+            cv,
+            attention,
+            weights,
+            density,
+            reconstruction=cfg["transport"]["reconstruction"],
+            rk=cfg["time"]["rk"],
+            cfl=cfg["time"]["cfl"],
+        )
         self.dt_cap = cfg["time"]["dt"] if cfg["time"]["dt"] > 0 else math.inf
 
     @property
@@ -150,19 +200,54 @@ class _FVScheme:
     def diagnostics(self):
         return self.solver.diagnostics()
 
+    def owned_state(self) -> dict[str, np.ndarray]:
+        return {"masses": self.solver.masses.copy()}
+
+    def restore(self, t: float, steps: int, state: dict[str, np.ndarray]) -> None:
+        self.solver.set_state(t, state["masses"], steps)
+
 
 def _log(comm: MPI.Comm, msg: str) -> None:
     if comm.rank == 0:
         print(f"[transformer-pde {comm.rank}/{comm.size}] {msg}", flush=True)
 
 
-def run(cfg: dict[str, Any], out: str | Path, comm: MPI.Comm = MPI.COMM_WORLD,
-        verbose: bool = True) -> RunResult:  # fmt: skip
+def _load_restart(out: Path, comm: MPI.Comm, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The newest valid checkpoint of ``out`` (read on rank 0, broadcast)."""
+    state, error, name = None, None, None
+    if comm.rank == 0:
+        try:
+            state, path = load_latest_checkpoint(out)
+            name = path.name
+            if str(state["scheme"]) != cfg["time"]["scheme"]:
+                error = (
+                    f"checkpoint {name} is a {state['scheme']} run but the config says "
+                    f"time.scheme = {cfg['time']['scheme']!r}"
+                )
+        except CheckpointError as exc:
+            error = str(exc)
+    error = comm.bcast(error, root=0)
+    if error is not None:
+        raise ConfigError("--restart", error)
+    _log(comm, f"restarting from {comm.bcast(name, root=0)}")
+    return comm.bcast(state, root=0)
+
+
+def run(
+    cfg: dict[str, Any],
+    out: str | Path,
+    comm: MPI.Comm = MPI.COMM_WORLD,
+    verbose: bool = True,
+    restart: bool = False,
+) -> RunResult:
     """Run the configured experiment, writing outputs to ``out``. Collective.
 
     Raises ConfigError/MeshError/DensityError for invalid input (before anything is written
     except the output folder). A detected failure during the time loop returns a RunResult
     with status "failed" and exit code 3 after writing all outputs up to the failure.
+    With ``restart``, the newest valid checkpoint in ``out`` is loaded (on any number of
+    ranks) and the run continues, appending to the same outputs: metric rows and density
+    steps written after that checkpoint are dropped and computed again.
     """
     wall0 = time.perf_counter()
     log = (lambda msg: _log(comm, msg)) if verbose else (lambda msg: None)
@@ -182,11 +267,46 @@ def run(cfg: dict[str, Any], out: str | Path, comm: MPI.Comm = MPI.COMM_WORLD,
     scheme_cls = _FVScheme if cfg["time"]["scheme"] == "fv" else _ParticleScheme
     scheme = scheme_cls(cv, attention, weights, rho0, cfg)
     gathered = GatheredCells(cv)
-    writer = DensityWriter(cv, out / "density.xdmf")
-    metrics = MetricsWriter(comm, out / "metrics.csv", METRIC_COLUMNS)
     t_end = cfg["time"]["t_end"]
     every = cfg["output"]["every"]
+    ckpt_every = cfg["output"]["checkpoint_every"]
     state = {"density": rho0, "t": 0.0, "dt": 0.0}
+    n_owned = cv.n_owned
+    if restart:
+        saved = _load_restart(out, comm, cfg)
+        mine = cv.original_index[:n_owned]
+        scheme.restore(
+            float(saved["t"]),
+            int(saved["steps"]),
+            {k[6:]: saved[k][mine] for k in saved if k.startswith("state_")},
+        )
+        state["dt"] = float(saved["dt"])
+        writer = DensityWriter(cv, out / "density.xdmf", keep=int(saved["n_outputs"]))
+        metrics = MetricsWriter(
+            comm, out / "metrics.csv", METRIC_COLUMNS, keep=int(saved["n_rows"])
+        )
+        state["density"], state["t"] = scheme.density, scheme.t
+    else:
+        writer = DensityWriter(cv, out / "density.xdmf")
+        metrics = MetricsWriter(comm, out / "metrics.csv", METRIC_COLUMNS)
+
+    def checkpoint() -> None:
+        arrays = {f"state_{k}": gathered.gather(v) for k, v in scheme.owned_state().items()}
+        if comm.rank == 0:
+            save_checkpoint(
+                out,
+                scheme.steps,
+                {
+                    **arrays,
+                    "t": np.float64(scheme.t),
+                    "steps": np.int64(scheme.steps),
+                    "dt": np.float64(state["dt"]),
+                    "n_outputs": np.int64(len(writer.times)),
+                    "n_rows": np.int64(len(metrics.rows)),
+                    "scheme": np.array(cfg["time"]["scheme"]),
+                },
+            )
+        comm.barrier()
 
     def output() -> None:
         density = scheme.density
@@ -194,25 +314,38 @@ def run(cfg: dict[str, Any], out: str | Path, comm: MPI.Comm = MPI.COMM_WORLD,
         rho_min = comm.allreduce(float(density.min(initial=np.inf)), op=MPI.MIN)
         rho_max = comm.allreduce(float(density.max(initial=-np.inf)), op=MPI.MAX)
         writer.write(scheme.t, density)
-        metrics.write({
-            "t": scheme.t, "step": scheme.steps, "dt": state["dt"], "mass": diag.mass,
-            "energy": diag.energy, "min_density": rho_min, "max_density": rho_max, "G2": diag.G2,
-            "dissipation": diag.dissipation, "wall": time.perf_counter() - wall0,
-        })  # fmt: skip
+        metrics.write(
+            {
+                "t": scheme.t,
+                "step": scheme.steps,
+                "dt": state["dt"],
+                "mass": diag.mass,
+                "energy": diag.energy,
+                "min_density": rho_min,
+                "max_density": rho_max,
+                "G2": diag.G2,
+                "dissipation": diag.dissipation,
+            }
+        )
         state["density"], state["t"] = density, scheme.t
 
     status, message, code = "ok", "completed", 0
     last_progress = time.perf_counter()
     try:
-        output()
+        if not restart:
+            output()
         while scheme.t < t_end:
             t, dt = scheme.step(t_end)
             state["dt"] = dt
             if scheme.steps % every == 0 or t >= t_end:
                 output()
+            if ckpt_every and scheme.steps % ckpt_every == 0 and t < t_end:
+                checkpoint()
             if verbose and time.perf_counter() - last_progress > cfg["output"]["progress"]:
                 last_progress = time.perf_counter()
-                log(f"t = {t:.4g} / {t_end:g} ({100 * t / t_end:.0f}%), step {scheme.steps}, dt = {dt:.3g}")
+                log(
+                    f"t = {t:.4g} / {t_end:g} ({100 * t / t_end:.0f}%), step {scheme.steps}, dt = {dt:.3g}"
+                )
     except SolverError as exc:
         status, code = "failed", 3
         message = f"run stopped at t = {scheme.t:.6g} (step {scheme.steps}): {exc}"
@@ -223,16 +356,26 @@ def run(cfg: dict[str, Any], out: str | Path, comm: MPI.Comm = MPI.COMM_WORLD,
     if comm.rank == 0:
         write_final(out / "final.npz", gathered.points, gathered.weights, final_density, state["t"])
         summary = {
-            "status": status, "message": message, "config": cfg,
-            "versions": _versions(), "ranks": comm.size, "wall_time_s": wall,
-            "steps": scheme.steps, "t_final": state["t"],
+            "status": status,
+            "message": message,
+            "config": cfg,
+            "versions": _versions(),
+            "ranks": comm.size,
+            "wall_time_s": wall,
+            "steps": scheme.steps,
+            "t_final": state["t"],
             "final_metrics": metrics.rows[-1] if metrics.rows else {},
-            "mesh": quality.as_dict(), "backend": attention.backend,
-        }  # fmt: skip
+            "mesh": quality.as_dict(),
+            "backend": attention.backend,
+        }
         write_json(out / "summary.json", summary)
         try:
-            render_density(out / "density.png", gathered.vertices, final_density,
-                           title=f"density t={state['t']:.3g}")  # fmt: skip
+            render_density(
+                out / "density.png",
+                gathered.vertices,
+                final_density,
+                title=f"density t={state['t']:.3g}",
+            )
             plot_metrics(out / "metrics.png", metrics.rows, ["mass", "energy", "G2", "min_density"])
         except Exception as exc:  # a picture must never lose a finished run
             print(f"[transformer-pde] warning: could not render pictures: {exc}", file=sys.stderr)

@@ -147,8 +147,18 @@ def control_volumes(mesh: dolfinx.mesh.Mesh) -> ControlVolumes:
 
     n_global = mesh.comm.allreduce(n_owned, op=MPI.SUM)
     return ControlVolumes(
-        mesh=mesh, manifold=manifold, d=d, n_owned=n_owned, n_local=n_local, n_global=n_global,
-        vertices=vertices, centres=centres, measures=measures, original_index=original,
-        facet_cells=pair.astype(np.int32), facet_normal=normal, facet_measure=fmeasure,
+        mesh=mesh,
+        manifold=manifold,
+        d=d,
+        n_owned=n_owned,
+        n_local=n_local,
+        n_global=n_global,
+        vertices=vertices,
+        centres=centres,
+        measures=measures,
+        original_index=original,
+        facet_cells=pair.astype(np.int32),
+        facet_normal=normal,
+        facet_measure=fmeasure,
         facet_midpoint=mid,
-    )  # fmt: skip
+    )

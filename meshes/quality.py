@@ -60,6 +60,10 @@ def mesh_quality(cv: ControlVolumes) -> MeshQuality:
     total = comm.allreduce(float(meas.sum()), op=MPI.SUM)
     flat_total = comm.allreduce(float(flat.sum()), op=MPI.SUM)
     return MeshQuality(
-        n_cells=cv.n_global, h=h, h_min=h_min, area_ratio=a_max / a_min,
-        total_measure=total, area_error=abs(flat_total - exact) / exact,
-    )  # fmt: skip
+        n_cells=cv.n_global,
+        h=h,
+        h_min=h_min,
+        area_ratio=a_max / a_min,
+        total_measure=total,
+        area_error=abs(flat_total - exact) / exact,
+    )

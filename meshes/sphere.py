@@ -75,22 +75,47 @@ def icosphere_arrays(level: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[n
     p = (1.0 + np.sqrt(5.0)) / 2.0
     x = np.array(
         [
-            [-1, p, 0], [1, p, 0], [-1, -p, 0], [1, -p, 0],
-            [0, -1, p], [0, 1, p], [0, -1, -p], [0, 1, -p],
-            [p, 0, -1], [p, 0, 1], [-p, 0, -1], [-p, 0, 1],
+            [-1, p, 0],
+            [1, p, 0],
+            [-1, -p, 0],
+            [1, -p, 0],
+            [0, -1, p],
+            [0, 1, p],
+            [0, -1, -p],
+            [0, 1, -p],
+            [p, 0, -1],
+            [p, 0, 1],
+            [-p, 0, -1],
+            [-p, 0, 1],
         ],
         dtype=np.float64,
-    )  # fmt: skip
+    )
     x /= np.linalg.norm(x, axis=1)[:, None]
     f = np.array(
         [
-            [0, 11, 5], [0, 5, 1], [0, 1, 7], [0, 7, 10], [0, 10, 11],
-            [1, 5, 9], [5, 11, 4], [11, 10, 2], [10, 7, 6], [7, 1, 8],
-            [3, 9, 4], [3, 4, 2], [3, 2, 6], [3, 6, 8], [3, 8, 9],
-            [4, 9, 5], [2, 4, 11], [6, 2, 10], [8, 6, 7], [9, 8, 1],
+            [0, 11, 5],
+            [0, 5, 1],
+            [0, 1, 7],
+            [0, 7, 10],
+            [0, 10, 11],
+            [1, 5, 9],
+            [5, 11, 4],
+            [11, 10, 2],
+            [10, 7, 6],
+            [7, 1, 8],
+            [3, 9, 4],
+            [3, 4, 2],
+            [3, 2, 6],
+            [3, 6, 8],
+            [3, 8, 9],
+            [4, 9, 5],
+            [2, 4, 11],
+            [6, 2, 10],
+            [8, 6, 7],
+            [9, 8, 1],
         ],
         dtype=np.int64,
-    )  # fmt: skip
+    )
     for _ in range(int(level)):
         edges = np.concatenate([f[:, [0, 1]], f[:, [1, 2]], f[:, [2, 0]]])
         edges.sort(axis=1)
@@ -193,9 +218,12 @@ def distribute(
         cells = np.empty((0, d), dtype=np.int64)
     partitioner = dolfinx.mesh.create_cell_partitioner(dolfinx.mesh.GhostMode.shared_facet, 2)
     return dolfinx.mesh.create_mesh(
-        comm, np.ascontiguousarray(cells, dtype=np.int64), ufl.Mesh(element),
-        np.ascontiguousarray(x), partitioner=partitioner,
-    )  # fmt: skip
+        comm,
+        np.ascontiguousarray(cells, dtype=np.int64),
+        ufl.Mesh(element),
+        np.ascontiguousarray(x),
+        partitioner=partitioner,
+    )
 
 
 def circle(comm: MPI.Comm, refinement: int) -> dolfinx.mesh.Mesh:
@@ -256,10 +284,14 @@ def _read_arrays(path: Path, manifold: str) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(m.points, dtype=np.float64)
     if x.shape[1] > d:  # meshio pads 2D points with z = 0
         if np.any(x[:, d:] != 0):
-            raise MeshError(f"{manifold} mesh must have points in R^{d}, found {x.shape[1]} coordinates")
+            raise MeshError(
+                f"{manifold} mesh must have points in R^{d}, found {x.shape[1]} coordinates"
+            )
         x = x[:, :d]
     if x.shape[1] != d:
-        raise MeshError(f"{manifold} mesh must have points in R^{d}, found {x.shape[1]} coordinates")
+        raise MeshError(
+            f"{manifold} mesh must have points in R^{d}, found {x.shape[1]} coordinates"
+        )
     used = np.unique(cells)
     remap = np.full(len(x), -1, dtype=np.int64)
     remap[used] = np.arange(len(used))

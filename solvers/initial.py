@@ -30,11 +30,36 @@ Array = npt.NDArray[np.float64]
 _NAMES = {
     name: getattr(np, name)
     for name in (
-        "exp", "log", "sqrt", "sin", "cos", "tan", "arcsin", "arccos", "arctan", "arctan2",
-        "sinh", "cosh", "tanh", "abs", "maximum", "minimum", "where", "pi", "e", "clip",
-        "sign", "heaviside", "power", "log1p", "expm1", "hypot", "ones_like", "zeros_like",
+        "exp",
+        "log",
+        "sqrt",
+        "sin",
+        "cos",
+        "tan",
+        "arcsin",
+        "arccos",
+        "arctan",
+        "arctan2",
+        "sinh",
+        "cosh",
+        "tanh",
+        "abs",
+        "maximum",
+        "minimum",
+        "where",
+        "pi",
+        "e",
+        "clip",
+        "sign",
+        "heaviside",
+        "power",
+        "log1p",
+        "expm1",
+        "hypot",
+        "ones_like",
+        "zeros_like",
     )
-}  # fmt: skip
+}
 
 
 class DensityError(ValueError):
@@ -77,9 +102,16 @@ def density_function(expression: str, d: int) -> Callable[[Array], Array]:
 _A1, _B1 = 0.059715871789770, 0.470142064105115
 _A2, _B2 = 0.797426985353087, 0.101286507323456
 _TRI_BARY = np.array(
-    [[1 / 3, 1 / 3, 1 / 3], [_A1, _B1, _B1], [_B1, _A1, _B1], [_B1, _B1, _A1],
-     [_A2, _B2, _B2], [_B2, _A2, _B2], [_B2, _B2, _A2]]
-)  # fmt: skip
+    [
+        [1 / 3, 1 / 3, 1 / 3],
+        [_A1, _B1, _B1],
+        [_B1, _A1, _B1],
+        [_B1, _B1, _A1],
+        [_A2, _B2, _B2],
+        [_B2, _A2, _B2],
+        [_B2, _B2, _A2],
+    ]
+)
 _TRI_W = np.array([0.225] + [0.132394152788506] * 3 + [0.125939180544827] * 3)
 
 

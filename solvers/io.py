@@ -17,8 +17,6 @@ from typing import Any
 import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 
-import dolfinx.fem
-import dolfinx.io
 import numpy as np
 import numpy.typing as npt
 
@@ -73,43 +71,142 @@ def gather_cells(cv: ControlVolumes, values_owned: Array) -> Array | None:
 
 
 class DensityWriter:
-    """XDMF (+ HDF5) time series of the cell density as a DG0 function, for ParaView.
+    """XDMF (+ HDF5) time series of the cell density, for ParaView; appendable on restart.
 
-    Open in ParaView with the "Xdmf3 Reader T" (or "XDMF Reader"); the cell array is
-    ``density``. Collective.
+    The mesh is written once in its *input* numbering (vertices by input index, cells by
+    original cell index), and each output step adds one dataset ``/Function/<name>/<k>``
+    (attribute ``t``) to the HDF5 file; the small XDMF file is rewritten atomically after
+    every step, so a run killed at any point leaves a valid series of the steps written.
+    The layout is DOLFINx's (``Xdmf3 Reader T`` in ParaView; meshio's TimeSeriesReader).
+    Data are gathered to rank 0, which alone writes (serial h5py; O(N) memory there).
+
+    Args:
+        cv: control volumes of the mesh.
+        path: the ``.xdmf`` path (the ``.h5`` file sits beside it).
+        keep: on restart, the number of existing steps to keep (later ones are deleted);
+            None starts a new file.
     """
 
-    def __init__(self, cv: ControlVolumes, path: str | Path, name: str = "density") -> None:
-        self.cv = cv
-        self.space = dolfinx.fem.functionspace(cv.mesh, ("DG", 0))
-        self.function = dolfinx.fem.Function(self.space, name=name)
-        dofs = self.space.dofmap.list
-        self._dof_of_cell = np.asarray(dofs)[: cv.n_owned, 0]
-        self._file = dolfinx.io.XDMFFile(cv.comm, str(path), "w")
-        self._file.write_mesh(cv.mesh)
+    def __init__(
+        self, cv: ControlVolumes, path: str | Path, name: str = "density", keep: int | None = None
+    ) -> None:
+        import h5py
+
+        self.cv, self.name = cv, name
+        self.path = Path(path)
+        self.h5path = self.path.with_suffix(".h5")
+        self._gathered = GatheredCells(cv)
+        mesh = cv.mesh
+        n = cv.n_owned
+        input_index = np.asarray(mesh.geometry.input_global_indices, dtype=np.int64)
+        nodes = np.asarray(mesh.geometry.dofmaps[0])[:n]
+        cells_input = self._gathered.gather(input_index[nodes])
+        parts = cv.comm.gather((input_index, mesh.geometry.x[:, : cv.d].copy()), root=0)
+        self._file = None
+        self.times: list[float] = []
+        if cv.comm.rank != 0:
+            return
+        idx = np.concatenate([p[0] for p in parts])
+        xyz = np.concatenate([p[1] for p in parts])
+        uniq, first = np.unique(idx, return_index=True)
+        remap = np.full(int(uniq.max()) + 1, -1, dtype=np.int64)
+        remap[uniq] = np.arange(len(uniq))
+        self._points = xyz[first]
+        self._cells = remap[cells_input]
+        if keep is not None and self.h5path.is_file():
+            self._file = h5py.File(self.h5path, "a")
+            group = self._file.require_group(f"/Function/{name}")
+            for key in list(group.keys()):
+                if int(key) >= keep:
+                    del group[key]
+            self.times = [float(group[str(k)].attrs["t"]) for k in range(len(group))]
+        else:
+            self._file = h5py.File(self.h5path, "w")
+            self._file.create_dataset("/Mesh/mesh/geometry", data=self._points)
+            self._file.create_dataset("/Mesh/mesh/topology", data=self._cells)
+            self._file.require_group(f"/Function/{name}")
+        self._file.flush()
+        self._write_xml()
 
     def write(self, t: float, density_owned: Array) -> None:
-        self.function.x.array[self._dof_of_cell] = density_owned
-        self.function.x.scatter_forward()
-        self._file.write_function(self.function, float(t))
+        """Append one step (collective)."""
+        values = self._gathered.gather(np.asarray(density_owned, dtype=np.float64))
+        if self._file is None:
+            return
+        k = len(self.times)
+        ds = self._file.create_dataset(f"/Function/{self.name}/{k}", data=values.reshape(-1, 1))
+        ds.attrs["t"] = float(t)
         self._file.flush()
+        self.times.append(float(t))
+        self._write_xml()
+
+    def _write_xml(self) -> None:
+        n_cells, nv = self._cells.shape
+        topo = "Triangle" if nv == 3 else "PolyLine"
+        geo = "XYZ" if self._points.shape[1] == 3 else "XY"
+        h5 = self.h5path.name
+        steps = "".join(
+            f"""      <Grid Name="{self.name}" GridType="Uniform">
+        <xi:include xpointer="xpointer(/Xdmf/Domain/Grid[@GridType='Uniform'][1]/*[self::Topology or self::Geometry])" />
+        <Time Value="{t!r}" />
+        <Attribute Name="{self.name}" AttributeType="Scalar" Center="Cell">
+          <DataItem Dimensions="{n_cells} 1" Format="HDF">{h5}:/Function/{self.name}/{k}</DataItem>
+        </Attribute>
+      </Grid>
+"""
+            for k, t in enumerate(self.times)
+        )
+        xml = f"""<?xml version="1.0"?>
+<!DOCTYPE Xdmf SYSTEM "Xdmf.dtd" []>
+<Xdmf Version="3.0" xmlns:xi="https://www.w3.org/2001/XInclude">
+  <Domain>
+    <Grid Name="mesh" GridType="Uniform">
+      <Topology TopologyType="{topo}" NumberOfElements="{n_cells}" NodesPerElement="{nv}">
+        <DataItem Dimensions="{n_cells} {nv}" NumberType="Int" Format="HDF">{h5}:/Mesh/mesh/topology</DataItem>
+      </Topology>
+      <Geometry GeometryType="{geo}">
+        <DataItem Dimensions="{len(self._points)} {self._points.shape[1]}" Format="HDF">{h5}:/Mesh/mesh/geometry</DataItem>
+      </Geometry>
+    </Grid>
+    <Grid Name="{self.name}" GridType="Collection" CollectionType="Temporal">
+{steps}    </Grid>
+  </Domain>
+</Xdmf>
+"""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(xml)
+        os.replace(tmp, self.path)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class MetricsWriter:
     """CSV with one row per output time, written by rank 0 and flushed after each row."""
 
-    def __init__(self, comm: MPI.Comm, path: str | Path, columns: Sequence[str]) -> None:
+    def __init__(
+        self, comm: MPI.Comm, path: str | Path, columns: Sequence[str], keep: int | None = None
+    ) -> None:
+        """``keep``: on restart, the number of existing rows to keep (None: a new file)."""
         self.columns = list(columns)
         self.rows: list[dict[str, float]] = []
         self._root = comm.rank == 0
         self._fh = None
+        raw: list[dict[str, str]] = []
+        if keep is not None:
+            if self._root:
+                with open(path, newline="") as fh:
+                    raw = list(csv.DictReader(fh))[:keep]
+            raw = comm.bcast(raw, root=0)
+            self.rows = [{k: float(v) for k, v in r.items()} for r in raw]
         if self._root:
             self._fh = open(path, "w", newline="")  # noqa: SIM115 (kept open for the run)
             self._writer = csv.DictWriter(self._fh, fieldnames=self.columns)
             self._writer.writeheader()
+            for row in raw:  # the kept rows, byte for byte
+                self._writer.writerow(row)
             self._fh.flush()
 
     def write(self, row: dict[str, float]) -> None:
@@ -165,26 +262,33 @@ def render_density(
     """
     d = vertices.shape[1]
     if d == 3:
+        # render through EGL off-screen: no X server needed (and no warning about one)
+        os.environ.setdefault("VTK_DEFAULT_OPENGL_WINDOW", "vtkEGLRenderWindow")
         import pyvista as pv
 
         pv.OFF_SCREEN = True
         pts = vertices.reshape(-1, 3)
-        faces = np.column_stack([np.full(len(vertices), 3), np.arange(3 * len(vertices)).reshape(-1, 3)])
+        faces = np.column_stack(
+            [np.full(len(vertices), 3), np.arange(3 * len(vertices)).reshape(-1, 3)]
+        )
         surf = pv.PolyData(pts, faces.ravel())
         surf.cell_data[title] = density
-        plotter = pv.Plotter(off_screen=True, window_size=(900, 700), shape=(1, 2))
+        plotter = pv.Plotter(off_screen=True, window_size=(1000, 540), shape=(1, 2))
         centres = vertices.sum(axis=1)
         centres /= np.linalg.norm(centres, axis=1)[:, None]
         peak = centres[int(np.argmax(density))]  # look at the densest cell from the front
         for col, view in enumerate((peak, -peak)):
             plotter.subplot(0, col)
             plotter.add_mesh(
-                surf.copy(), scalars=title, cmap="viridis", show_edges=False,
+                surf.copy(),
+                scalars=title,
+                cmap="viridis",
+                show_edges=False,
                 scalar_bar_args={"title": title, "vertical": False} if col == 0 else None,
                 show_scalar_bar=col == 0,
-            )  # fmt: skip
+            )
             up = (0, 0, 1) if abs(view[2]) < 0.9 else (1, 0, 0)
-            plotter.camera_position = [tuple(3.6 * np.asarray(view)), (0, 0, 0), up]
+            plotter.camera_position = [tuple(4.3 * np.asarray(view)), (0, 0, 0), up]
             plotter.add_text("front" if col == 0 else "back", font_size=10)
         plotter.screenshot(str(path))
         plotter.close()

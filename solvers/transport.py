@@ -170,7 +170,9 @@ class TransportSolver:
         self._grad = dolfinx.la.vector(imap, cv.d)
         self._mass.array[: cv.n_owned] = density * cv.measures[: cv.n_owned]
         self._mass.scatter_forward()
-        self._sources = GlobalSources(self._comm, cv.centres[: cv.n_owned], cv.original_index[: cv.n_owned])
+        self._sources = GlobalSources(
+            self._comm, cv.centres[: cv.n_owned], cv.original_index[: cv.n_owned]
+        )
         self._prepare_geometry()
 
     # ------------------------------------------------------------------ geometry
@@ -207,10 +209,12 @@ class TransportSolver:
         """Owned cell densities rho_i (a copy)."""
         return self.masses / self.cv.measures[: self.cv.n_owned]
 
-    def set_state(self, t: float, density: Array) -> None:
-        """Reset time and owned densities (e.g. on restart)."""
+    def set_state(self, t: float, masses: Array, steps: int | None = None) -> None:
+        """Reset the time, the owned cell masses and the step counter (e.g. on restart)."""
         self.t = float(t)
-        self._mass.array[: self.cv.n_owned] = density * self.cv.measures[: self.cv.n_owned]
+        if steps is not None:
+            self.steps = int(steps)
+        self._mass.array[: self.cv.n_owned] = masses
         self._mass.scatter_forward()
 
     def total_mass(self) -> float:
@@ -237,7 +241,9 @@ class TransportSolver:
         out = np.zeros(self._n_local)
         np.add.at(out, self._L, self._flux_len * np.maximum(u, 0.0))
         np.add.at(out, self._R, self._flux_len * np.maximum(-u, 0.0))
-        rate = float((out[: self.cv.n_owned] * self._inv_measure[: self.cv.n_owned]).max(initial=0.0))
+        rate = float(
+            (out[: self.cv.n_owned] * self._inv_measure[: self.cv.n_owned]).max(initial=0.0)
+        )
         return self._comm.allreduce(rate, op=MPI.MAX)
 
     # ------------------------------------------------------------------ fluxes
@@ -304,7 +310,9 @@ class TransportSolver:
         dt_max = t_stop - t0
         dt = min(self.cfl / rate if rate > 0 else math.inf, dt_max)
         if not math.isfinite(dt):
-            raise BlowUpError(f"cannot choose a time step at t = {t0:.6g}: zero velocity, no t_stop", t=t0)
+            raise BlowUpError(
+                f"cannot choose a time step at t = {t0:.6g}: zero velocity, no t_stop", t=t0
+            )
         limit = POSITIVITY_LIMIT[self.reconstruction]
         rejected = 0
         while True:
@@ -324,9 +332,13 @@ class TransportSolver:
         if not np.all(np.isfinite(self.masses)):
             raise BlowUpError(f"non-finite density after the step to t = {self.t:.6g}", t=self.t)
         return TransportStep(
-            t=self.t, dt=dt, cfl=dt * rate, rejected=rejected,
-            mass=self.total_mass(), min_density=self.min_density(),
-        )  # fmt: skip
+            t=self.t,
+            dt=dt,
+            cfl=dt * rate,
+            rejected=rejected,
+            mass=self.total_mass(),
+            min_density=self.min_density(),
+        )
 
     def _try_step(self, m0: Array, u0: Array, t0: float, dt: float, limit: float) -> float | None:
         """One SSP-RK step from m0; returns None on success or the offending stage CFL."""
@@ -353,6 +365,11 @@ class TransportSolver:
         """Energy, G^2, token dissipation and mass of the current measure (collective)."""
         n = self.cv.n_owned
         return measure_diagnostics(
-            self.attention, self.weights.heads_at(self.t), self.cv.centres[:n], self.masses.copy(),
-            self._comm, sources=self._sources.points, masses_all=self._sources.masses(self.masses),
-        )  # fmt: skip
+            self.attention,
+            self.weights.heads_at(self.t),
+            self.cv.centres[:n],
+            self.masses.copy(),
+            self._comm,
+            sources=self._sources.points,
+            masses_all=self._sources.masses(self.masses),
+        )

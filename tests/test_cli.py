@@ -17,9 +17,14 @@ from drivers.cli import main
 from tests.conftest import ROOT, VENV_BIN, cli_env
 
 SMALL = [
-    "--quiet", "--set", "mesh.refinement=2", "--set", "time.t_end=0.3",
-    "--set", "output.every=5",
-]  # fmt: skip
+    "--quiet",
+    "--set",
+    "mesh.refinement=2",
+    "--set",
+    "time.t_end=0.3",
+    "--set",
+    "output.every=5",
+]
 
 
 def _write(path: Path, text: str) -> Path:
@@ -37,8 +42,14 @@ def test_run_outputs(shared_tmp):
     assert code == 0
     if MPI.COMM_WORLD.rank != 0:
         return
-    for name in ("density.xdmf", "density.h5", "metrics.csv", "final.npz", "summary.json",
-                 "density.png"):  # fmt: skip
+    for name in (
+        "density.xdmf",
+        "density.h5",
+        "metrics.csv",
+        "final.npz",
+        "summary.json",
+        "density.png",
+    ):
         assert (out / name).is_file(), name
     final = np.load(out / "final.npz")
     assert final["points"].shape == (320, 3)
@@ -71,12 +82,29 @@ def test_run_outputs(shared_tmp):
 
 def test_s1_run_and_particles(shared_tmp):
     out = shared_tmp / "s1"
-    cfg = _write(shared_tmp / "s1.toml", '[mesh]\nmanifold = "S1"\nrefinement = 2\n'
-                 '[initial]\ndensity = "1 + 0.5 * x[0]"\n[time]\nt_end = 0.5\n')  # fmt: skip
+    cfg = _write(
+        shared_tmp / "s1.toml",
+        '[mesh]\nmanifold = "S1"\nrefinement = 2\n'
+        '[initial]\ndensity = "1 + 0.5 * x[0]"\n[time]\nt_end = 0.5\n',
+    )
     assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
     out_p = shared_tmp / "s1p"
-    assert main(["run", str(cfg), "--out", str(out_p), "--quiet",
-                 "--set", 'time.scheme="particles"', "--set", "time.dt=0.01"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                str(cfg),
+                "--out",
+                str(out_p),
+                "--quiet",
+                "--set",
+                'time.scheme="particles"',
+                "--set",
+                "time.dt=0.01",
+            ]
+        )
+        == 0
+    )
     if MPI.COMM_WORLD.rank == 0:
         fv, pa = np.load(out / "final.npz"), np.load(out_p / "final.npz")
         assert fv["points"].shape == (64, 2) and fv["weights"].sum() == pytest.approx(2 * np.pi)
@@ -91,36 +119,43 @@ BAD = [
     ("[bogus]\nx = 1\n", "bogus: unknown section"),
     ("[mesh]\nlevel = 3\n", "mesh.level: unknown key"),
     ("[attention]\nbeta = -1.0\n", "attention.beta: must be > 0"),
-    ("[attention]\nbeta = \"big\"\n", "attention.beta: must be a number"),
+    ('[attention]\nbeta = "big"\n', "attention.beta: must be a number"),
     ("[attention]\nsign = 0\n", "attention.sign"),
-    ("[attention]\nheads = [{ Q = [[1.0, 0.0], [0.0, 1.0]] }]\n", "attention.heads[0].Q: must be 3x3"),
-    ("[attention]\nheads = [{ V = \"eye\" }]\n", "attention.heads[0].V"),
+    (
+        "[attention]\nheads = [{ Q = [[1.0, 0.0], [0.0, 1.0]] }]\n",
+        "attention.heads[0].Q: must be 3x3",
+    ),
+    ('[attention]\nheads = [{ V = "eye" }]\n', "attention.heads[0].V"),
     ("[attention]\nheads = []\n", "attention.heads"),
-    ("[initial]\ndensity = \"exp(x[0]\"\n", "initial.density"),
-    ("[initial]\ndensity = \"foo(x[0])\"\n", "initial.density"),
-    ("[initial]\ndensity = \"x[0]\"\n", "negative"),
-    ("[initial]\ndensity = \"0 * x[0]\"\n", "zero total mass"),
-    ("[initial]\ndensity = \"log(x[0] - 2)\"\n", "not finite"),
+    ('[initial]\ndensity = "exp(x[0]"\n', "initial.density"),
+    ('[initial]\ndensity = "foo(x[0])"\n', "initial.density"),
+    ('[initial]\ndensity = "x[0]"\n', "negative"),
+    ('[initial]\ndensity = "0 * x[0]"\n', "zero total mass"),
+    ('[initial]\ndensity = "log(x[0] - 2)"\n', "not finite"),
     ("[mesh]\nrefinement = 12\n", "mesh.refinement: must be in [0, 8]"),
     ("[mesh]\nrefinement = 2.5\n", "mesh.refinement: must be an integer"),
-    ("[mesh]\nfile = \"/no/such/mesh.msh\"\n", "mesh.file: file not found"),
-    ("[mesh]\nmanifold = \"T2\"\n", "mesh.manifold: must be one of"),
+    ('[mesh]\nfile = "/no/such/mesh.msh"\n', "mesh.file: file not found"),
+    ('[mesh]\nmanifold = "T2"\n', "mesh.manifold: must be one of"),
     ("[time]\ncfl = 0.9\n", "time.cfl"),
     ("[time]\nt_end = 0\n", "time.t_end"),
-    ("[time]\nscheme = \"jko\"\n", "time.scheme"),
-    ("[weights]\ndynamics = \"ou\"\n[attention]\nheads = [{ Q = [[1.0,2.0,0.0],[0.0,1.0,0.0],[0.0,0.0,1.0]] }]\n",
-     "attention.heads[0]"),
+    ('[time]\nscheme = "jko"\n', "time.scheme"),
+    (
+        '[weights]\ndynamics = "ou"\n[attention]\nheads = [{ Q = [[1.0,2.0,0.0],[0.0,1.0,0.0],[0.0,0.0,1.0]] }]\n',
+        "attention.heads[0]",
+    ),
     ("[output]\nevery = 0\n", "output.every"),
     ("this is not toml", "not valid TOML"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("text,message", BAD)
 def test_bad_input_exit_2(shared_tmp, capfd, text, message):
     cfg = _write(shared_tmp / "bad.toml", text)
-    code = main(["run", str(cfg), "--out", str(shared_tmp / "bad"), "--quiet",
-                 "--set", "mesh.refinement=1"] if "refinement" not in text and "manifold" not in text
-                else ["run", str(cfg), "--out", str(shared_tmp / "bad"), "--quiet"])  # fmt: skip
+    code = main(
+        ["run", str(cfg), "--out", str(shared_tmp / "bad"), "--quiet", "--set", "mesh.refinement=1"]
+        if "refinement" not in text and "manifold" not in text
+        else ["run", str(cfg), "--out", str(shared_tmp / "bad"), "--quiet"]
+    )
     assert code == 2
     err = capfd.readouterr().err
     if MPI.COMM_WORLD.rank == 0:
@@ -139,9 +174,11 @@ def test_missing_config_and_bad_set(shared_tmp, capfd):
 
 def test_blow_up_exit_3_keeps_outputs(shared_tmp, capfd):
     """Overflowing weights stop the run with exit 3; outputs up to the failure are kept."""
-    cfg = _write(shared_tmp / "nan.toml",
-                 "[mesh]\nrefinement = 1\n[attention]\n"
-                 "heads = [{ V = [[1e308, 1e308, 0.0], [0.0, 1e308, 0.0], [0.0, 0.0, 1e308]] }]\n")  # fmt: skip
+    cfg = _write(
+        shared_tmp / "nan.toml",
+        "[mesh]\nrefinement = 1\n[attention]\n"
+        "heads = [{ V = [[1e308, 1e308, 0.0], [0.0, 1e308, 0.0], [0.0, 0.0, 1e308]] }]\n",
+    )
     out = shared_tmp / "nan"
     assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 3
     if MPI.COMM_WORLD.rank == 0:
@@ -164,8 +201,17 @@ def _mpirun(args: list[str], n: int) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("scheme", ["fv", "particles"])
 def test_serial_and_mpiexec_agree(tmp_path, scheme):
     """`mpiexec -n 1` and `-n 2` runs of the CLI give the same final.npz to 1e-10."""
-    args = ["run", str(ROOT / "configs/demo_s2.toml"), *SMALL, "--set", f'time.scheme="{scheme}"',
-            "--set", "weights.dynamics=\"oscillating\"", "--set", 'weights.init="random"']  # fmt: skip
+    args = [
+        "run",
+        str(ROOT / "configs/demo_s2.toml"),
+        *SMALL,
+        "--set",
+        f'time.scheme="{scheme}"',
+        "--set",
+        'weights.dynamics="oscillating"',
+        "--set",
+        'weights.init="random"',
+    ]
     finals = []
     for n in (1, 2):
         out = tmp_path / f"n{n}"
@@ -182,8 +228,14 @@ def test_serial_and_mpiexec_agree(tmp_path, scheme):
 def test_console_script_bad_input_no_traceback(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[attention]\nbeta = 0.0\n")
-    proc = subprocess.run([str(VENV_BIN / "transformer-pde"), "run", str(bad)], capture_output=True,
-                          text=True, timeout=120, env=cli_env(), cwd=tmp_path)  # fmt: skip
+    proc = subprocess.run(
+        [str(VENV_BIN / "transformer-pde"), "run", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert "attention.beta" in proc.stderr

@@ -17,8 +17,9 @@ from solvers.transport import TransportSolver
 from solvers.weights import make_weights
 
 
-def _solver(cv, density="1 + 0.5 * x[0]", beta=4.0, sign=1, heads=None, dynamics="frozen",
-            **kw) -> TransportSolver:  # fmt: skip
+def _solver(
+    cv, density="1 + 0.5 * x[0]", beta=4.0, sign=1, heads=None, dynamics="frozen", **kw
+) -> TransportSolver:
     heads = heads or [Head.identity(cv.d)]
     weights = make_weights(dynamics, heads, init="random" if dynamics != "frozen" else "config")
     return TransportSolver(cv, Attention(beta, sign), weights, initial_density(cv, density), **kw)
@@ -31,8 +32,13 @@ def test_mass_and_positivity_1000_steps(comm, reconstruction, cfl):
     The initial density vanishes on most of the sphere, so positivity is exercised.
     """
     cv = control_volumes(icosphere(comm, 2))
-    s = _solver(cv, "maximum(x[2] - 0.3, 0) + maximum(x[0] - 0.6, 0)", beta=5.0,
-                reconstruction=reconstruction, cfl=cfl)  # fmt: skip
+    s = _solver(
+        cv,
+        "maximum(x[2] - 0.3, 0) + maximum(x[0] - 0.6, 0)",
+        beta=5.0,
+        reconstruction=reconstruction,
+        cfl=cfl,
+    )
     m0 = s.total_mass()
     assert abs(m0 - 1) < 1e-14
     worst = 0.0
@@ -138,8 +144,10 @@ def _s1_errors(comm, reference, reconstruction):
             s.step(_S1_T)
         v = cv.vertices[: cv.n_owned]
         a = np.arctan2(v[:, 0, 1], v[:, 0, 0])
-        sweep = np.arctan2(v[:, 0, 0] * v[:, 1, 1] - v[:, 0, 1] * v[:, 1, 0],
-                           np.einsum("ij,ij->i", v[:, 0], v[:, 1]))  # fmt: skip
+        sweep = np.arctan2(
+            v[:, 0, 0] * v[:, 1, 1] - v[:, 0, 1] * v[:, 1, 0],
+            np.einsum("ij,ij->i", v[:, 0], v[:, 1]),
+        )
         ref_mass = np.abs(reference(a + sweep) - reference(a))
         errs.append(comm.allreduce(float(np.abs(s.masses - ref_mass).sum()), op=MPI.SUM))
         hs.append(mesh_quality(cv).h)
@@ -149,20 +157,24 @@ def _s1_errors(comm, reference, reconstruction):
 def test_s1_upwind_first_order(comm, s1_reference):
     """L1 error of cell masses vs the Lagrangian reference: fitted order >= 0.9.
 
-    Measured: errors 3.3e-2 .. 4.9e-3 for 32 .. 256 cells (order ~0.93).
+    Measured: 1.9e-2, 9.7e-3, 4.9e-3, 2.5e-3 for 32 .. 256 cells (fitted order 0.97); the
+    reference itself is converged to 2e-8 (n_p = 2048 vs 4096 tracers).
     """
     errs, hs = _s1_errors(comm, s1_reference, "upwind")
     rate = np.polyfit(np.log(hs), np.log(errs), 1)[0]
     assert rate >= 0.9, (errs, rate)
-    assert errs[-1] < 8e-3, errs
+    assert errs[-1] < 3.5e-3, errs
 
 
 def test_s1_muscl_second_order(comm, s1_reference):
-    """MUSCL + Barth-Jespersen, SSP-RK3: fitted order >= 1.6 and a cap at 256 cells."""
+    """MUSCL + Barth-Jespersen, SSP-RK3: fitted order >= 1.6 and a cap at 256 cells.
+
+    Measured: 2.1e-3, 5.3e-4, 1.2e-4, 2.8e-5 for 32 .. 256 cells (fitted order 2.09).
+    """
     errs, hs = _s1_errors(comm, s1_reference, "muscl")
     rate = np.polyfit(np.log(hs), np.log(errs), 1)[0]
     assert rate >= 1.6, (errs, rate)
-    assert errs[-1] < 1e-3, errs
+    assert errs[-1] < 4e-5, errs
 
 
 # ---------------------------------------------------------------- S^2 vs particles
@@ -182,8 +194,10 @@ def test_s2_fv_matches_particles_in_w1(comm):
     attn, heads = Attention(beta, 1), [Head.identity(3)]
     dt = 0.02
     for _ in range(int(round(T / dt))):
+
         def vel(x):
             return attn.velocity(x, x, ms, heads)
+
         k1 = vel(pts)
         k2 = vel(pts + 0.5 * dt * k1)
         k3 = vel(pts + 0.5 * dt * k2)
@@ -200,7 +214,8 @@ def test_s2_fv_matches_particles_in_w1(comm):
         masses = np.concatenate(comm.allgather(s.masses.copy()))
         cost = np.arccos(np.clip(centres @ pts.T, -1, 1))
         w1.append(float(ot.emd2(masses / masses.sum(), ms / ms.sum(), cost, numItermax=10**7)))
-    assert w1[0] > w1[1] > w1[2], w1
+    # measured: 0.160, 0.080, 0.041 (levels 1, 2, 3): first order in h, as the quantisation
+    assert w1[0] / w1[1] > 1.8 and w1[1] / w1[2] > 1.8, w1
     assert w1[2] < 0.05, w1
 
 
@@ -214,8 +229,13 @@ def test_parallel_equals_serial(comm):
     results = []
     for c in (comm, MPI.COMM_SELF):
         cv = control_volumes(icosphere(c, 2))
-        s = _solver(cv, "exp(2 * x[0]) + x[1] ** 2", beta=3.0, heads=[Head.identity(3)] * 2,
-                    dynamics="oscillating")  # fmt: skip
+        s = _solver(
+            cv,
+            "exp(2 * x[0]) + x[1] ** 2",
+            beta=3.0,
+            heads=[Head.identity(3)] * 2,
+            dynamics="oscillating",
+        )
         for _ in range(30):
             s.step()
         results.append((s.t, dict(zip(cv.original_index[: cv.n_owned], s.density, strict=True))))
