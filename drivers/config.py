@@ -2,8 +2,12 @@
 
 The keys of DESIGN section 4 exist with exactly those meanings; the others are additions.
 
-    [mesh]       manifold = "S1" | "S2"; refinement = int (S2: icosphere level 0..8;
-                 S1: 16 * 2^refinement cells, 0..16); file = path (optional, meshio format)
+    [mesh]       manifold = "S1" | "S2" | "R1" | "R2"; refinement = int (S2: icosphere level
+                 0..8; S1: 16 * 2^refinement cells, 0..16; R1, R2: 16 * 2^refinement cells per
+                 axis); file = path (optional, meshio format, spheres only);
+                 lower, upper = numbers or lists of d numbers (the box of R1/R2, default +-4)
+    [feedforward] A = "zero" | "identity" | d x d list; b = number or list (R1/R2 only):
+                 the affine layer A x + b added to the attention velocity (DESIGN M3)
     [attention]  beta = float > 0; sign = +1 | -1; heads = [{Q, K, V}], each "identity" or a
                  d x d nested list; backend = "auto" | "numba" | "numpy"
     [weights]    dynamics = "frozen" | "ou" | "oscillating"; init = "config" | "random";
@@ -30,7 +34,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ConfigError", "DEFAULTS", "load_config", "validate", "parse_override", "head_matrices"]
+__all__ = [
+    "ConfigError",
+    "DEFAULTS",
+    "load_config",
+    "validate",
+    "parse_override",
+    "head_matrices",
+    "dimension",
+]
 
 
 class ConfigError(ValueError):
@@ -42,7 +54,8 @@ class ConfigError(ValueError):
 
 
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "mesh": {"manifold": "S2", "refinement": 3, "file": ""},
+    "mesh": {"manifold": "S2", "refinement": 3, "file": "", "lower": -4.0, "upper": 4.0},
+    "feedforward": {"A": "zero", "b": 0.0},
     "attention": {
         "beta": 1.0,
         "sign": 1,
@@ -63,7 +76,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 _CHOICES = {
-    ("mesh", "manifold"): ("S1", "S2"),
+    ("mesh", "manifold"): ("S1", "S2", "R1", "R2"),
     ("attention", "backend"): ("auto", "numba", "numpy"),
     ("weights", "dynamics"): ("frozen", "ou", "oscillating"),
     ("weights", "init"): ("config", "random"),
@@ -128,7 +141,7 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
 
     m = cfg["mesh"]
     m["refinement"] = _int(m["refinement"], "mesh.refinement")
-    limit = 8 if m["manifold"] == "S2" else 16
+    limit = {"S2": 8, "S1": 16, "R1": 14, "R2": 6}[m["manifold"]]
     if not (0 <= m["refinement"] <= limit):
         raise ConfigError(
             "mesh.refinement", f"must be in [0, {limit}] for {m['manifold']}, got {m['refinement']}"
@@ -137,6 +150,22 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("mesh.file", "must be a path string")
     if m["file"] and not Path(m["file"]).is_file():
         raise ConfigError("mesh.file", f"file not found: {m['file']}")
+    d = dimension(cfg)
+    flat = m["manifold"].startswith("R")
+    if flat:
+        if m["file"]:
+            raise ConfigError("mesh.file", "meshes from files are sphere meshes (S1, S2)")
+        m["lower"] = _vector(m["lower"], d, "mesh.lower")
+        m["upper"] = _vector(m["upper"], d, "mesh.upper")
+        if not all(lo < hi for lo, hi in zip(m["lower"], m["upper"], strict=True)):
+            raise ConfigError("mesh.upper", "must be > mesh.lower on every axis")
+    f = cfg["feedforward"]
+    f["A"] = _matrix(f["A"], d, "feedforward.A", allow_zero=True).tolist()
+    f["b"] = _vector(f["b"], d, "feedforward.b")
+    if not flat and (np.any(np.array(f["A"])) or any(f["b"])):
+        raise ConfigError(
+            "feedforward", "the affine feed-forward term (DESIGN M3) is for R1/R2 meshes"
+        )
 
     a = cfg["attention"]
     a["beta"] = _float(a["beta"], "attention.beta")
@@ -145,7 +174,6 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     if isinstance(a["sign"], bool) or a["sign"] not in (1, -1):
         raise ConfigError("attention.sign", f"must be +1 or -1, got {a['sign']!r}")
     a["sign"] = int(a["sign"])
-    d = 2 if m["manifold"] == "S1" else 3
     if not isinstance(a["heads"], list) or not a["heads"]:
         raise ConfigError("attention.heads", "must be a non-empty list of tables {Q, K, V}")
     for h, head in enumerate(a["heads"]):
@@ -222,9 +250,14 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def dimension(cfg: dict[str, Any]) -> int:
+    """Ambient dimension d of the configured manifold (S1: 2, S2: 3, R1: 1, R2: 2)."""
+    return {"S1": 2, "S2": 3, "R1": 1, "R2": 2}[cfg["mesh"]["manifold"]]
+
+
 def head_matrices(cfg: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """The (Q, K, V) matrices of the configured heads."""
-    d = 2 if cfg["mesh"]["manifold"] == "S1" else 3
+    d = dimension(cfg)
     return [
         tuple(
             _matrix(head.get(k, "identity"), d, f"attention.heads[{h}].{k}")
@@ -249,17 +282,28 @@ def _float(value: Any, key: str) -> float:
     return value
 
 
-def _matrix(value: Any, d: int, key: str) -> np.ndarray:
+def _vector(value: Any, d: int, key: str) -> list[float]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value] * d
+    if not isinstance(value, list) or len(value) != d:
+        raise ConfigError(key, f"must be a number or a list of {d} numbers, got {value!r}")
+    return [_float(v, key) for v in value]
+
+
+def _matrix(value: Any, d: int, key: str, allow_zero: bool = False) -> np.ndarray:
     if isinstance(value, str):
+        if value == "zero" and allow_zero:
+            return np.zeros((d, d))
         if value != "identity":
-            raise ConfigError(key, f'must be "identity" or a {d}x{d} nested list, got {value!r}')
+            names = '"identity", "zero"' if allow_zero else '"identity"'
+            raise ConfigError(key, f"must be {names} or a {d}x{d} nested list, got {value!r}")
         return np.eye(d)
     try:
         arr = np.array(value, dtype=np.float64)
     except (TypeError, ValueError):
         raise ConfigError(key, f"must be a {d}x{d} nested list of numbers") from None
     if arr.shape != (d, d):
-        raise ConfigError(key, f"must be {d}x{d} for the sphere S^{d - 1}, got shape {arr.shape}")
+        raise ConfigError(key, f"must be {d}x{d} (points in R^{d}), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
         raise ConfigError(key, "entries must be finite")
     return arr

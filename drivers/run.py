@@ -24,8 +24,11 @@ from petsc4py import PETSc
 import dolfinx
 import numpy as np
 
-from drivers.config import ConfigError, head_matrices
+from drivers.config import ConfigError, dimension, head_matrices
 from meshes import ControlVolumes, circle, control_volumes, from_file, icosphere, mesh_quality
+from meshes.box import box
+from meshes.control_volumes import flat_control_volumes
+from meshes.quality import flat_quality
 from solvers.attention import Attention, Head, gather_measure
 from solvers.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
 from solvers.deposit import deposit_to_cells
@@ -56,6 +59,7 @@ METRIC_COLUMNS = [
     "max_density",
     "G2",
     "dissipation",
+    "outflow",
 ]
 
 
@@ -73,6 +77,10 @@ class RunResult:
 
 def build_mesh(cfg: dict[str, Any], comm: MPI.Comm) -> ControlVolumes:
     m = cfg["mesh"]
+    if m["manifold"] in ("R1", "R2"):
+        d = dimension(cfg)
+        n = [16 * 2 ** m["refinement"]] * d
+        return flat_control_volumes(box(comm, n, m["lower"], m["upper"]))
     if m["file"]:
         mesh = from_file(comm, m["file"], m["manifold"])
     elif m["manifold"] == "S2":
@@ -85,7 +93,8 @@ def build_mesh(cfg: dict[str, Any], comm: MPI.Comm) -> ControlVolumes:
 def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
     a, w = cfg["attention"], cfg["weights"]
     heads = [Head(Q, K, V) for Q, K, V in head_matrices(cfg)]
-    attention = Attention(a["beta"], a["sign"], manifold=True, backend=a["backend"])
+    curved = cfg["mesh"]["manifold"] in ("S1", "S2")
+    attention = Attention(a["beta"], a["sign"], manifold=curved, backend=a["backend"])
     weights = make_weights(
         w["dynamics"], heads, init=w["init"], seed=w["seed"], sigma=w["sigma"], dt=w["dt"]
     )
@@ -166,6 +175,15 @@ class _ParticleScheme:
         self.t, self.steps = float(t), int(steps)
 
 
+def feedforward(cfg: dict[str, Any]):
+    """The affine layer v(x, t) = A x + b of DESIGN M3, or None when it is zero."""
+    A = np.array(cfg["feedforward"]["A"], dtype=np.float64)
+    b = np.array(cfg["feedforward"]["b"], dtype=np.float64)
+    if not A.any() and not b.any():
+        return None
+    return lambda x, t: x @ A.T + b
+
+
 class _FVScheme:
     def __init__(self, cv, attention, weights, density, cfg) -> None:
         self.solver = TransportSolver(
@@ -173,6 +191,7 @@ class _FVScheme:
             attention,
             weights,
             density,
+            background=feedforward(cfg),
             reconstruction=cfg["transport"]["reconstruction"],
             rk=cfg["time"]["rk"],
             cfl=cfg["time"]["cfl"],
@@ -199,6 +218,10 @@ class _FVScheme:
 
     def diagnostics(self):
         return self.solver.diagnostics()
+
+    @property
+    def outflow(self) -> float:
+        return self.solver.outflow
 
     def owned_state(self) -> dict[str, np.ndarray]:
         return {"masses": self.solver.masses.copy()}
@@ -253,7 +276,7 @@ def run(
     log = (lambda msg: _log(comm, msg)) if verbose else (lambda msg: None)
     out = Path(out)
     cv = build_mesh(cfg, comm)
-    quality = mesh_quality(cv)
+    quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
     attention, weights = build_model(cfg)
     rho0 = initial_density(cv, cfg["initial"]["density"])
     if comm.rank == 0:
@@ -280,6 +303,8 @@ def run(
             int(saved["steps"]),
             {k[6:]: saved[k][mine] for k in saved if k.startswith("state_")},
         )
+        if isinstance(scheme, _FVScheme):
+            scheme.solver.outflow = float(saved["outflow"])
         state["dt"] = float(saved["dt"])
         writer = DensityWriter(cv, out / "density.xdmf", keep=int(saved["n_outputs"]))
         metrics = MetricsWriter(
@@ -303,6 +328,7 @@ def run(
                     "dt": np.float64(state["dt"]),
                     "n_outputs": np.int64(len(writer.times)),
                     "n_rows": np.int64(len(metrics.rows)),
+                    "outflow": np.float64(getattr(scheme, "outflow", 0.0)),
                     "scheme": np.array(cfg["time"]["scheme"]),
                 },
             )
@@ -325,6 +351,7 @@ def run(
                 "max_density": rho_max,
                 "G2": diag.G2,
                 "dissipation": diag.dissipation,
+                "outflow": getattr(scheme, "outflow", 0.0),
             }
         )
         state["density"], state["t"] = density, scheme.t

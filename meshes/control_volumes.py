@@ -19,7 +19,7 @@ so both ranks sharing a facet compute bitwise the same normal and flux.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
@@ -30,7 +30,13 @@ import numpy.typing as npt
 
 from meshes.sphere import manifold_of
 
-__all__ = ["ControlVolumes", "control_volumes", "spherical_triangle_area", "arc_length"]
+__all__ = [
+    "ControlVolumes",
+    "control_volumes",
+    "flat_control_volumes",
+    "spherical_triangle_area",
+    "arc_length",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -86,13 +92,24 @@ class ControlVolumes:
     facet_normal: Array
     facet_measure: Array
     facet_midpoint: Array
+    boundary_cells: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    boundary_normal: Array = field(default_factory=lambda: np.zeros((0, 1)))
+    boundary_measure: Array = field(default_factory=lambda: np.zeros(0))
+    boundary_midpoint: Array = field(default_factory=lambda: np.zeros((0, 1)))
 
     @property
     def comm(self) -> MPI.Comm:
         return self.mesh.comm
 
+    @property
+    def curved(self) -> bool:
+        """True on the spheres (tangent projections apply), False on flat boxes in R^d."""
+        return self.manifold in ("S1", "S2")
+
     def tangent(self, x: Array, v: Array) -> Array:
-        """Project vectors v (rows) onto the tangent planes at unit points x."""
+        """Project vectors v (rows) onto the tangent planes at unit points x (identity if flat)."""
+        if not self.curved:
+            return v
         return v - np.einsum("ij,ij->i", x, v)[:, None] * x
 
 
@@ -162,3 +179,52 @@ def control_volumes(mesh: dolfinx.mesh.Mesh) -> ControlVolumes:
         facet_measure=fmeasure,
         facet_midpoint=mid,
     )
+
+
+def flat_control_volumes(mesh: dolfinx.mesh.Mesh) -> ControlVolumes:
+    """Control volumes of an axis-aligned box mesh in R^d (d = 1, 2), with boundary facets.
+
+    Interior facets as for the spheres (ordered by original cell index, normals L -> R);
+    boundary facets (one cell) carry the outward normal, so that a transport scheme can let
+    mass leave the box (outflow). ``manifold`` is "R1" or "R2"; ``vertices`` are the cell
+    corners in counter-clockwise order (quadrilaterals) for output.
+    """
+    from meshes.box import box_control_volumes
+
+    box = box_control_volumes(mesh)
+    d = box.p
+    if d not in (1, 2):
+        raise ValueError(f"flat transport meshes exist for d = 1, 2, got d = {d}")
+    tdim = mesh.topology.dim
+    n_owned, n_local = box.n_owned, box.n_local
+    x = mesh.geometry.x[:, :d]
+    nodes = np.asarray(mesh.geometry.dofmaps[0])[:n_local]
+    vertices = x[nodes] if d == 1 else x[nodes][:, [0, 1, 3, 2]]
+    c2f = mesh.topology.connectivity(tdim, tdim - 1)
+    f2c = mesh.topology.connectivity(tdim - 1, tdim)
+    facets = np.unique(c2f.array[: c2f.offsets[n_owned]])
+    counts = f2c.offsets[facets + 1] - f2c.offsets[facets]
+    bfacets = facets[counts == 1]
+    bcells = f2c.array[f2c.offsets[bfacets]].astype(np.int32)
+    if len(bfacets):
+        fverts = x[dolfinx.mesh.entities_to_geometry(mesh, tdim - 1, bfacets.astype(np.int32))]
+        fverts = fverts.reshape(len(bfacets), -1, d)
+        bmid = 0.5 * (fverts.min(axis=1) + fverts.max(axis=1))
+        out = bmid - box.centres[bcells]
+        axis = np.argmax(np.abs(out), axis=1)
+        rows = np.arange(len(bfacets))
+        bnormal = np.zeros((len(bfacets), d))
+        bnormal[rows, axis] = np.sign(out[rows, axis])
+        ext = fverts.max(axis=1) - fverts.min(axis=1)
+        ext[rows, axis] = 1.0
+        bmeasure = np.prod(ext, axis=1)
+    else:
+        bmid, bnormal, bmeasure = np.zeros((0, d)), np.zeros((0, d)), np.zeros(0)
+    return ControlVolumes(
+        mesh=mesh, manifold=f"R{d}", d=d, n_owned=n_owned, n_local=n_local,
+        n_global=box.n_global, vertices=vertices, centres=box.centres, measures=box.volumes,
+        original_index=box.original_index, facet_cells=box.facet_cells,
+        facet_normal=box.facet_normal, facet_measure=box.facet_area,
+        facet_midpoint=box.facet_midpoint, boundary_cells=bcells, boundary_normal=bnormal,
+        boundary_measure=bmeasure, boundary_midpoint=bmid,
+    )  # fmt: skip

@@ -5,7 +5,8 @@ on the sphere, e.g. ``"exp(10 * x[2])"``. Its cell averages
 
     rho_i = (1 / |K_i|) int_{K_i} f dA
 
-are computed by quadrature on the *spherical* cell K_i: on S^2 the degree-5 seven-point rule
+are computed by quadrature (on boxes in R^d, the tensor 5-point Gauss rule); on the
+*spherical* cell K_i: on S^2 the degree-5 seven-point rule
 on the flat triangle pulled back by the radial projection p -> p/|p|, whose area element is
 ``dA_sphere = (n . p) / |p|^3 dA_flat`` (n the unit normal of the flat triangle); on S^1 five
 Gauss-Legendre points in the angle. The result is normalised to total mass 1.
@@ -128,6 +129,15 @@ def cell_averages(cv: ControlVolumes, f: Callable[[Array], Array]) -> Array:
         jac = np.abs(np.einsum("nd,nqd->nq", normal, p)) / r**3
         values = f((p / r[..., None]).reshape(-1, 3).T).reshape(n, -1)
         integral = flat_area * np.einsum("q,nq->n", _TRI_W, jac * values)
+    elif not cv.curved:  # boxes: tensor Gauss-Legendre rule with 5 points per axis
+        gx, gw = np.polynomial.legendre.leggauss(5)
+        lo, hi = v.min(axis=1), v.max(axis=1)
+        grids = np.meshgrid(*([gx] * cv.d), indexing="ij")
+        ref = np.stack([g.ravel() for g in grids], axis=1)  # (q, d) in [-1, 1]^d
+        weights = np.prod(np.stack(np.meshgrid(*([gw] * cv.d), indexing="ij")), axis=0).ravel()
+        pts = lo[:, None] + (hi - lo)[:, None] * (ref[None] + 1) / 2  # (n, q, d)
+        values = f(pts.reshape(-1, cv.d).T).reshape(n, -1)
+        return values @ weights / 2**cv.d
     else:
         gx, gw = np.polynomial.legendre.leggauss(5)
         a0 = np.arctan2(v[:, 0, 1], v[:, 0, 0])

@@ -112,7 +112,11 @@ class DensityWriter:
         remap = np.full(int(uniq.max()) + 1, -1, dtype=np.int64)
         remap[uniq] = np.arange(len(uniq))
         self._points = xyz[first]
+        if self._points.shape[1] == 1:  # R^1: XDMF has no 1D geometry type; pad with y = 0
+            self._points = np.column_stack([self._points, np.zeros(len(self._points))])
         self._cells = remap[cells_input]
+        if cv.manifold == "R2":  # DOLFINx quadrilaterals are tensor ordered; XDMF wants a cycle
+            self._cells = self._cells[:, [0, 1, 3, 2]]
         if keep is not None and self.h5path.is_file():
             self._file = h5py.File(self.h5path, "a")
             group = self._file.require_group(f"/Function/{name}")
@@ -142,7 +146,7 @@ class DensityWriter:
 
     def _write_xml(self) -> None:
         n_cells, nv = self._cells.shape
-        topo = "Triangle" if nv == 3 else "PolyLine"
+        topo = {3: "Triangle", 4: "Quadrilateral", 2: "PolyLine"}[nv]
         geo = "XYZ" if self._points.shape[1] == 3 else "XY"
         h5 = self.h5path.name
         steps = "".join(
@@ -255,13 +259,13 @@ def _json_default(o: Any) -> Any:
 def render_density(
     path: str | Path, vertices: Array, density: Array, title: str = "density"
 ) -> None:
-    """Picture of a cell density: pyvista off-screen on S^2, matplotlib on S^1 (rank 0).
+    """Picture of a cell density: pyvista off-screen on S^2, matplotlib otherwise (rank 0).
 
     Args:
-        vertices: (n, d, d) cell vertices in original order; density: (n,) cell values.
+        vertices: (n, nv, d) cell vertices in original order; density: (n,) cell values.
     """
-    d = vertices.shape[1]
-    if d == 3:
+    nv, dim = vertices.shape[1], vertices.shape[2]
+    if nv == 3 and dim == 3:
         # render through EGL off-screen: no X server needed (and no warning about one)
         os.environ.setdefault("VTK_DEFAULT_OPENGL_WINDOW", "vtkEGLRenderWindow")
         import pyvista as pv
@@ -298,14 +302,29 @@ def render_density(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        mid = vertices.sum(axis=1)
-        ang = np.arctan2(mid[:, 1], mid[:, 0])
-        order = np.argsort(ang)
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.step(ang[order], density[order], where="mid")
-        ax.set_xlabel("angle on S^1")
-        ax.set_ylabel(title)
-        ax.set_xlim(-np.pi, np.pi)
+        fig, ax = plt.subplots(figsize=(7, 3.5) if nv == 2 else (6, 5))
+        if nv == 2 and dim == 2:  # S^1: density against the angle
+            mid = vertices.sum(axis=1)
+            ang = np.arctan2(mid[:, 1], mid[:, 0])
+            order = np.argsort(ang)
+            ax.step(ang[order], density[order], where="mid")
+            ax.set_xlabel("angle on S^1")
+            ax.set_xlim(-np.pi, np.pi)
+            ax.set_ylabel(title)
+        elif dim == 1:  # R^1
+            mid = vertices.mean(axis=1)[:, 0]
+            order = np.argsort(mid)
+            ax.step(mid[order], density[order], where="mid")
+            ax.set_xlabel("x")
+            ax.set_ylabel(title)
+        else:  # R^2: the cells as coloured quadrilaterals
+            from matplotlib.collections import PolyCollection
+
+            coll = PolyCollection(vertices, array=density, cmap="viridis", edgecolors="none")
+            ax.add_collection(coll)
+            ax.autoscale_view()
+            ax.set_aspect("equal")
+            fig.colorbar(coll, ax=ax, label=title)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)

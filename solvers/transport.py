@@ -39,6 +39,7 @@ Barth & Jespersen, AIAA 89-0366 (1989); Gottlieb, Shu & Tadmor, SIAM Rev. 43 (20
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import dolfinx_solver  # noqa: F401
@@ -131,6 +132,11 @@ class TransportSolver:
         rk: "euler", "ssp2" or "ssp3".
         cfl: target CFL number, 0 < cfl <= the positivity bound of the reconstruction.
         dt_min: a step below this is reported as a collapse (BlowUpError).
+        background: an extra local velocity v(x (n, d), t) -> (n, d) added to the attention
+            velocity (the affine feed-forward layer A x + b of DESIGN M3 on boxes).
+
+    On box meshes (``cv.curved`` False) mass leaves through the boundary where the velocity
+    points outward (upwind outflow, no inflow); ``outflow`` accumulates the mass that left.
     """
 
     def __init__(
@@ -145,6 +151,7 @@ class TransportSolver:
         rk: str = "ssp3",
         cfl: float = 0.4,
         dt_min: float = 1e-12,
+        background: Callable[[Array, float], Array] | None = None,
     ) -> None:
         if reconstruction not in POSITIVITY_LIMIT:
             raise ValueError(f"reconstruction must be 'upwind' or 'muscl', got {reconstruction!r}")
@@ -160,7 +167,11 @@ class TransportSolver:
             raise ValueError(f"density must have shape ({cv.n_owned},), got {density.shape}")
         if not np.all(np.isfinite(density)) or np.any(density < 0):
             raise ValueError("initial density must be finite and >= 0")
+        if bool(getattr(attention, "manifold", cv.curved)) != cv.curved:
+            raise ValueError(f"Attention(manifold=...) must be {cv.curved} on a {cv.manifold} mesh")
         self.cv, self.attention, self.weights = cv, attention, weights
+        self.background = background
+        self.outflow = 0.0
         self.reconstruction, self.rk, self.cfl, self.dt_min = reconstruction, rk, cfl, dt_min
         self.t = float(t0)
         self.steps = 0
@@ -190,13 +201,22 @@ class TransportSolver:
         dRL = cv.tangent(c[R], c[L] - c[R])
         self._dLR, self._dRL = dLR, dRL
         n = cv.n_local
-        M = np.einsum("ni,nj->nij", c, c)  # pins the normal component of g to zero
+        if cv.curved:
+            M = np.einsum("ni,nj->nij", c, c)  # pins the normal component of g to zero
+        else:
+            M = np.zeros((n, cv.d, cv.d))
         np.add.at(M, L, np.einsum("fi,fj->fij", dLR, dLR))
         np.add.at(M, R, np.einsum("fi,fj->fij", dRL, dRL))
         self._Minv = np.linalg.inv(M[: cv.n_owned])
         self._flux_len = cv.facet_measure
         self._inv_measure = 1.0 / cv.measures
         self._n_local = n
+        # boundary facets of a box (outflow only); empty on the spheres
+        self._B = cv.boundary_cells
+        self._rB = cv.boundary_midpoint - c[self._B] if len(self._B) else np.zeros((0, cv.d))
+        self._targets = np.concatenate([cv.facet_midpoint, cv.boundary_midpoint.reshape(-1, cv.d)])
+        self._normals = np.concatenate([cv.facet_normal, cv.boundary_normal.reshape(-1, cv.d)])
+        self._n_f = len(L)
 
     # ------------------------------------------------------------------ state
     @property
@@ -225,13 +245,18 @@ class TransportSolver:
 
     # ------------------------------------------------------------------ velocity
     def facet_velocity(self, t: float, masses_local: Array | None = None) -> Array:
-        """Normal velocities u_f = X(x_f) . n_f at the rank's facets for owned masses."""
+        """Normal velocities u_f = X(x_f) . n_f at the rank's facets for owned masses.
+
+        Interior facets first, then boundary facets (boxes only).
+        """
         m = self.masses if masses_local is None else masses_local[: self.cv.n_owned]
         heads = self.weights.heads_at(t)
         X = self.attention.velocity(
-            self.cv.facet_midpoint, self._sources.points, self._sources.masses(m), heads
+            self._targets, self._sources.points, self._sources.masses(m), heads
         )
-        u = np.einsum("fd,fd->f", X, self.cv.facet_normal)
+        if self.background is not None:
+            X = X + self.background(self._targets, t)
+        u = np.einsum("fd,fd->f", X, self._normals)
         if not np.all(np.isfinite(u)):
             raise BlowUpError(f"non-finite velocity at t = {t:.6g}", t=t)
         return u
@@ -239,18 +264,21 @@ class TransportSolver:
     def cfl_rate(self, u: Array) -> float:
         """max_i sum_f |f| u_f^+ / |K_i| over owned cells (allreduced): CFL = dt * rate."""
         out = np.zeros(self._n_local)
-        np.add.at(out, self._L, self._flux_len * np.maximum(u, 0.0))
-        np.add.at(out, self._R, self._flux_len * np.maximum(-u, 0.0))
+        ui, ub = u[: self._n_f], u[self._n_f :]
+        np.add.at(out, self._L, self._flux_len * np.maximum(ui, 0.0))
+        np.add.at(out, self._R, self._flux_len * np.maximum(-ui, 0.0))
+        np.add.at(out, self._B, self.cv.boundary_measure * np.maximum(ub, 0.0))
         rate = float(
             (out[: self.cv.n_owned] * self._inv_measure[: self.cv.n_owned]).max(initial=0.0)
         )
         return self._comm.allreduce(rate, op=MPI.MAX)
 
     # ------------------------------------------------------------------ fluxes
-    def _face_values(self, rho: Array) -> tuple[Array, Array]:
+    def _face_values(self, rho: Array) -> tuple[Array, Array, Array]:
+        """Upwind candidates rho_{L,f}, rho_{R,f} (interior) and rho_{B,f} (boundary)."""
         L, R = self._L, self._R
         if self.reconstruction == "upwind":
-            return rho[L], rho[R]
+            return rho[L], rho[R], rho[self._B]
         cv = self.cv
         n_owned = cv.n_owned
         diff = rho[R] - rho[L]
@@ -267,7 +295,9 @@ class TransportSolver:
         np.maximum.at(hi, R, rho[L])
         hi = np.minimum(hi, 2.0 * rho)
         phi = np.ones(self._n_local)
-        for cells, r, own in ((L, self._rL, self._owned_L), (R, self._rR, self._owned_R)):
+        faces = [(L, self._rL, self._owned_L), (R, self._rR, self._owned_R)]
+        faces.append((self._B, self._rB, np.ones(len(self._B), dtype=bool)))
+        for cells, r, own in faces:
             ci = cells[own]
             delta = np.einsum("fd,fd->f", g[ci], r[own])
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -283,15 +313,20 @@ class TransportSolver:
         grad = self._grad.array.reshape(-1, cv.d)
         rho_L = rho[L] + np.einsum("fd,fd->f", grad[L], self._rL)
         rho_R = rho[R] + np.einsum("fd,fd->f", grad[R], self._rR)
-        return np.maximum(rho_L, 0.0), np.maximum(rho_R, 0.0)
+        rho_B = rho[self._B] + np.einsum("fd,fd->f", grad[self._B], self._rB)
+        return np.maximum(rho_L, 0.0), np.maximum(rho_R, 0.0), np.maximum(rho_B, 0.0)
 
     def _rate_of_change(self, m_local: Array, u: Array) -> Array:
         """dm/dt on all local cells (only the owned entries are meaningful)."""
         rho = m_local * self._inv_measure
-        rho_L, rho_R = self._face_values(rho)
-        flux = self._flux_len * (np.maximum(u, 0.0) * rho_L - np.maximum(-u, 0.0) * rho_R)
+        rho_L, rho_R, rho_B = self._face_values(rho)
+        ui, ub = u[: self._n_f], u[self._n_f :]
+        flux = self._flux_len * (np.maximum(ui, 0.0) * rho_L - np.maximum(-ui, 0.0) * rho_R)
         dm = np.bincount(self._R, weights=flux, minlength=self._n_local)
         dm -= np.bincount(self._L, weights=flux, minlength=self._n_local)
+        if len(self._B):  # outflow through the box boundary; nothing flows in
+            out = self.cv.boundary_measure * np.maximum(ub, 0.0) * rho_B
+            dm -= np.bincount(self._B, weights=out, minlength=self._n_local)
         return dm
 
     # ------------------------------------------------------------------ stepping
@@ -305,6 +340,7 @@ class TransportSolver:
         """
         t0 = self.t
         m0 = self._mass.array.copy()
+        mass0 = 0.0 if self.cv.curved else self.total_mass()
         u0 = self.facet_velocity(t0)
         rate = self.cfl_rate(u0)
         dt_max = t_stop - t0
@@ -329,6 +365,9 @@ class TransportSolver:
             dt *= min(0.5, 0.9 * limit / ok)
         self.t = t_stop if dt == dt_max else t0 + dt
         self.steps += 1
+        mass = self.total_mass()
+        if not self.cv.curved:
+            self.outflow += mass0 - mass
         if not np.all(np.isfinite(self.masses)):
             raise BlowUpError(f"non-finite density after the step to t = {self.t:.6g}", t=self.t)
         return TransportStep(
@@ -336,7 +375,7 @@ class TransportSolver:
             dt=dt,
             cfl=dt * rate,
             rejected=rejected,
-            mass=self.total_mass(),
+            mass=mass,
             min_density=self.min_density(),
         )
 

@@ -42,6 +42,18 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
         "outputs": [f"{dyn}/{name}" for dyn in ("ou", "oscillating") for name in _FILES]
         + ["g2.png"],
     },
+    "gaussian_regimes.py": {
+        "args": ["--tiny"],
+        "outputs": ["regimes.png", "moments.csv", "summary.json", "final.npz"],
+    },
+    "gaussian_reachability.py": {
+        "args": ["--tiny"],
+        "outputs": ["reachability.png", "path.csv", "summary.json", "final.npz"],
+    },
+    "gaussianity_layers.py": {
+        "args": ["--tiny"],
+        "outputs": ["gaussianity.png", "gaussianity.csv", "summary.json", "final.npz"],
+    },
 }
 
 _RUNS: dict[tuple[str, int], Path] = {}

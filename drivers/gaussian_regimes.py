@@ -1,0 +1,262 @@
+r"""Gaussian transformer dynamics: bounded covariance versus finite-time blow-up ([P3], M3).
+
+Tokens in R^2 follow self-attention plus an affine feed-forward layer with constant controls,
+
+    x' = X[mu](x) = V (int y e^{<B x, y>} dmu(y)) / (int e^{<B x, y>} dmu(y)) + A x + b,
+
+and a Gaussian mu_0 = N(m_0, S_0) stays Gaussian, its moments solving (DESIGN M3)
+
+    m' = (A + V) m + V S B m + b,
+    S' = A S + S A^T + V S B S + S B^T S V^T            (Riccati type).
+
+With V = v I the inverse P = S^{-1} solves the linear equation
+P' = -P A - A^T P - v (B + B^T). For V, B of opposite definiteness (here V = -I, B > 0) P stays
+positive definite and, since every eigenvalue of A has a positive real part, S -> S_inf with
+A^T P_inf + P_inf A = -v (B + B^T) (stable equilibrium); the mean then obeys m' = K m + b with
+K = A + V + V S_inf B, Hurwitz here, so m -> -K^{-1} b (with V = +I, B < 0 the covariance has
+the same limit but K is not Hurwitz and the mean runs off exponentially, dragging the
+particles into an extreme-tilt regime). For equal definiteness (V = I, B > 0) P leaves the
+positive-definite cone at a finite t*, where S blows up. We solve the moment ODE (adaptive DOP853, blow-up detection with
+a bracket), compute t* independently to 1e-10 from P, and run the particle system (N tokens
+sampled from mu_0, RK4; the attention sums of solvers.attention) on the same plot.
+Expected: the particles follow the ODE with an O(N^{-1/2}) discrepancy while the tilt
+|S^{1/2} B x| stays moderate; near t* they cannot follow (a softmax mean of finitely many
+tokens stays in their convex hull, so particles never blow up: their velocity grows at most
+linearly), and the discrepancy grows, the effective sample size of the tilted mean decaying
+like N exp(-|S^{1/2} B x|^2).
+
+Source: [P3] A. Alcalde, Z. Ji, E. Zuazua, Reachability and asymptotics of Gaussian
+Transformer dynamics, arXiv 2606.07600 (2026), eq. (1.1) and the stability/blow-up theorems.
+
+Run (default N = 4000 tokens: about 50 s on 2 shared cores; --tiny: a few seconds):
+
+    mpiexec -n 2 python drivers/gaussian_regimes.py
+    python drivers/gaussian_regimes.py --tiny --out results/gaussian_regimes_tiny
+
+Outputs in --out (default results/gaussian_regimes): regimes.png (covariance eigenvalues of
+the ODE and of the particles, S_inf and t* marked), moments.csv (t, regime, source, m, S,
+eigenvalues), summary.json (classification, t* with brackets, discrepancies), final.npz
+(the particles of the blow-up run at its last time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
+from mpi4py import MPI
+
+import numba
+import numpy as np
+
+from solvers.gaussian import (
+    Controls,
+    GaussianParticles,
+    blowup_time_vI,
+    classify,
+    solve_moments,
+)
+from solvers.io import write_final, write_json
+
+comm = MPI.COMM_WORLD
+
+
+def log(message: str) -> None:
+    """Print on rank 0 only."""
+    if comm.rank == 0:
+        print(f"[gaussian_regimes {comm.size} rank(s)] {message}", flush=True)
+
+
+# %% Parameters
+# -------------
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--tiny", action="store_true", help="a very small problem (seconds)")
+parser.add_argument("--out", type=Path, default=Path("results") / "gaussian_regimes")
+parser.add_argument("--n", type=int, default=None, help="number of particles (default 4000)")
+parser.add_argument("--seed", type=int, default=0, help="seed of the initial particles")
+args = parser.parse_args()
+
+n_particles = args.n if args.n is not None else (300 if args.tiny else 4000)
+n_outputs = 12 if args.tiny else 40  # particle output times per regime
+steps_per_output = 2 if args.tiny else 4  # RK4 steps between outputs
+out = args.out
+wall0 = time.perf_counter()
+
+if "NUMBA_NUM_THREADS" not in os.environ:  # share the node's cores between the ranks
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    numba.set_num_threads(max(1, numba.config.NUMBA_NUM_THREADS // node.size))
+    node.Free()
+
+# A has eigenvalues 0.35 +- 0.5i (positive real parts); Bp is positive definite; V = I.
+A = np.array([[0.4, 0.5], [-0.5, 0.3]])
+Bp = np.array([[1.0, 0.3], [0.3, 0.6]])
+V = np.eye(2)
+b = np.array([0.2, 0.0])
+m0 = np.array([0.5, -0.3])
+S0 = np.array([[0.5, 0.1], [0.1, 0.3]])
+
+# %% Problem
+# ----------
+# bounded: V = -I, B = +Bp (opposite definiteness); blowup: V = I, B = +Bp (equal).
+regimes = {
+    "bounded": Controls.constant(A, Bp, -V, b),
+    "blowup": Controls.constant(A, Bp, V, b),
+}
+classes = {name: classify(c.at(0.0).A, c.at(0.0).B, c.at(0.0).V, S0) for name, c in regimes.items()}
+for name, cl in classes.items():
+    log(f"{name}: classify -> {cl.regime} ({cl.condition})")
+
+# %% Solver
+# ---------
+# The exact blow-up time from P = S^{-1} (bisection on lambda_min to 1e-10), and the moment ODE
+# (which must find it by itself). The bounded run lasts 8 time units, the blow-up run until t*.
+exact = blowup_time_vI(regimes["blowup"], S0, 20.0)
+t_star = exact.t_star
+t_end = {"bounded": 8.0, "blowup": t_star}
+ode = {}
+for name, ctr in regimes.items():
+    ode[name] = solve_moments(ctr, m0, S0, 1.5 * t_end[name] if name == "blowup" else t_end[name])
+bu = ode["blowup"].blowup
+log(f"t* from P = S^-1: {t_star:.12f}, bracket [{exact.t_lo:.12f}, {exact.t_hi:.12f}]")
+log(f"t* from the ODE:  {bu.t_star:.12f}, bracket [{bu.t_lo:.12f}, {bu.t_hi:.12f}] ({bu.reason})")
+
+# The particles: the same N samples on every rank, each rank keeps its block.
+x_all = (
+    m0
+    + np.random.default_rng(args.seed).standard_normal((n_particles, 2)) @ np.linalg.cholesky(S0).T
+)
+lo, hi = n_particles * comm.rank // comm.size, n_particles * (comm.rank + 1) // comm.size
+
+
+# %% Mesh solver (lead: add the R^2 finite-volume curve here)
+# -------------------------------------------------------------
+# >>> PLACEHOLDER for the Eulerian PDE on a box (issue 6 item 3) <<<
+# Return (t, S) arrays of the mesh solver's covariance for the regime, or None. They are then
+# plotted as a third curve and written to moments.csv with source = "mesh".
+def mesh_solver_moments(name: str, times: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    return None
+
+
+# %% Output
+# ---------
+rows: list[dict] = []
+
+
+def record(name: str, source: str, t: float, m: np.ndarray, S: np.ndarray) -> None:
+    ev = np.linalg.eigvalsh(S)
+    rows.append({
+        "regime": name, "source": source, "t": float(t), "m1": m[0], "m2": m[1],
+        "S11": S[0, 0], "S12": S[0, 1], "S22": S[1, 1], "lam_min": ev[0], "lam_max": ev[-1],
+    })  # fmt: skip
+
+
+def plot(path: Path, summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    for ax, name in zip(axes, regimes, strict=True):
+        for source, style in (("ode", "-"), ("particles", "o"), ("mesh", "s")):
+            sel = [r for r in rows if r["regime"] == name and r["source"] == source]
+            if not sel:
+                continue
+            t = np.array([r["t"] for r in sel])
+            for key, color in (("lam_max", "C0"), ("lam_min", "C1")):
+                y = np.array([r[key] for r in sel])
+                label = f"{key} ({source}{f', N = {n_particles}' if source == 'particles' else ''})"
+                kw = {"ms": 3, "mfc": "none"} if style != "-" else {}
+                ax.plot(t, y, style, color=color, label=label, **kw)
+        if name == "bounded":
+            for lam in np.linalg.eigvalsh(classes[name].equilibrium):
+                ax.axhline(lam, color="gray", ls=":", lw=1)
+            ax.set_title("V = -I, B > 0: S -> S_inf (dotted)")
+        else:
+            ax.set_yscale("log")
+            ax.axvline(t_star, color="red", ls="--", lw=1, label=f"t* = {t_star:.6f}")
+            ax.set_title("V = I, B > 0: finite-time blow-up")
+        ax.set(xlabel="t", ylabel="eigenvalues of S")
+        ax.legend(fontsize=7)
+    fig.suptitle("Gaussian transformer dynamics: moment ODE vs particles [P3]", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# %% Main loop
+# ------------
+summary: dict = {
+    "n_particles": n_particles,
+    "t_star_P": t_star,
+    "t_star_P_bracket": [exact.t_lo, exact.t_hi],
+    "t_star_ode": bu.t_star,
+    "t_star_ode_bracket": [bu.t_lo, bu.t_hi],
+    "blowup_reason": bu.reason,
+    "classification": {k: c.regime for k, c in classes.items()},
+    "S_inf": classes["bounded"].equilibrium,
+    "mean_limit": -np.linalg.solve(classes["bounded"].mean_matrix, b),
+    "discrepancy": {},
+}
+final_points = np.zeros((0, 2))
+for name, ctr in regimes.items():
+    sol = ode[name]
+    for t, m, S in zip(sol.t, sol.m, sol.S, strict=True):
+        if t <= t_end[name]:
+            record(name, "ode", t, m, S)
+    # particles up to t_end (0.97 t* for the blow-up run), compared with the ODE
+    T = t_end[name] if name == "bounded" else 0.97 * t_star
+    gp = GaussianParticles(ctr, x_all[lo:hi], comm=comm)
+    ref = solve_moments(ctr, m0, S0, T, t_eval=np.linspace(0.0, T, n_outputs + 1))
+    errors = []
+    for k in range(n_outputs + 1):
+        if k:
+            gp.advance(ref.t[k - 1], ref.t[k], steps_per_output)
+        m, S = gp.moments()
+        record(name, "particles", ref.t[k], m, S)
+        errors.append(
+            float(np.linalg.norm(S - ref.S[k]) / np.linalg.norm(ref.S[k]))
+        )  # relative covariance discrepancy
+    summary["discrepancy"][name] = {"t": ref.t, "relative_S_error": errors}
+    mesh = mesh_solver_moments(name, ref.t)
+    if mesh is not None:
+        for t, S in zip(*mesh, strict=True):
+            record(name, "mesh", t, np.full(2, np.nan), S)
+    log(
+        f"{name}: particles vs ODE, relative covariance error {errors[n_outputs // 4]:.3e} at "
+        f"t = {ref.t[n_outputs // 4]:.3g}, {errors[-1]:.3e} at t = {ref.t[-1]:.4g}"
+    )
+    if name == "blowup":
+        gathered = comm.gather(gp.points, root=0)
+        if comm.rank == 0:
+            final_points = np.concatenate(gathered)
+summary["wall_s"] = time.perf_counter() - wall0
+
+if comm.rank == 0:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "moments.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    write_json(out / "summary.json", summary)
+    density = np.concatenate([ode["bounded"].S[-1].ravel(), ode["blowup"].S[-1].ravel()])
+    write_final(out / "final.npz", final_points, np.ones(len(final_points)), density, 0.97 * t_star)
+    plot(out / "regimes.png", summary)
+log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
+sys.exit(0)
+
+# %% Things to try
+# ----------------
+# - Make B indefinite (B = diag(1, -1)): classify() says "undetermined"; blowup_time_vI still
+#   decides for the given S0 (the sign of lambda_min(P) along the linear P flow).
+# - Take A Hurwitz (A = -I + skew) with B > 0: blow-up only above the threshold
+#   lambda_max(S0^1/2 W_inf S0^1/2) = 1 (classify(...).W_inf); scale S0 across it.
+# - V not a multiple of I (V = diag(1, 3)): no linear P equation any more; the ODE still
+#   detects the blow-up, and classify() bounds t* by the trace comparison.
+# - Raise --n: the particle discrepancy drops like N^{-1/2} for moderate tilts; near t* it
+#   stays large (exponentially many particles needed to resolve the tilted softmax mean).
