@@ -41,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
         help="continue the run in DIR from its newest valid checkpoint (same or "
         "another number of ranks), appending to its outputs",
     )
+    g = sub.add_parser("gaussian", help="the Gaussian moment ODE of DESIGN M3 alone")
+    g.add_argument("config", help="TOML file with a [gaussian] table")
+    g.add_argument("--out", default=None, help="output folder (default results/<config name>)")
+    g.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="gaussian.KEY=VALUE", help="override a config value")  # fmt: skip
+    g.add_argument("--quiet", action="store_true")
     return p
 
 
@@ -56,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     from solvers.initial import DensityError
 
     comm = MPI.COMM_WORLD
+    if args.command == "gaussian":
+        return _gaussian(args, comm)
     if args.restart:
         out = Path(args.restart)
     else:
@@ -80,3 +88,20 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _gaussian(args: argparse.Namespace, comm) -> int:
+    """The moment ODE is small: rank 0 solves and writes; the exit code is broadcast."""
+    from drivers.config import ConfigError
+    from drivers.gaussian_cli import load_gaussian_config, run_gaussian
+
+    code = 0
+    if comm.rank == 0:
+        out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
+        try:
+            code = run_gaussian(load_gaussian_config(args.config, args.overrides), out,
+                                verbose=not args.quiet)  # fmt: skip
+        except ConfigError as exc:
+            print(f"transformer-pde: error: {exc}", file=sys.stderr, flush=True)
+            code = 2
+    return comm.bcast(code, root=0)

@@ -146,7 +146,7 @@ class DensityWriter:
 
     def _write_xml(self) -> None:
         n_cells, nv = self._cells.shape
-        topo = {3: "Triangle", 4: "Quadrilateral", 2: "PolyLine"}[nv]
+        topo = {3: "Triangle", 4: "Quadrilateral", 2: "Polyline"}[nv]
         geo = "XYZ" if self._points.shape[1] == 3 else "XY"
         h5 = self.h5path.name
         steps = "".join(
