@@ -51,9 +51,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    # Heavy imports after argument parsing so that --help is fast.
+    parser = _parser()
+    args, petsc_args = parser.parse_known_args(argv)
+    stray = [a for a in petsc_args if not a.startswith("-")]
+    if petsc_args and (stray and stray[0] == petsc_args[0]):
+        parser.error(f"unrecognized arguments: {' '.join(petsc_args)}")
+    # Heavy imports after argument parsing so that --help is fast. Remaining options starting
+    # with "-" go to PETSc (e.g. -jko_snes_monitor -jko_ksp_rtol 1e-10 for the JKO solver).
     import dolfinx_solver  # noqa: F401
+    import petsc4py
+
+    petsc4py.init([sys.argv[0], *petsc_args])
     from mpi4py import MPI
 
     from drivers.config import ConfigError, load_config

@@ -217,12 +217,10 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     if t["dt"] < 0:
         raise ConfigError("time.dt", f"must be > 0, got {t['dt']}")
     scheme = t["scheme"]
-    if scheme == "jko":
-        raise ConfigError(
-            "time.scheme", "'jko' is not available in this version yet (use 'fv' or 'particles')"
-        )
+    if scheme == "jko" and not t["dt"] > 0:
+        raise ConfigError("time.dt", "the JKO scheme needs a step: set time.dt > 0")
     if not t["rk"]:
-        t["rk"] = {"fv": "ssp3", "particles": "rk4"}[scheme]
+        t["rk"] = {"fv": "ssp3", "particles": "rk4"}.get(scheme, "")
     if t["rk"] not in _RK_CHOICES[scheme]:
         raise ConfigError(
             "time.rk",

@@ -29,7 +29,7 @@ from meshes import ControlVolumes, circle, control_volumes, from_file, icosphere
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from meshes.quality import flat_quality
-from solvers.attention import Attention, Head, gather_measure
+from solvers.attention import Attention, Head, gather_measure, measure_diagnostics
 from solvers.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
 from solvers.deposit import deposit_to_cells
 from solvers.errors import SolverError
@@ -60,6 +60,9 @@ METRIC_COLUMNS = [
     "G2",
     "dissipation",
     "outflow",
+    "newton_its",
+    "ksp_its",
+    "halvings",
 ]
 
 
@@ -230,6 +233,59 @@ class _FVScheme:
         self.solver.set_state(t, state["masses"], steps)
 
 
+class _JKOScheme:
+    """Minimizing movement (solvers.jko) with tau = [time] dt; PETSc options prefix "jko_"."""
+
+    def __init__(self, cv, attention, weights, density, cfg) -> None:
+        from solvers.jko import JKOSolver
+
+        self.cv = cv
+        self.tau = cfg["time"]["dt"]
+        self.solver = JKOSolver(
+            cv, attention, weights, density, tau=self.tau, petsc_options_prefix="jko_"
+        )
+        self.last: dict[str, float] = {}
+
+    @property
+    def t(self) -> float:
+        return self.solver.t
+
+    @property
+    def steps(self) -> int:
+        return self.solver.steps
+
+    def step(self, t_stop: float) -> tuple[float, float]:
+        t0 = self.solver.t
+        tau = min(self.tau, t_stop - t0)
+        result = self.solver.step(tau)
+        if abs(result.t - t_stop) <= 1e-12 * max(1.0, abs(t_stop)):
+            self.solver.t = t_stop  # land exactly on the output time
+        self.last = {
+            "newton_its": result.newton_its, "ksp_its": result.ksp_its,
+            "halvings": result.halvings,
+        }  # fmt: skip
+        return self.solver.t, result.tau
+
+    @property
+    def density(self) -> np.ndarray:
+        return self.solver.density
+
+    def diagnostics(self):
+        n = self.cv.n_owned
+        masses = self.solver.density * self.cv.measures[:n]
+        heads = self.solver.weights.heads_at(self.t)
+        return measure_diagnostics(
+            self.solver.attention, heads, self.cv.centres[:n], masses, self.cv.comm
+        )
+
+    def owned_state(self) -> dict[str, np.ndarray]:
+        return {"density": self.solver.density.copy()}
+
+    def restore(self, t: float, steps: int, state: dict[str, np.ndarray]) -> None:
+        self.solver.set_state(t, state["density"])
+        self.solver.steps = int(steps)
+
+
 def _log(comm: MPI.Comm, msg: str) -> None:
     if comm.rank == 0:
         print(f"[transformer-pde {comm.rank}/{comm.size}] {msg}", flush=True)
@@ -287,8 +343,11 @@ def run(
         f"area ratio {quality.area_ratio:.3f}; scheme {cfg['time']['scheme']}, "
         f"{weights.n_heads} head(s), weights {cfg['weights']['dynamics']}, t_end = {cfg['time']['t_end']}"
     )
-    scheme_cls = _FVScheme if cfg["time"]["scheme"] == "fv" else _ParticleScheme
-    scheme = scheme_cls(cv, attention, weights, rho0, cfg)
+    scheme_cls = {"fv": _FVScheme, "particles": _ParticleScheme, "jko": _JKOScheme}
+    try:
+        scheme = scheme_cls[cfg["time"]["scheme"]](cv, attention, weights, rho0, cfg)
+    except ValueError as exc:  # e.g. the JKO scheme needs rho > 0 everywhere
+        raise ConfigError("time.scheme", f"{cfg['time']['scheme']}: {exc}") from None
     gathered = GatheredCells(cv)
     t_end = cfg["time"]["t_end"]
     every = cfg["output"]["every"]
@@ -352,6 +411,10 @@ def run(
                 "G2": diag.G2,
                 "dissipation": diag.dissipation,
                 "outflow": getattr(scheme, "outflow", 0.0),
+                **{
+                    k: getattr(scheme, "last", {}).get(k, 0)
+                    for k in ("newton_its", "ksp_its", "halvings")
+                },
             }
         )
         state["density"], state["t"] = density, scheme.t

@@ -1,0 +1,281 @@
+r"""The dense block of the JKO Newton system: the Hessian of the interaction energy.
+
+For the energy of DESIGN M1 with kernel rows :math:`A_r` (the :math:`A_h`, and their
+transposes when not symmetric) and coefficient :math:`c`,
+
+.. math::
+    \frac{\delta E}{\delta \mu}(x_K) = c \sum_r \sum_L e^{x_K^T A_r x_L} m_L
+    =: (\mathcal{K} m)_K
+
+is linear in the cell masses :math:`m`, so the Hessian is the dense operator
+:math:`\mathcal{K}`. Two ways to apply it to a signed mass increment :math:`\delta m`, neither
+forming an :math:`N \times N` array:
+
+* :class:`KernelHessian` - exact kernel sums (``solvers.attention.kernel_sums``, which needs
+  masses :math:`\ge 0`): :math:`\mathcal{K}\delta m = \mathcal{K}(\delta m + \gamma |\cdot|)
+  - \gamma \mathcal{K}|\cdot|` with :math:`|\cdot|` the cell measures and
+  :math:`\gamma = \max(0, \max_L -\delta m_L / |L|)`; :math:`\mathcal{K}|\cdot|` is computed
+  once per set of heads. One kernel sum (:math:`O(N^2)`) per product.
+* :class:`ExpansionHessian` - a truncated expansion in an orthonormal basis
+  :math:`(Y_a)` of the polynomials of degree :math:`\le p` on the sphere (real spherical
+  harmonics on :math:`S^2`, Fourier modes on :math:`S^1`):
+  :math:`k(x, y) \approx \sum_{a, b} Y_a(x) C_{ab} Y_b(y)` with
+  :math:`C = \Phi_Q^T W K_{QQ} W \Phi_Q` (Gauss-Legendre x trapezoid product rule
+  :math:`(z_q, w_q)` exact to degree :math:`2p + 1`; :math:`K_{QQ}` the kernel at the nodes).
+  The degree-:math:`l` part of :math:`e^{x^T A y}` decays like
+  :math:`(\|A\|/2)^l / l!`, so the truncation error is below the tolerance for modest
+  :math:`p` (:math:`p = 20` for :math:`\|A\| = 4`); the error is *measured* on a set of
+  sample pairs, :math:`p` increased until it is below ``tol`` times the largest kernel
+  value. A product costs :math:`O(N R)`, :math:`R = (p + 1)^2` (one allreduce of
+  :math:`R` numbers).
+
+The operator applies the Jacobian's dense block. With the expansion, ``solvers.jko`` also
+evaluates residuals as :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)` (exact kernel sum at
+:math:`\rho^k` only): the solution then differs from the exact-kernel one by at most the
+checked relative error (1e-12) times :math:`|m - m^k|_1 = O(\tau)`, far below the Newton
+tolerance (``tests/test_jko.py`` compares the two to 1e-9). The basis matrix is
+:math:`n_{owned} \times R` (290 MB per rank at 81,920 cells, p = 20, one rank); above
+``MAX_BASIS_BYTES`` or ``MAX_DEGREE`` "auto" falls back to kernel sums.
+"""
+
+from __future__ import annotations
+
+import math
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+
+import numpy as np
+import numpy.typing as npt
+
+from meshes.control_volumes import ControlVolumes
+from solvers.attention import kernel_sums
+from solvers.transport import GlobalSources
+
+__all__ = ["ExpansionHessian", "KernelHessian", "make_hessian", "real_harmonics"]
+
+try:
+    import numba
+
+    @numba.njit(cache=True)
+    def _gemv(M, v, transpose):  # plain loops: threaded BLAS on tiny products thrashes shared cores
+        n, r = M.shape
+        if transpose:
+            out = np.zeros(r)
+            for i in range(n):
+                vi = v[i]
+                for a in range(r):
+                    out[a] += M[i, a] * vi
+            return out
+        out = np.empty(n)
+        for i in range(n):
+            acc = 0.0
+            for a in range(r):
+                acc += M[i, a] * v[a]
+            out[i] = acc
+        return out
+
+except ImportError:  # pragma: no cover
+
+    def _gemv(M, v, transpose):
+        return M.T @ v if transpose else M @ v
+
+
+Array = npt.NDArray[np.float64]
+
+#: Largest expansion degree tried, and the largest basis matrix kept per rank (bytes).
+MAX_DEGREE = 40
+MAX_BASIS_BYTES = 2**30
+
+
+class KernelHessian:
+    """Exact matrix-free products with the dense kernel block (one kernel sum each)."""
+
+    kind = "kernel"
+
+    def __init__(
+        self,
+        cv: ControlVolumes,
+        points: Array,
+        sources: GlobalSources,
+        A: Array,
+        coef: float,
+        backend: str,
+    ) -> None:
+        self._targets = points[: cv.n_owned]
+        self._sources, self._A, self._coef, self._backend = sources, A, coef, backend
+        self._meas_all = sources.masses(cv.measures[: cv.n_owned])
+        self._ref = self._sum(self._meas_all)
+        self.products = 0
+
+    def _sum(self, masses_all: Array) -> Array:
+        log_Z, _ = kernel_sums(
+            self._targets, self._sources.points, masses_all, self._A, self._backend
+        )
+        return self._coef * np.exp(log_Z).sum(axis=0)
+
+    def apply(self, dm_owned: Array) -> Array:
+        """(K dm) at the owned centres for owned signed mass increments (collective)."""
+        self.products += 1
+        dm = self._sources.masses(dm_owned)
+        gamma = max(0.0, float(np.max(-dm / self._meas_all)))
+        if not np.any(dm):
+            return np.zeros(len(self._targets))
+        if gamma == 0.0:
+            return self._sum(dm)
+        return self._sum(dm + gamma * self._meas_all) - gamma * self._ref
+
+
+def real_harmonics(points: Array, p: int) -> Array:
+    r"""Orthonormal real harmonics of degree <= p at unit points, shape (n, R).
+
+    S^2 (points (n, 3)): :math:`R = (p+1)^2`, :math:`Y_{lm} = \bar P_l^{|m|}(z)
+    \{\sqrt2 \cos m\varphi, 1, \sqrt2 \sin |m|\varphi\}` with the fully normalised associated
+    Legendre functions (three-term recurrence in l). S^1 (points (n, 2)): :math:`R = 2p + 1`,
+    :math:`1/\sqrt{2\pi}, \cos j\theta / \sqrt\pi, \sin j\theta / \sqrt\pi`.
+    """
+    n, d = points.shape
+    if d == 2:
+        theta = np.arctan2(points[:, 1], points[:, 0])
+        cols = [np.full(n, 1.0 / math.sqrt(2 * math.pi))]
+        for j in range(1, p + 1):
+            cols += [np.cos(j * theta) / math.sqrt(math.pi), np.sin(j * theta) / math.sqrt(math.pi)]
+        return np.column_stack(cols)
+    z = np.clip(points[:, 2], -1.0, 1.0)
+    s = np.sqrt(np.maximum(0.0, 1.0 - z * z))
+    phi = np.arctan2(points[:, 1], points[:, 0])
+    out = np.empty((n, (p + 1) ** 2))
+    pmm = np.full(n, 1.0 / math.sqrt(4 * math.pi))
+    for m in range(p + 1):
+        if m > 0:
+            pmm = -math.sqrt((2 * m + 1) / (2 * m)) * s * pmm
+        trig = (
+            (np.ones(n), None)
+            if m == 0
+            else (math.sqrt(2) * np.cos(m * phi), math.sqrt(2) * np.sin(m * phi))
+        )
+        p_prev, p_cur = None, pmm
+        for l in range(m, p + 1):
+            if l == m + 1:
+                p_prev, p_cur = p_cur, math.sqrt(2 * m + 3) * z * p_cur
+            elif l > m + 1:
+                a = math.sqrt((4 * l * l - 1) / (l * l - m * m))
+                b = math.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))
+                p_prev, p_cur = p_cur, a * (z * p_cur - b * p_prev)
+            out[:, l * l + l + m] = p_cur * trig[0]
+            if m > 0:
+                out[:, l * l + l - m] = p_cur * trig[1]
+    return out
+
+
+def _quadrature(d: int, p: int) -> tuple[Array, Array]:
+    """Nodes and weights on S^{d-1} exact for polynomials of degree <= 2 p + 1."""
+    n_phi = 2 * p + 2
+    phi = 2 * math.pi * np.arange(n_phi) / n_phi
+    if d == 2:
+        return np.column_stack([np.cos(phi), np.sin(phi)]), np.full(n_phi, 2 * math.pi / n_phi)
+    z, wz = np.polynomial.legendre.leggauss(p + 1)
+    Z, P = np.meshgrid(z, phi, indexing="ij")
+    S = np.sqrt(1 - Z * Z)
+    nodes = np.column_stack([(S * np.cos(P)).ravel(), (S * np.sin(P)).ravel(), Z.ravel()])
+    weights = (wz[:, None] * np.full(n_phi, 2 * math.pi / n_phi)[None, :]).ravel()
+    return nodes, weights
+
+
+def _kernel(x: Array, y: Array, A: Array, coef: float) -> Array:
+    return coef * sum(np.exp((x @ A_r) @ y.T) for A_r in A)
+
+
+class ExpansionHessian:
+    """Products with the kernel block through a checked low-rank harmonic expansion."""
+
+    kind = "expansion"
+
+    def __init__(
+        self,
+        cv: ControlVolumes,
+        points: Array,
+        A: Array,
+        coef: float,
+        degree: int,
+        error: float,
+        basis: Array | None = None,
+    ) -> None:
+        self.degree, self.error, self._comm = degree, error, cv.comm
+        C = _coefficients(cv.d, A, coef, degree)
+        self._C = 0.5 * (C + C.T) if np.array_equal(A, A.swapaxes(1, 2)) else C
+        self.basis = real_harmonics(points[: cv.n_owned], degree) if basis is None else basis
+        self.products = 0
+
+    @property
+    def rank(self) -> int:
+        return self._C.shape[0]
+
+    def apply(self, dm_owned: Array) -> Array:
+        """(K dm) at the owned centres (collective: one allreduce of R numbers)."""
+        self.products += 1
+        dm = np.ascontiguousarray(dm_owned, dtype=np.float64)
+        moments = _gemv(self.basis, dm, True)
+        if self._comm.size > 1:
+            moments = self._comm.allreduce(moments, op=MPI.SUM)
+        return _gemv(self.basis, _gemv(self._C, moments, False), False)
+
+
+def _coefficients(d: int, A: Array, coef: float, degree: int) -> Array:
+    """C = Phi_Q^T W K_QQ W Phi_Q, the (R, R) expansion coefficients (module docstring)."""
+    nodes, weights = _quadrature(d, degree)
+    Phi_q = real_harmonics(nodes, degree) * weights[:, None]
+    return Phi_q.T @ _kernel(nodes, nodes, A, coef) @ Phi_q
+
+
+def expansion_error(d: int, A: Array, coef: float, degree: int, n_sample: int = 200) -> float:
+    """Max |k - k_p| / max |k| over fixed sample pairs (identical on every rank)."""
+    rng = np.random.default_rng(12345)
+    x = rng.normal(size=(n_sample, d))
+    x /= np.linalg.norm(x, axis=1)[:, None]
+    C = _coefficients(d, A, coef, degree)
+    Y = real_harmonics(x, degree)
+    exact = _kernel(x, x, A, coef)
+    return float(np.max(np.abs(Y @ C @ Y.T - exact)) / np.max(np.abs(exact)))
+
+
+def make_hessian(
+    kind: str,
+    cv: ControlVolumes,
+    points: Array,
+    sources: GlobalSources,
+    A: Array,
+    coef: float,
+    backend: str,
+    tol: float = 1e-12,
+    previous: KernelHessian | ExpansionHessian | None = None,
+) -> KernelHessian | ExpansionHessian:
+    """Build the Hessian operator: kind "kernel", "expansion" or "auto" (module docstring).
+
+    "expansion" raises ValueError if no degree <= MAX_DEGREE (within MAX_BASIS_BYTES per rank)
+    reaches ``tol``; "auto" then falls back to "kernel". With time-dependent heads the
+    ``previous`` expansion's degree is tried first and its basis reused. Collective.
+    """
+    if kind not in ("kernel", "expansion", "auto"):
+        raise ValueError(f"hessian must be 'kernel', 'expansion' or 'auto', got {kind!r}")
+    if kind == "kernel":
+        return KernelHessian(cv, points, sources, A, coef, backend)
+    if isinstance(previous, ExpansionHessian):
+        error = expansion_error(cv.d, A, coef, previous.degree)
+        if error <= tol:
+            return ExpansionHessian(cv, points, A, coef, previous.degree, error, previous.basis)
+    n_max = cv.comm.allreduce(cv.n_owned, op=MPI.MAX)
+    error, degree = math.inf, 0
+    for degree in range(8, MAX_DEGREE + 1, 4):
+        R = 2 * degree + 1 if cv.d == 2 else (degree + 1) ** 2
+        if n_max * R * 8 > MAX_BASIS_BYTES:
+            break
+        error = expansion_error(cv.d, A, coef, degree)
+        if error <= tol:
+            return ExpansionHessian(cv, points, A, coef, degree, error)
+    if kind == "auto":
+        return KernelHessian(cv, points, sources, A, coef, backend)
+    raise ValueError(
+        f"no harmonic expansion of degree <= {degree} reaches the tolerance {tol:.1e} "
+        f"(error {error:.2e}): use hessian='kernel'"
+    )
