@@ -9,7 +9,10 @@ The keys of DESIGN section 4 exist with exactly those meanings; the others are a
     [feedforward] A = "zero" | "identity" | d x d list; b = number or list (R1/R2 only):
                  the affine layer A x + b added to the attention velocity (DESIGN M3)
     [attention]  beta = float > 0; sign = +1 | -1; heads = [{Q, K, V}], each "identity" or a
-                 d x d nested list; backend = "auto" | "numba" | "numpy"
+                 d x d nested list; backend = "auto" | "brute" | "lowrank" | "numba" |
+                 "numpy" (auto: per head, low-rank expansion when its a-priori error bound
+                 meets `tolerance` and it is cheaper, else compiled brute force);
+                 tolerance = float in (0, 1) (default 1e-10, relative)
     [weights]    dynamics = "frozen" | "ou" | "oscillating"; init = "config" | "random";
                  seed = int >= 0; sigma = float >= 0 (OU); dt = float > 0 (OU grid)
     [initial]    density = numpy expression in x[0], x[1], (x[2]), normalised to mass 1
@@ -61,6 +64,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "sign": 1,
         "heads": [{"Q": "identity", "K": "identity", "V": "identity"}],
         "backend": "auto",
+        "tolerance": 1e-10,
     },
     "weights": {
         "dynamics": "frozen",
@@ -77,7 +81,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 _CHOICES = {
     ("mesh", "manifold"): ("S1", "S2", "R1", "R2"),
-    ("attention", "backend"): ("auto", "numba", "numpy"),
+    ("attention", "backend"): ("auto", "brute", "lowrank", "numba", "numpy"),
     ("weights", "dynamics"): ("frozen", "ou", "oscillating"),
     ("weights", "init"): ("config", "random"),
     ("time", "scheme"): ("fv", "jko", "particles"),
@@ -171,6 +175,9 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     a["beta"] = _float(a["beta"], "attention.beta")
     if not a["beta"] > 0:
         raise ConfigError("attention.beta", f"must be > 0, got {a['beta']}")
+    a["tolerance"] = _float(a["tolerance"], "attention.tolerance")
+    if not 0 < a["tolerance"] < 1:
+        raise ConfigError("attention.tolerance", f"must be in (0, 1), got {a['tolerance']}")
     if isinstance(a["sign"], bool) or a["sign"] not in (1, -1):
         raise ConfigError("attention.sign", f"must be +1 or -1, got {a['sign']!r}")
     a["sign"] = int(a["sign"])

@@ -9,6 +9,7 @@ the last good state is written to final.npz and the summary says what happened.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 import sys
@@ -97,7 +98,9 @@ def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
     a, w = cfg["attention"], cfg["weights"]
     heads = [Head(Q, K, V) for Q, K, V in head_matrices(cfg)]
     curved = cfg["mesh"]["manifold"] in ("S1", "S2")
-    attention = Attention(a["beta"], a["sign"], manifold=curved, backend=a["backend"])
+    attention = Attention(
+        a["beta"], a["sign"], manifold=curved, backend=a["backend"], tolerance=a["tolerance"]
+    )
     weights = make_weights(
         w["dynamics"], heads, init=w["init"], seed=w["seed"], sigma=w["sigma"], dt=w["dt"]
     )
@@ -457,6 +460,14 @@ def run(
             "final_metrics": metrics.rows[-1] if metrics.rows else {},
             "mesh": quality.as_dict(),
             "backend": attention.backend,
+            "tolerance": cfg["attention"]["tolerance"],
+            "head_choice": [
+                {
+                    k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                    for k, v in dataclasses.asdict(c).items()
+                }
+                for c in (attention.last_choice or ())
+            ],
         }
         write_json(out / "summary.json", summary)
         try:

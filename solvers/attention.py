@@ -24,7 +24,8 @@ at :math:`x` itself.
 
 The sums :math:`Z_h, \bar y_h` are evaluated by :func:`kernel_sums` (log-sum-exp stabilised,
 float64, blocked: no target-by-source array), with a compiled numba backend and a blocked numpy
-reference (:mod:`solvers.kernels`). In parallel, every rank gathers the whole measure with
+reference (:mod:`solvers.kernels`), or per head by a low-rank expansion with an a-priori error
+bound (:mod:`solvers.lowrank`, backends "lowrank" and "auto"). In parallel, every rank gathers the whole measure with
 :func:`gather_measure` (``Allgatherv``, :math:`O(N)` memory) and evaluates its own targets.
 
 Diagnostics (DESIGN M1, gradient-flow structure when :math:`V_h = Q_h^T K_h` is symmetric),
@@ -54,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from solvers import kernels
+from solvers import kernels, lowrank
 
 __all__ = [
     "BACKENDS",
@@ -64,20 +65,36 @@ __all__ = [
     "MeasureDiagnostics",
     "gather_measure",
     "kernel_sums",
+    "kernel_sums_with_choice",
     "measure_diagnostics",
 ]
 
-BACKENDS = ("auto", "numba", "numpy")
+BACKENDS = ("auto", "brute", "lowrank", "numba", "numpy")
+#: Default accuracy of the low-rank expansion (relative for Z_h, relative to max |y| for means).
+DEFAULT_TOLERANCE = 1e-10
 
 
 def _resolve_backend(backend: str) -> str:
+    """ "numba"/"numpy" for brute force ("brute": numba when importable); "auto"/"lowrank" kept."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
+    if backend == "brute":
         return "numba" if kernels.HAVE_NUMBA else "numpy"
     if backend == "numba" and not kernels.HAVE_NUMBA:
         raise ValueError("backend='numba' requested but numba is not importable")
     return backend
+
+
+def _brute_name() -> str:
+    return "numba" if kernels.HAVE_NUMBA else "numpy"
+
+
+def _check_tolerance(tolerance: Any) -> float:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float | np.number):
+        raise ValueError(f"tolerance must be a real number, got {tolerance!r}")
+    if not (0 < tolerance < 1):
+        raise ValueError(f"tolerance must lie in (0, 1), got {tolerance!r}")
+    return float(tolerance)
 
 
 def _as_matrix(name: str, value: Any, d: int | None = None) -> np.ndarray:
@@ -160,6 +177,7 @@ def kernel_sums(
     masses: np.ndarray,
     A: np.ndarray,
     backend: str = "auto",
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""Log partition functions and softmax means of the kernels :math:`e^{x^T A_h y}`.
 
@@ -177,14 +195,34 @@ def kernel_sums(
     sources : (n, d) the points :math:`y_j`.
     masses : (n,) :math:`m_j \ge 0`, not all zero.
     A : (H, d, d) the matrices :math:`A_h`.
-    backend : "numba" (compiled, parallel over targets), "numpy" (blocked reference) or
-        "auto" (numba when importable).
+    backend : brute force: "numba" (compiled, parallel over targets), "numpy" (blocked
+        reference), "brute" (numba when importable); per head: "lowrank" (the expansion of
+        :mod:`solvers.lowrank` whenever its a-priori bound meets ``tolerance``, else brute
+        force), "auto" (the expansion when its bound meets ``tolerance`` and the cost model
+        finds it cheaper, else brute force; tiny problems go straight to brute force).
+    tolerance : accuracy asked of the low-rank expansion: relative error of :math:`Z_h`, and
+        error of :math:`\bar y_h` relative to :math:`\max_j |y_j|` (ignored by brute force,
+        which is accurate to rounding).
 
     Returns
     -------
     log_Z : (H, m) and mean : (H, m, d).
     """
+    log_Z, mean, _ = kernel_sums_with_choice(targets, sources, masses, A, backend, tolerance)
+    return log_Z, mean
+
+
+def kernel_sums_with_choice(
+    targets: np.ndarray,
+    sources: np.ndarray,
+    masses: np.ndarray,
+    A: np.ndarray,
+    backend: str = "auto",
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> tuple[np.ndarray, np.ndarray, tuple[lowrank.HeadChoice, ...]]:
+    """:func:`kernel_sums` plus how each head was evaluated (:class:`lowrank.HeadChoice`)."""
     name = _resolve_backend(backend)
+    tolerance = _check_tolerance(tolerance)
     X = _as_matrix("targets", targets)
     d = X.shape[1]
     Y = _as_matrix("sources", sources, d)
@@ -198,10 +236,33 @@ def kernel_sums(
     if not np.any(positive):
         raise ValueError("masses are all zero: Z_h = 0 and the softmax mean is undefined")
     Y = np.ascontiguousarray(Y[positive])
-    log_w = np.log(w[positive])
-    if name == "numba":
-        return kernels.kernel_sums_numba(X, Y, log_w, A)
-    return kernels.kernel_sums_numpy(X, Y, log_w, A)
+    w = w[positive]
+    H = A.shape[0]
+    if name in ("auto", "lowrank"):
+        brute = _brute_name()
+        # decided from the (global) number of sources only, so that every rank of a
+        # distributed evaluation makes the same choice (rank-independent results)
+        if name == "auto" and Y.shape[0] * Y.shape[0] <= lowrank.COST_OVERHEAD:
+            choices = [lowrank.HeadChoice(brute, math.nan, reason="tiny problem")] * H
+            plans = None
+        else:
+            choices, plans = lowrank.choose_heads(X, Y, A, tolerance, name, brute)
+    else:
+        choices, plans = [lowrank.HeadChoice(name, math.nan, reason="requested")] * H, None
+    low = [h for h in range(H) if choices[h].method == "lowrank"]
+    rest = [h for h in range(H) if choices[h].method != "lowrank"]
+    log_Z = np.empty((H, X.shape[0]))
+    mean = np.empty((H, X.shape[0], d))
+    if low:
+        log_Z[low], mean[low] = lowrank.lowrank_kernel_sums(
+            X, Y, w, A[low], tolerance, [plans[h] for h in low]
+        )
+    if rest:
+        brute_sums = kernels.kernel_sums_numba if kernels.HAVE_NUMBA else kernels.kernel_sums_numpy
+        if name == "numpy":
+            brute_sums = kernels.kernel_sums_numpy
+        log_Z[rest], mean[rest] = brute_sums(X, Y, np.log(w), np.ascontiguousarray(A[rest]))
+    return log_Z, mean, tuple(choices)
 
 
 class Attention:
@@ -214,11 +275,20 @@ class Attention:
         :math:`-1` makes tokens descend the energy (the choice of [P1]'s experiments).
     manifold : True on the sphere :math:`S^{d-1}` (tangent projection :math:`P_x`), False in
         :math:`\mathbb{R}^d` (:math:`P_x = I`).
-    backend : "auto", "numba" or "numpy" (see :func:`kernel_sums`).
+    backend : "auto", "brute", "lowrank", "numba" or "numpy" (see :func:`kernel_sums`).
+    tolerance : accuracy of the low-rank expansion (see :func:`kernel_sums`).
+
+    After each evaluation :attr:`last_choice` tells how every head was evaluated.
     """
 
     def __init__(
-        self, beta: float, sign: int, *, manifold: bool = True, backend: str = "auto"
+        self,
+        beta: float,
+        sign: int,
+        *,
+        manifold: bool = True,
+        backend: str = "auto",
+        tolerance: float = DEFAULT_TOLERANCE,
     ) -> None:
         if isinstance(beta, bool) or not isinstance(beta, int | float | np.number):
             raise ValueError(f"beta must be a real number, got {beta!r}")
@@ -230,6 +300,8 @@ class Attention:
         self._sign = int(sign)
         self._manifold = bool(manifold)
         self._backend = _resolve_backend(backend)
+        self._tolerance = _check_tolerance(tolerance)
+        self.last_choice: tuple[lowrank.HeadChoice, ...] | None = None
 
     @property
     def beta(self) -> float:
@@ -245,13 +317,18 @@ class Attention:
 
     @property
     def backend(self) -> str:
-        """The resolved backend, "numba" or "numpy"."""
+        """The backend: "numba" or "numpy" (brute force), "lowrank" or "auto" (per head)."""
         return self._backend
+
+    @property
+    def tolerance(self) -> float:
+        """Accuracy asked of the low-rank expansion."""
+        return self._tolerance
 
     def __repr__(self) -> str:
         return (
             f"Attention(beta={self._beta!r}, sign={self._sign:+d}, manifold={self._manifold}, "
-            f"backend={self._backend!r})"
+            f"backend={self._backend!r}, tolerance={self._tolerance!r})"
         )
 
     def attention_matrices(self, heads: Sequence[Head], d: int | None = None) -> np.ndarray:
@@ -272,7 +349,10 @@ class Attention:
         X = _as_matrix("targets", targets)
         d = X.shape[1]
         A = self.attention_matrices(heads, d)
-        log_Z, mean = kernel_sums(X, sources, masses, A, self._backend)
+        log_Z, mean, choice = kernel_sums_with_choice(
+            X, sources, masses, A, self._backend, self._tolerance
+        )
+        self.last_choice = choice
         V = np.stack([head.V for head in heads])
         a = np.einsum("hkl,hil->hik", V, mean)
         if self._manifold:

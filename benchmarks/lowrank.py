@@ -1,0 +1,182 @@
+r"""Low-rank attention sums against our numba brute force, on S^2 with beta ||Q^T K|| <= 4.
+
+For N random points on S^2 (targets = sources, masses 1/N) and one non-symmetric head with
+:math:`c = \beta \|Q^T K\|_2 = 4`, the kernel sums :math:`\log Z(x_i)` and the softmax means
+:math:`\bar y(x_i)` are computed by the Chebyshev-feature expansion of
+:mod:`solvers.lowrank` (tolerance 1e-10) at N = 1e5 and 1e6, and by the numba brute-force
+kernel at N = 1e5, each in a fresh worker process (peak RSS of that run alone; the numba
+caches are warmed by a first small call, not timed). Reported: time, the Taylor/Chebyshev
+degree and rank, the error of the expansion against brute force at N = 1e5 (max over targets
+of :math:`|\log \tilde Z - \log Z|` and :math:`|\tilde{\bar y} - \bar y|`), the time ratio
+N = 1e6 / 1e5 (linear growth: 10), the speed-up over brute force, and the load average
+(``os.getloadavg``): the machine is shared, so timings are noisy.
+
+Optionally (``--mpi``) the strong scaling of brute force at N = 1e5: ``mpiexec -n 1`` and
+``-n 2``, one numba thread per rank (each rank evaluates its share of the targets against all
+sources).
+
+Run (about 2 minutes on 2 cores):
+
+    .venv/bin/python benchmarks/lowrank.py
+    .venv/bin/python benchmarks/lowrank.py --mpi
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def problem(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    p = rng.normal(size=(n, 3))
+    p /= np.linalg.norm(p, axis=1, keepdims=True)
+    rng2 = np.random.default_rng(1234)
+    Q, K = rng2.normal(size=(2, 3, 3))
+    A = Q.T @ K
+    A *= 4.0 / np.linalg.norm(A, 2)
+    return p, np.full(n, 1.0 / n), A[None]
+
+
+def worker(method: str, n: int, out: str) -> None:
+    import dolfinx_solver  # noqa: F401
+
+    from solvers import kernels, lowrank
+
+    small = problem(2000, 1)
+    points, masses, A = problem(n)
+    if method == "lowrank":
+        lowrank.lowrank_kernel_sums(small[0], small[0], small[1], small[2])  # warm caches
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        t0 = time.perf_counter()
+        plans = lowrank.make_plans(points, points, A, 1e-10)
+        log_Z, mean = lowrank.lowrank_kernel_sums(points, points, masses, A, plans=plans)
+        elapsed = time.perf_counter() - t0
+        info = {"degree": plans[0].degree, "rank": plans[0].rank, "rho": plans[0].rho}
+    else:
+        kernels.kernel_sums_numba(small[0], small[0], np.log(small[1]), small[2])
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        t0 = time.perf_counter()
+        log_Z, mean = kernels.kernel_sums_numba(points, points, np.log(masses), A)
+        elapsed = time.perf_counter() - t0
+        info = {}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    np.savez(out + ".npz", log_Z=log_Z, mean=mean)
+    info.update(
+        method=method, n=n, time=elapsed, rss_mb=rss, rss_start_mb=rss0, load=os.getloadavg()[0]
+    )
+    Path(out + ".json").write_text(json.dumps(info))
+
+
+def mpi_worker(n: int) -> None:
+    import dolfinx_solver  # noqa: F401
+    from mpi4py import MPI
+
+    from solvers import kernels
+
+    comm = MPI.COMM_WORLD
+    points, masses, A = problem(n)
+    mine = np.array_split(np.arange(n), comm.size)[comm.rank]
+    kernels.kernel_sums_numba(points[:100], points[:100], np.log(masses[:100]), A)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    kernels.kernel_sums_numba(points[mine], points, np.log(masses), A)
+    comm.Barrier()
+    elapsed = time.perf_counter() - t0
+    if comm.rank == 0:
+        print(json.dumps({"ranks": comm.size, "time": elapsed, "load": os.getloadavg()[0]}))
+
+
+def run(args: list[str], env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        args, check=True, capture_output=True, text=True, cwd=ROOT, env=env or os.environ.copy()
+    )
+    return result.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mpi", action="store_true", help="also brute-force strong scaling")
+    parser.add_argument("--worker", nargs=3, metavar=("METHOD", "N", "OUT"))
+    parser.add_argument("--mpi-worker", type=int, metavar="N")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker[0], int(args.worker[1]), args.worker[2])
+        return 0
+    if args.mpi_worker:
+        mpi_worker(args.mpi_worker)
+        return 0
+
+    import tempfile
+
+    py = sys.executable
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for method, n in (("lowrank", 100_000), ("lowrank", 1_000_000), ("numba", 100_000)):
+            out = f"{tmp}/{method}{n}"
+            run([py, __file__, "--worker", method, str(n), out])
+            info = json.loads(Path(out + ".json").read_text())
+            info["arrays"] = dict(np.load(out + ".npz"))
+            results[(method, n)] = info
+    lr, lr6, bf = (
+        results[("lowrank", 100_000)],
+        results[("lowrank", 1_000_000)],
+        results[("numba", 100_000)],
+    )
+    err_Z = float(np.max(np.abs(lr["arrays"]["log_Z"] - bf["arrays"]["log_Z"])))
+    err_m = float(np.max(np.abs(lr["arrays"]["mean"] - bf["arrays"]["mean"])))
+    rows = [
+        "| method | N | time (s) | degree / rank | peak RSS (MB) | load avg |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in (lr, lr6, bf):
+        dr = f"{r['degree']} / {r['rank']}" if "degree" in r else "-"
+        rows.append(
+            f"| {r['method']} | {r['n']:,} | {r['time']:.3f} | {dr} | {r['rss_mb']:.0f} | "
+            f"{r['load']:.2f} |"
+        )
+    lines = [
+        *rows,
+        "",
+        f"rho = {lr['rho']:.4f} (c = beta ||Q^T K|| = 4), tolerance 1e-10",
+        f"error vs brute force at N = 1e5: max |log Z diff| = {err_Z:.2e}, "
+        f"max |mean diff| = {err_m:.2e}",
+        f"speed-up over brute force at N = 1e5: {bf['time'] / lr['time']:.0f}x; "
+        f"brute {1e10 / bf['time']:.3g} pairs/s",
+        f"time growth N = 1e5 -> 1e6 (low-rank): {lr6['time'] / lr['time']:.1f}x (linear: 10x)",
+    ]
+    if args.mpi:
+        env = os.environ.copy()
+        env["NUMBA_NUM_THREADS"] = "1"
+        mpiexec = str(Path(py).parent / "mpiexec")
+        scale = []
+        for k in (1, 2):
+            out = run([mpiexec, "-n", str(k), py, __file__, "--mpi-worker", "100000"], env)
+            scale.append(json.loads(out.strip().splitlines()[-1]))
+        lines += [
+            "",
+            "| brute force, N = 1e5, 1 numba thread per rank | time (s) | load avg |",
+            "|---|---|---|",
+        ]
+        lines += [f"| mpiexec -n {s['ranks']} | {s['time']:.2f} | {s['load']:.2f} |" for s in scale]
+        lines.append(
+            f"strong-scaling speed-up (2 ranks): {scale[0]['time'] / scale[1]['time']:.2f}"
+        )
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,274 @@
+"""Low-rank expansion of the attention kernel (solvers/lowrank.py) and its backends.
+
+Runs serially and under ``timeout 600 mpiexec -n 2 python -m pytest tests/test_lowrank.py``;
+only :func:`test_distributed_matches_serial` communicates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+
+import numpy as np
+import pytest
+
+from solvers import kernels, lowrank
+from solvers.attention import Attention, Head, kernel_sums, kernel_sums_with_choice
+
+COMM = MPI.COMM_WORLD
+BRUTE = ["numba", "numpy"] if kernels.HAVE_NUMBA else ["numpy"]
+
+
+def sphere_points(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    p = rng.normal(size=(n, d))
+    return p / np.linalg.norm(p, axis=1, keepdims=True)
+
+
+def cap_points(rng: np.random.Generator, n: int, d: int, radius: float) -> np.ndarray:
+    """Points on the sphere within about ``radius`` of the first axis (a cluster of tokens)."""
+    p = np.zeros((n, d))
+    p[:, 0] = 1.0
+    p[:, 1:] = radius * rng.uniform(-1, 1, size=(n, d - 1)) / math.sqrt(d - 1)
+    return p / np.linalg.norm(p, axis=1, keepdims=True)
+
+
+def random_heads(rng: np.random.Generator, H: int, d: int) -> list[Head]:
+    """Non-symmetric heads with ||Q^T K||_2 = 1 (so c = beta)."""
+    heads = []
+    for _ in range(H):
+        Q, K, V = rng.normal(size=(3, d, d))
+        K /= np.linalg.norm(Q.T @ K, 2)
+        heads.append(Head(Q, K, V))
+    return heads
+
+
+def reference(targets, sources, masses, A):
+    """log Z (H, m) and mean (H, m, d) with an explicit max shift, as plain numpy."""
+    log_Z = np.empty((len(A), len(targets)))
+    mean = np.empty((len(A), *targets.shape))
+    for h, a in enumerate(A):
+        e = targets @ a @ sources.T + np.log(masses)
+        M = e.max(axis=1, keepdims=True)
+        w = np.exp(e - M)
+        Z = w.sum(axis=1)
+        log_Z[h] = M[:, 0] + np.log(Z)
+        mean[h] = (w @ sources) / Z[:, None]
+    return log_Z, mean
+
+
+def reference_velocity(targets, sources, masses, heads, beta, sign):
+    A = np.stack([beta * h.Q.T @ h.K for h in heads])
+    _, mean = reference(targets, sources, masses, A)
+    a = np.einsum("hkl,hil->hik", np.stack([h.V for h in heads]), mean)
+    a -= targets[None] * np.einsum("hik,ik->hi", a, targets)[:, :, None]
+    return sign * a.mean(axis=0)
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+
+CASES = [  # (d, beta, cluster radius or None for the whole sphere)
+    (2, 0.5, None),
+    (2, 4.0, None),
+    (3, 2.0, None),
+    (3, 4.0, None),
+    (2, 20.0, 0.3),
+    (3, 20.0, 0.3),
+]
+
+
+@pytest.mark.parametrize(("d", "beta", "cluster"), CASES)
+def test_backends_agree_with_reference(d, beta, cluster):
+    tol = 1e-10
+    rng = np.random.default_rng(100 * d + int(beta))
+    heads = random_heads(rng, 3, d)
+    if cluster is None:
+        targets, sources = sphere_points(rng, 60, d), sphere_points(rng, 400, d)
+    else:  # beta = 20 is far beyond the whole-sphere range; a cluster has small rho
+        targets, sources = cap_points(rng, 60, d, cluster), cap_points(rng, 400, d, cluster)
+    masses = rng.uniform(0.1, 1.0, 400)
+    A = np.stack([beta * h.Q.T @ h.K for h in heads])
+    ref_log_Z, ref_mean = reference(targets, sources, masses, A)
+    ref_X = reference_velocity(targets, sources, masses, heads, beta, -1)
+    v_norm = np.mean([np.linalg.norm(h.V, 2) for h in heads])
+    for backend in ["lowrank", "auto", *BRUTE]:
+        log_Z, mean, choice = kernel_sums_with_choice(targets, sources, masses, A, backend, tol)
+        if backend == "lowrank":
+            assert [c.method for c in choice] == ["lowrank"] * 3, choice
+            assert all(c.bound <= tol for c in choice)
+        np.testing.assert_allclose(log_Z, ref_log_Z, rtol=0, atol=tol)
+        np.testing.assert_allclose(mean, ref_mean, rtol=0, atol=tol)
+        att = Attention(beta, -1, backend=backend, tolerance=tol)
+        X = att.velocity(targets, sources, masses, heads)
+        assert len(att.last_choice) == 3
+        np.testing.assert_allclose(X, ref_X, rtol=0, atol=2 * tol * v_norm)
+
+
+def test_auto_picks_lowrank_when_cheaper():
+    rng = np.random.default_rng(5)
+    n = 8000
+    points = sphere_points(rng, n, 2)
+    masses = rng.uniform(0.5, 1.0, n)
+    A = np.stack([h.Q.T @ h.K for h in random_heads(rng, 2, 2)])  # c = 1
+    log_Z, mean, choice = kernel_sums_with_choice(points, points, masses, A, "auto")
+    assert [c.method for c in choice] == ["lowrank", "lowrank"]
+    ref_log_Z, ref_mean = kernel_sums(points, points, masses, A, BRUTE[0])
+    assert np.max(np.abs(log_Z - ref_log_Z)) <= 1e-10
+    assert np.max(np.abs(mean - ref_mean)) <= 1e-10
+    # few points: brute force is cheaper, and chosen
+    _, _, choice = kernel_sums_with_choice(points[:300], points[:300], masses[:300], A, "auto")
+    assert all(c.method in BRUTE for c in choice)
+
+
+def test_lowrank_falls_back_to_brute_force_beyond_range():
+    rng = np.random.default_rng(6)
+    targets, sources = sphere_points(rng, 20, 3), sphere_points(rng, 200, 3)
+    masses = np.full(200, 1 / 200)
+    heads = [Head.identity(3), Head(np.eye(3), 0.05 * np.eye(3), np.eye(3))]
+    att = Attention(50.0, 1, backend="lowrank")  # c = 50 and c = 2.5
+    X = att.velocity(targets, sources, masses, heads)
+    assert [c.method for c in att.last_choice] == [BRUTE[0], "lowrank"]
+    ref = reference_velocity(targets, sources, masses, heads, 50.0, 1)
+    np.testing.assert_allclose(X, ref, rtol=0, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- the bound
+
+
+@pytest.mark.parametrize("kind", ["taylor", "chebyshev"])
+@pytest.mark.parametrize("d", [2, 3])
+def test_error_within_a_priori_bound(kind, d):
+    """Sweep c and p: the measured errors of Z (relative) and of the mean stay below
+    2 eps_p / (1 - eps_p) + rounding estimate, and the errors decrease with p."""
+    rng = np.random.default_rng(7 + d)
+    for c in (0.5, 1.0, 2.0, 4.0, 6.0):
+        targets, sources = sphere_points(rng, 80, d), sphere_points(rng, 300, d)
+        # adversarial masses: heavy where the kernel is small for the first targets
+        masses = np.exp(-3.0 * sources @ targets[0]) * rng.uniform(0.5, 1.0, 300)
+        A = rng.normal(size=(1, d, d))
+        A *= c / np.linalg.norm(A[0], 2)
+        ref_log_Z, ref_mean = reference(targets, sources, masses, A)
+        (plan,) = lowrank.make_plans(targets, sources, A, 1e-10, kind=kind)
+        # a priori: r_x <= 1 + |x0|, r_u <= c + |u0| (the centres are near 0 here)
+        assert plan.rho <= (1 + np.linalg.norm(plan.x0)) * (c + np.linalg.norm(plan.u0))
+        errors = []
+        for p in range(2, 41, 3):
+            if lowrank.truncation_bound(plan.rho, p, kind) > 0.5:
+                continue  # no bound (Z may even lose positivity)
+            forced = dataclasses.replace(plan, degree=p, rank=lowrank.expansion_rank(d, p))
+            log_Z, mean = lowrank.lowrank_kernel_sums(targets, sources, masses, A, plans=[forced])
+            err_Z = np.max(np.abs(np.expm1(log_Z - ref_log_Z)))
+            err_mean = np.max(np.abs(mean - ref_mean))
+            eps = lowrank.truncation_bound(plan.rho, p, kind)
+            bound = lowrank.mean_error_bound(eps) + lowrank.rounding_estimate(
+                plan.rho, lowrank.expansion_rank(d, p)
+            )
+            assert err_Z <= bound, (c, p, err_Z, bound)
+            assert err_mean <= bound, (c, p, err_mean, bound)
+            errors.append(max(err_Z, err_mean))
+        assert errors[-1] < 1e-11 and errors[0] > 1e3 * errors[-1]
+
+
+@pytest.mark.parametrize("kind", ["taylor", "chebyshev"])
+def test_choose_degree_meets_tolerance(kind):
+    for d in (2, 3):
+        for tol in (1e-4, 1e-8, 1e-10, 1e-12):
+            for c in (0.1, 0.5, 1.0, 2.0, 3.0, 4.0):
+                p = lowrank.choose_degree(c, tol, d, kind)
+                if p is None:  # only where the rounding estimate alone nearly exceeds tol
+                    assert tol < 1e-11 and c > 2.5, (d, tol, c)
+                    continue
+                r = lowrank.expansion_rank(d, p)
+                eps = lowrank.truncation_bound(c, p, kind)
+                assert lowrank.mean_error_bound(eps) + lowrank.rounding_estimate(c, r) <= tol
+                if p > 0:  # the smallest such degree
+                    eps = lowrank.truncation_bound(c, p - 1, kind)
+                    r = lowrank.expansion_rank(d, p - 1)
+                    assert lowrank.mean_error_bound(eps) + lowrank.rounding_estimate(c, r) > tol
+    assert lowrank.choose_degree(4.0, 1e-10, 3) <= lowrank.choose_degree(4.0, 1e-10, 3, "taylor")
+    assert lowrank.choose_degree(10.0, 1e-10, 3) is None  # beyond the low-rank range
+    assert lowrank.choose_degree(0.0, 1e-10, 3) == 0
+
+
+def test_taylor_bound_formula():
+    assert lowrank.taylor_bound(2.0, 3) == pytest.approx(math.exp(2) * 16 / 24, rel=1e-14)
+    # the Chebyshev bound beats Taylor by about 2 I_0(rho) 2^-(p+1)
+    assert lowrank.chebyshev_bound(4.0, 20) < 1e-4 * lowrank.taylor_bound(4.0, 20)
+
+
+def test_monomial_tables():
+    for d, p in ((2, 5), (3, 7), (4, 3)):
+        parent, var, coef = lowrank.monomial_table(d, p)
+        assert len(parent) == lowrank.expansion_rank(d, p) == math.comb(p + d, d)
+        assert len(lowrank.nested_coefficients(2 if d == 2 else 3, p, (1.0,) * (p + 1))) == (
+            math.comb(p + (2 if d == 2 else 3), 2 if d == 2 else 3)
+        )
+        v = np.random.default_rng(0).normal(size=(d, 4))
+        F = lowrank._features_python(v, parent, var, coef)
+        # sum_alpha psi_alpha(a) psi_alpha(b) = sum_k <a, b>^k / k!
+        t = v[:, 0] @ v[:, 1]
+        expected = sum(t**k / math.factorial(k) for k in range(p + 1))
+        assert F[:, 0] @ F[:, 1] == pytest.approx(expected, rel=1e-13)
+
+
+def test_generic_dimension_path():
+    """d = 4 uses the graded feature table (not the nested d = 2, 3 kernels)."""
+    rng = np.random.default_rng(9)
+    targets, sources = sphere_points(rng, 30, 4), sphere_points(rng, 200, 4)
+    masses = rng.uniform(0.1, 1.0, 200)
+    A = rng.normal(size=(2, 4, 4))
+    A *= 1.5 / np.linalg.norm(A, 2, axis=(1, 2))[:, None, None]
+    log_Z, mean = kernel_sums(targets, sources, masses, A, "lowrank")
+    ref_log_Z, ref_mean = reference(targets, sources, masses, A)
+    assert np.max(np.abs(log_Z - ref_log_Z)) <= 1e-10
+    assert np.max(np.abs(mean - ref_mean)) <= 1e-10
+
+
+def test_plan_depends_on_sources_only_for_inner_targets():
+    rng = np.random.default_rng(10)
+    sources = sphere_points(rng, 500, 3)
+    targets = sphere_points(rng, 50, 3) * 0.99  # facet midpoints lie inside the sphere
+    A = 3.0 * np.eye(3)[None]
+    full = lowrank.make_plans(targets, sources, A, 1e-10)[0]
+    part = lowrank.make_plans(targets[:7], sources, A, 1e-10)[0]
+    assert (full.degree, full.r_x, full.r_u) == (part.degree, part.r_x, part.r_u)
+    np.testing.assert_array_equal(full.x0, part.x0)
+
+
+# ----------------------------------------------------------------------------- MPI
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_distributed_matches_serial(d):
+    """Feature sums reduced with one Allreduce equal the serial expansion to 1e-12."""
+    rng = np.random.default_rng(11 + d)  # the same global data on every rank
+    n, m, beta, sign = 3000, 500, 3.0, -1
+    sources, targets = sphere_points(rng, n, d), sphere_points(rng, m, d)
+    masses = rng.uniform(0.0, 1.0, n)
+    heads = random_heads(rng, 3, d)
+    A = np.stack([beta * h.Q.T @ h.K for h in heads])
+    serial_log_Z, serial_mean = lowrank.lowrank_kernel_sums(
+        targets, sources[masses > 0], masses[masses > 0], A
+    )
+    rank, size = COMM.rank, COMM.size
+    src = np.array_split(np.arange(n), size)[rank]
+    tgt = np.array_split(np.arange(m), size)[(rank + 1) % size]  # not aligned with sources
+    log_Z, mean, plans = lowrank.lowrank_sums_distributed(
+        COMM, targets[tgt], sources[src], masses[src], A
+    )
+    assert all(p.degree is not None for p in plans)
+    np.testing.assert_allclose(log_Z, serial_log_Z[:, tgt], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(mean, serial_mean[:, tgt], rtol=0, atol=1e-12)
+    # the velocity assembled from the distributed sums equals the serial low-rank velocity
+    a = np.einsum("hkl,hil->hik", np.stack([h.V for h in heads]), mean)
+    x = targets[tgt]
+    a -= x[None] * np.einsum("hik,ik->hi", a, x)[:, :, None]
+    X_dist = sign * a.mean(axis=0)
+    X_serial = Attention(beta, sign, backend="lowrank").velocity(x, sources, masses, heads)
+    np.testing.assert_allclose(X_dist, X_serial, rtol=0, atol=1e-12)
+    # and both are within the tolerance of brute force
+    X_brute = Attention(beta, sign, backend="brute").velocity(x, sources, masses, heads)
+    assert np.max(np.abs(X_dist - X_brute)) <= 1e-9
