@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         return 2
+    if result.exit_code and comm.rank == 0:  # a detected failure: one line on stderr
+        print(f"transformer-pde: error: {result.message}".replace("\n", " "), file=sys.stderr,
+              flush=True)  # fmt: skip
     return result.exit_code
 
 

@@ -352,10 +352,10 @@ class TransportSolver:
         limit = POSITIVITY_LIMIT[self.reconstruction]
         rejected = 0
         while True:
-            if dt < self.dt_min:
+            if dt < self.dt_min and dt < dt_max:
                 raise BlowUpError(
-                    f"time step collapsed to {dt:.3e} at t = {t0:.6g} (CFL rate {rate:.3e}): "
-                    "the velocity blew up",
+                    f"time step collapsed to {dt:.3e} at t = {t0:.6g} (CFL rate {rate:.3e}, "
+                    f"cfl {self.cfl:g}): the velocity blew up (or the cfl is too small)",
                     t=t0,
                 )
             ok = self._try_step(m0, u0, t0, dt, limit)
