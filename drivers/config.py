@@ -13,8 +13,12 @@ The keys of DESIGN section 4 exist with exactly those meanings; the others are a
                  "numpy" (auto: per head, low-rank expansion when its a-priori error bound
                  meets `tolerance` and it is cheaper, else compiled brute force);
                  tolerance = float in (0, 1) (default 1e-10, relative)
-    [weights]    dynamics = "frozen" | "ou" | "oscillating"; init = "config" | "random";
-                 seed = int >= 0; sigma = float >= 0 (OU); dt = float > 0 (OU grid)
+    [weights]    dynamics = "frozen" | "ou" | "oscillating" | "fokker-planck";
+                 init = "config" | "random"; seed = int >= 0; sigma = float >= 0 (OU noise;
+                 weight-measure diffusion); dt = float > 0 (OU / Fokker-Planck grid);
+                 fokker-planck: p (1..3), B (p symmetric d x d), lower/upper/cells (the box of
+                 R^p, <= 4096 cells), centre (OU mean), mean0/std0 (initial Gaussian):
+                 D(theta) = V_1 + sum_k theta_k B_k, each parameter cell a weighted head
     [initial]    density = numpy expression in x[0], x[1], (x[2]), normalised to mass 1
     [time]       t_end = float > 0; scheme = "fv" | "jko" | "particles"; cfl = float;
                  dt = float > 0 (jko; particles; optional cap for fv); rk = "ssp3" | "ssp2" |
@@ -72,6 +76,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "seed": 0,
         "sigma": math.sqrt(2.0),
         "dt": 5e-3,
+        # weight measure (dynamics = "fokker-planck"): D(theta) = V_1 + sum_k theta_k B_k,
+        # d Theta = -div((centre - theta) Theta) + (sigma^2/2) Lap Theta on a box of R^p
+        "p": 1,
+        "B": [],
+        "lower": -3.0,
+        "upper": 3.0,
+        "cells": 32,
+        "centre": 0.5,
+        "mean0": -0.5,
+        "std0": 0.3,
     },
     "initial": {"density": "1 + 0.5 * x[0]"},
     "time": {"t_end": 1.0, "scheme": "fv", "cfl": 0.4, "dt": 0.0, "rk": ""},
@@ -82,7 +96,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 _CHOICES = {
     ("mesh", "manifold"): ("S1", "S2", "R1", "R2"),
     ("attention", "backend"): ("auto", "brute", "lowrank", "numba", "numpy"),
-    ("weights", "dynamics"): ("frozen", "ou", "oscillating"),
+    ("weights", "dynamics"): ("frozen", "ou", "oscillating", "fokker-planck"),
     ("weights", "init"): ("config", "random"),
     ("time", "scheme"): ("fv", "jko", "particles"),
     ("transport", "reconstruction"): ("muscl", "upwind"),
@@ -202,7 +216,9 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     w["dt"] = _float(w["dt"], "weights.dt")
     if not w["dt"] > 0:
         raise ConfigError("weights.dt", f"must be > 0, got {w['dt']}")
-    if w["dynamics"] != "frozen" and w["init"] == "config":
+    if w["dynamics"] == "fokker-planck":
+        _weight_measure(w, cfg, d)
+    if w["dynamics"] not in ("frozen", "fokker-planck") and w["init"] == "config":
         for h, head in enumerate(a["heads"]):
             Q, K, V = (_matrix(head.get(k, "identity"), d, "") for k in ("Q", "K", "V"))
             if not (np.allclose(Q.T @ K, V, atol=1e-12) and np.allclose(V, V.T, atol=1e-12)):
@@ -253,6 +269,46 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
             "output.checkpoint_every", f"must be >= 0 (0: off), got {o['checkpoint_every']}"
         )
     return cfg
+
+
+def _weight_measure(w: dict[str, Any], cfg: dict[str, Any], d: int) -> None:
+    """Validate the [weights] keys of dynamics = "fokker-planck" (in place)."""
+    p = w["p"] = _int(w["p"], "weights.p")
+    if p not in (1, 2, 3):
+        raise ConfigError("weights.p", f"must be 1, 2 or 3, got {p}")
+    if cfg["mesh"]["manifold"] not in ("S1", "S2") or cfg["time"]["scheme"] != "fv":
+        raise ConfigError("weights.dynamics", "fokker-planck weights drive the fv scheme on S1/S2")
+    B = w["B"] if w["B"] else [np.diag([1.0] + [0.0] * (d - 1)).tolist()] * p
+    try:
+        Barr = np.array(B, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            "weights.B", f"must be a list of {p} symmetric {d}x{d} matrices"
+        ) from None
+    if (
+        Barr.shape != (p, d, d)
+        or not np.all(np.isfinite(Barr))
+        or not np.allclose(Barr, Barr.swapaxes(1, 2))
+    ):
+        raise ConfigError("weights.B", f"must be a list of {p} symmetric {d}x{d} matrices")
+    w["B"] = Barr.tolist()
+    for key in ("lower", "upper", "centre", "mean0"):
+        w[key] = _vector(w[key], p, f"weights.{key}")
+    if not all(lo < hi for lo, hi in zip(w["lower"], w["upper"], strict=True)):
+        raise ConfigError("weights.upper", "must be > weights.lower on every axis")
+    cells = w["cells"] if isinstance(w["cells"], list) else [w["cells"]] * p
+    if len(cells) != p:
+        raise ConfigError("weights.cells", f"must be an integer or a list of {p} integers")
+    w["cells"] = [_int(c, "weights.cells") for c in cells]
+    if min(w["cells"]) < 1 or int(np.prod(w["cells"])) > 4096:
+        raise ConfigError("weights.cells", "must be >= 1 per axis and at most 4096 cells in all")
+    w["std0"] = _float(w["std0"], "weights.std0")
+    if not w["std0"] > 0 or not w["sigma"] > 0:
+        raise ConfigError("weights.std0", "std0 and sigma must be > 0 for the weight measure")
+    head = cfg["attention"]["heads"][0]
+    V = _matrix(head.get("V", "identity"), d, "attention.heads[0].V")
+    if not np.allclose(V, V.T):
+        raise ConfigError("attention.heads[0].V", "D0 = V of the first head must be symmetric")
 
 
 def dimension(cfg: dict[str, Any]) -> int:

@@ -101,10 +101,28 @@ def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
     attention = Attention(
         a["beta"], a["sign"], manifold=curved, backend=a["backend"], tolerance=a["tolerance"]
     )
+    if w["dynamics"] == "fokker-planck":
+        return attention, _weight_measure(w, heads)
     weights = make_weights(
         w["dynamics"], heads, init=w["init"], seed=w["seed"], sigma=w["sigma"], dt=w["dt"]
     )
     return attention, weights
+
+
+def _weight_measure(w: dict[str, Any], heads: list[Head]) -> WeightDynamics:
+    """Theta_t by the Fokker-Planck solver on a box of R^p (on every rank, COMM_SELF: the
+    parameter mesh is small and every rank needs all its heads)."""
+    from solvers.fokker_planck import FokkerPlanckSolver, gaussian_density, ou_drift
+    from solvers.weight_measure import FokkerPlanckWeights, ParameterisedHeads
+
+    p = w["p"]
+    mesh = box(MPI.COMM_SELF, w["cells"], w["lower"], w["upper"])
+    fp = FokkerPlanckSolver(
+        mesh, ou_drift(1.0, np.array(w["centre"])), w["sigma"],
+        density=lambda c: np.ones(len(c)), petsc_options_prefix="theta_",
+    )  # fmt: skip
+    fp.set_density(gaussian_density(fp.cv, w["mean0"], w["std0"] ** 2 * np.eye(p)))
+    return FokkerPlanckWeights(fp, ParameterisedHeads(heads[0].V, np.array(w["B"])), dt=w["dt"])
 
 
 class _ParticleScheme:
@@ -289,6 +307,18 @@ class _JKOScheme:
         self.solver.steps = int(steps)
 
 
+def _theta_moments(weights: WeightDynamics, t: float) -> dict[str, float]:
+    """Mass, mean and covariance of the weight measure Theta_t (fokker-planck weights only)."""
+    if not hasattr(weights, "moments_at"):
+        return {}
+    mass, mean, cov = weights.moments_at(t)
+    row = {"theta_mass": mass}
+    row.update({f"theta_mean_{k}": v for k, v in enumerate(mean)})
+    p = len(mean)
+    row.update({f"theta_cov_{k}{l}": cov[k, l] for k in range(p) for l in range(k, p)})
+    return row
+
+
 def _log(comm: MPI.Comm, msg: str) -> None:
     if comm.rank == 0:
         print(f"[transformer-pde {comm.rank}/{comm.size}] {msg}", flush=True)
@@ -357,6 +387,12 @@ def run(
     ckpt_every = cfg["output"]["checkpoint_every"]
     state = {"density": rho0, "t": 0.0, "dt": 0.0}
     n_owned = cv.n_owned
+    theta_columns = list(_theta_moments(weights, 0.0))
+    theta_writer = None
+    if theta_columns and comm.rank == 0:  # the parameter density for ParaView (rank 0 writes)
+        theta_cv = flat_control_volumes(weights.solver.cv.mesh) if weights.p <= 2 else None
+        if theta_cv is not None:
+            theta_writer = DensityWriter(theta_cv, out / "theta.xdmf", name="theta")
     if restart:
         saved = _load_restart(out, comm, cfg)
         mine = cv.original_index[:n_owned]
@@ -370,12 +406,12 @@ def run(
         state["dt"] = float(saved["dt"])
         writer = DensityWriter(cv, out / "density.xdmf", keep=int(saved["n_outputs"]))
         metrics = MetricsWriter(
-            comm, out / "metrics.csv", METRIC_COLUMNS, keep=int(saved["n_rows"])
+            comm, out / "metrics.csv", METRIC_COLUMNS + theta_columns, keep=int(saved["n_rows"])
         )
         state["density"], state["t"] = scheme.density, scheme.t
     else:
         writer = DensityWriter(cv, out / "density.xdmf")
-        metrics = MetricsWriter(comm, out / "metrics.csv", METRIC_COLUMNS)
+        metrics = MetricsWriter(comm, out / "metrics.csv", METRIC_COLUMNS + theta_columns)
 
     def checkpoint() -> None:
         arrays = {f"state_{k}": gathered.gather(v) for k, v in scheme.owned_state().items()}
@@ -402,6 +438,8 @@ def run(
         rho_min = comm.allreduce(float(density.min(initial=np.inf)), op=MPI.MIN)
         rho_max = comm.allreduce(float(density.max(initial=-np.inf)), op=MPI.MAX)
         writer.write(scheme.t, density)
+        if theta_writer is not None:
+            theta_writer.write(scheme.t, weights.density_owned_at(scheme.t))
         metrics.write(
             {
                 "t": scheme.t,
@@ -418,6 +456,7 @@ def run(
                     k: getattr(scheme, "last", {}).get(k, 0)
                     for k in ("newton_its", "ksp_its", "halvings")
                 },
+                **_theta_moments(weights, scheme.t),
             }
         )
         state["density"], state["t"] = density, scheme.t
@@ -482,6 +521,8 @@ def run(
             print(f"[transformer-pde] warning: could not render pictures: {exc}", file=sys.stderr)
     writer.close()
     metrics.close()
+    if theta_writer is not None:
+        theta_writer.close()
     log(f"{status}: {message}; {scheme.steps} steps, wall {wall:.1f} s, results in {out}")
     return RunResult(status, message, scheme.steps, state["t"], metrics.rows, code)
 

@@ -367,15 +367,23 @@ class Attention:
         sources: np.ndarray,
         masses: np.ndarray,
         heads: Sequence[Head],
+        head_weights: np.ndarray | None = None,
     ) -> AttentionField:
         r"""Attention of the measure :math:`\sum_j m_j \delta_{y_j}` at the targets.
 
         targets (m, d), sources (n, d), masses (n,) (>= 0, not all zero), heads: H heads
-        acting on :math:`\mathbb{R}^d`. Returns :class:`AttentionField` (log_Z, mean, velocity).
+        acting on :math:`\mathbb{R}^d`; head_weights: optional (H,) weights :math:`w_h \ge 0`
+        (normalised to sum 1 here; default :math:`w_h = 1/H`), giving
+        :math:`X = s \sum_h w_h P_x a_h` (a quadrature of a weight measure over its heads).
+        Returns :class:`AttentionField` (log_Z, mean, velocity).
         Raises ValueError naming the offending argument.
         """
         _, log_Z, mean, Pa = self._head_outputs(targets, sources, masses, heads)
-        velocity = (self._sign / len(heads)) * Pa.sum(axis=0)
+        w = _head_weights(head_weights, len(heads))
+        if w is None:
+            velocity = (self._sign / len(heads)) * Pa.sum(axis=0)
+        else:
+            velocity = self._sign * np.einsum("h,hik->ik", w, Pa)
         return AttentionField(log_Z=log_Z, mean=mean, velocity=velocity)
 
     def velocity(
@@ -384,9 +392,25 @@ class Attention:
         sources: np.ndarray,
         masses: np.ndarray,
         heads: Sequence[Head],
+        head_weights: np.ndarray | None = None,
     ) -> np.ndarray:
         """The velocity :math:`X(x_i)`, shape (m, d) (= ``evaluate(...).velocity``)."""
-        return self.evaluate(targets, sources, masses, heads).velocity
+        return self.evaluate(targets, sources, masses, heads, head_weights).velocity
+
+
+def _head_weights(head_weights: Any, H: int) -> np.ndarray | None:
+    """None (uniform 1/H), or the (H,) weights >= 0 normalised to sum 1."""
+    if head_weights is None:
+        return None
+    w = np.asarray(head_weights, dtype=np.float64)
+    if w.shape != (H,):
+        raise ValueError(f"head_weights must have shape ({H},) (one per head), got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("head_weights must be finite and >= 0")
+    total = math.fsum(w)
+    if total <= 0:
+        raise ValueError("head_weights are all zero")
+    return w / total
 
 
 def _comm_size(comm: Any) -> int:
@@ -454,6 +478,7 @@ def measure_diagnostics(
     comm: Any,
     sources: np.ndarray | None = None,
     masses_all: np.ndarray | None = None,
+    head_weights: np.ndarray | None = None,
 ) -> MeasureDiagnostics:
     r"""Energy, :math:`G^2`, dissipation and mass of :math:`\mu = \sum_i m_i \delta_{x_i}`.
 
@@ -462,7 +487,9 @@ def measure_diagnostics(
     parts with :func:`gather_measure` when both are None) and are evaluated at the local points;
     the local sums over :math:`i` are then combined over the ranks in rank order with
     ``math.fsum`` (an allgather, not an allreduce), so every rank gets the identical value.
-    Formulas in the module docstring. Collective: call it on every rank of ``comm``.
+    Formulas in the module docstring; with ``head_weights`` (H,) (normalised to sum 1) the
+    weights :math:`w_h` replace :math:`1/H` in :math:`X`, :math:`E`, :math:`b` and
+    :math:`\mathcal{D}`. Collective: call it on every rank of ``comm``.
     """
     if (sources is None) != (masses_all is None):
         raise ValueError("pass both sources and masses_all, or neither")
@@ -471,13 +498,21 @@ def measure_diagnostics(
     X, log_Z, _, Pa = attention._head_outputs(points_local, sources, masses_all, heads)
     w = _as_masses("masses_local", masses_local, X.shape[0])
     H = len(heads)
-    velocity = (attention.sign / H) * Pa.sum(axis=0)
+    hw = _head_weights(head_weights, H)
     Z = np.exp(log_Z)
-    b = 1.0 / np.mean(np.exp(-log_Z), axis=0)
-    drift = np.einsum("hi,hik->ik", Z, Pa) / H  # (1/H) sum_h Z_h P a_h
+    if hw is None:
+        velocity = (attention.sign / H) * Pa.sum(axis=0)
+        b = 1.0 / np.mean(np.exp(-log_Z), axis=0)
+        drift = np.einsum("hi,hik->ik", Z, Pa) / H  # (1/H) sum_h Z_h P a_h
+        energy = np.sum(w * Z.sum(axis=0)) / (2.0 * attention.beta * H)
+    else:
+        velocity = attention.sign * np.einsum("h,hik->ik", hw, Pa)
+        b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
+        drift = np.einsum("h,hi,hik->ik", hw, Z, Pa)  # sum_h w_h Z_h P a_h
+        energy = np.sum(w * (hw @ Z)) / (2.0 * attention.beta)
     partial = np.array(
         [
-            np.sum(w * Z.sum(axis=0)) / (2.0 * attention.beta * H),
+            energy,
             np.sum(w * np.einsum("ik,ik->i", velocity, velocity) * b),
             np.sum(w * np.einsum("ik,ik->i", drift, velocity)),
             np.sum(w),

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from solvers.attention import Attention, MeasureDiagnostics, gather_measure, measure_diagnostics
-from solvers.weights import WeightDynamics
+from solvers.weights import WeightDynamics, head_weights_at
 
 __all__ = ["ParticleSystem", "retract"]
 
@@ -145,7 +145,9 @@ class ParticleSystem:
             )
         sources, masses_all = gather_measure(self.comm, points, self._masses)
         heads = self.weights.heads_at(t)
-        return self.attention.velocity(points, sources, masses_all, heads)
+        return self.attention.velocity(
+            points, sources, masses_all, heads, head_weights_at(self.weights, t)
+        )
 
     def step(self, t: float, dt: float) -> None:
         """Advance the particles from t to t + dt (collective), retracting onto the sphere.
@@ -188,5 +190,6 @@ class ParticleSystem:
     def diagnostics(self, t: float) -> MeasureDiagnostics:
         """Energy, G^2, dissipation and mass of the particle measure at time t (collective)."""
         return measure_diagnostics(
-            self.attention, self.weights.heads_at(t), self._points, self._masses, self.comm
-        )
+            self.attention, self.weights.heads_at(t), self._points, self._masses, self.comm,
+            head_weights=head_weights_at(self.weights, t),
+        )  # fmt: skip

@@ -52,7 +52,7 @@ import numpy.typing as npt
 from meshes.control_volumes import ControlVolumes
 from solvers.attention import Attention, MeasureDiagnostics, measure_diagnostics
 from solvers.errors import BlowUpError
-from solvers.weights import WeightDynamics
+from solvers.weights import WeightDynamics, head_weights_at
 
 __all__ = ["TransportSolver", "TransportStep", "GlobalSources", "POSITIVITY_LIMIT"]
 
@@ -252,8 +252,9 @@ class TransportSolver:
         m = self.masses if masses_local is None else masses_local[: self.cv.n_owned]
         heads = self.weights.heads_at(t)
         X = self.attention.velocity(
-            self._targets, self._sources.points, self._sources.masses(m), heads
-        )
+            self._targets, self._sources.points, self._sources.masses(m), heads,
+            head_weights_at(self.weights, t),
+        )  # fmt: skip
         if self.background is not None:
             X = X + self.background(self._targets, t)
         u = np.einsum("fd,fd->f", X, self._normals)
@@ -411,4 +412,5 @@ class TransportSolver:
             self._comm,
             sources=self._sources.points,
             masses_all=self._sources.masses(self.masses),
+            head_weights=head_weights_at(self.weights, self.t),
         )

@@ -36,6 +36,7 @@ __all__ = [
     "OscillatingWeights",
     "random_symmetric",
     "make_weights",
+    "head_weights_at",
 ]
 
 KINDS = ("frozen", "ou", "oscillating")
@@ -116,6 +117,20 @@ class WeightDynamics:
     def heads_at(self, t: float) -> list[Head]:
         """The heads theta_h(t), h = 0..H-1, at time t."""
         raise NotImplementedError
+
+    def head_weights_at(self, t: float) -> np.ndarray | None:
+        """Weights w_h(t) >= 0 of the heads (sum 1), shape (H,); None means uniform 1/H.
+
+        Weight measures quadratured over cells (:mod:`solvers.weight_measure`) override this;
+        the token solvers pass it to :meth:`solvers.attention.Attention.velocity`.
+        """
+        return None
+
+
+def head_weights_at(weights: object, t: float) -> np.ndarray | None:
+    """``weights.head_weights_at(t)`` when the object has it (else None: uniform heads)."""
+    method = getattr(weights, "head_weights_at", None)
+    return None if method is None else method(t)
 
 
 class FrozenWeights(WeightDynamics):
