@@ -9,7 +9,7 @@ NP ?= 2
 OUT ?= results/demo
 TEST_TIMEOUT ?= 600
 
-.PHONY: demo test test-serial test-mpi venv lint bench clean
+.PHONY: demo test test-serial test-mpi venv paraview lint bench clean
 
 venv:
 	@VENV=$(VENV) bash docker/install.sh
@@ -18,8 +18,18 @@ demo: venv
 	timeout 600 $(MPIEXEC) -n $(NP) $(VENV)/bin/transformer-pde run configs/demo_s2.toml --out $(OUT)
 	@echo "results in $(OUT): density.xdmf (ParaView), metrics.csv, final.npz, summary.json, density.png"
 
-test: venv
+test: venv paraview
 	$(MAKE) test-serial test-mpi
+
+# Debian's ParaView and xvfb for tests/test_paraview.py (pvbatch opens our density.xdmf).
+# Best effort: only as root with apt-get, skipped with PARAVIEW=0; without them the test skips.
+PARAVIEW ?= 1
+paraview:
+	@if [ "$(PARAVIEW)" = 1 ] && ! command -v pvbatch >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing paraview and xvfb (apt, about 2 minutes; PARAVIEW=0 skips)"; \
+		(timeout 900 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq paraview xvfb xauth >/dev/null) \
+			|| echo "warning: could not install paraview; tests/test_paraview.py will skip"; \
+	fi
 
 test-serial:
 	timeout $(TEST_TIMEOUT) $(PY) -m pytest -q tests

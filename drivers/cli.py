@@ -1,4 +1,6 @@
-"""Command line: ``transformer-pde run CONFIG.toml [--out DIR] [--set section.key=value ...]``.
+"""Command line: ``transformer-pde run CONFIG.toml [--out DIR] [--set section.key=value ...]``,
+``transformer-pde gaussian CONFIG.toml`` (the moment ODE alone) and ``transformer-pde view DIR``
+(an animation of a results folder's density).
 
 Exit codes (DESIGN section 4): 0 success; 2 invalid input, with one line naming the key or
 file (no traceback); 3 the run stopped on a detected failure (NaN, blow-up), after writing
@@ -47,12 +49,22 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="gaussian.KEY=VALUE", help="override a config value")  # fmt: skip
     g.add_argument("--quiet", action="store_true")
+    from drivers.view import add_arguments as view_arguments
+
+    v = sub.add_parser("view", help="render the density of a results folder as a GIF/MP4")
+    view_arguments(v)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, petsc_args = parser.parse_known_args(argv)
+    if args.command == "view":  # no MPI, no PETSc: rank 0 of a launcher renders, others return
+        if petsc_args:
+            parser.error(f"unrecognized arguments: {' '.join(petsc_args)}")
+        from drivers.view import run_from_args
+
+        return run_from_args(args)
     stray = [a for a in petsc_args if not a.startswith("-")]
     if petsc_args and (stray and stray[0] == petsc_args[0]):
         parser.error(f"unrecognized arguments: {' '.join(petsc_args)}")
@@ -62,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     import petsc4py
 
     petsc4py.init([sys.argv[0], *petsc_args])
+    import numpy as np
     from mpi4py import MPI
 
     from drivers.config import ConfigError, load_config
@@ -77,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
     try:
-        cfg = load_config(args.config, args.overrides)
-        result = run(cfg, out, comm, verbose=not args.quiet, restart=bool(args.restart))
+        # Floating-point trouble is detected and reported by the solvers (non-finite values,
+        # collapsing steps: exit 3 with one line), not by numpy warnings on stderr.
+        with np.errstate(all="ignore"):
+            cfg = load_config(args.config, args.overrides)
+            result = run(cfg, out, comm, verbose=not args.quiet, restart=bool(args.restart))
     except (ConfigError, MeshError, DensityError) as exc:
         key = getattr(exc, "key", None)
         prefix = (

@@ -21,6 +21,8 @@ which the finite-volume fluxes need.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import dolfinx_solver  # noqa: F401  (must precede mpi4py / petsc4py / dolfinx)
@@ -272,10 +274,14 @@ def _read_arrays(path: Path, manifold: str) -> tuple[np.ndarray, np.ndarray]:
 
     if not path.is_file():
         raise MeshError("file not found")
+    chatter = io.StringIO()  # meshio prints its complaints before raising or sys.exit
     try:
-        m = meshio.read(str(path))
-    except Exception as exc:  # meshio raises many types; report them uniformly
-        raise MeshError(f"meshio could not read it ({type(exc).__name__}: {exc})") from None
+        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+            m = meshio.read(str(path))
+    except (Exception, SystemExit) as exc:  # meshio raises many types (and calls sys.exit)
+        said = " ".join(chatter.getvalue().split())
+        why = f"{type(exc).__name__}: {exc}" + (f"; {said}" if said else "")
+        raise MeshError(f"meshio could not read it ({why})") from None
     want, d = ("line", 2) if manifold == "S1" else ("triangle", 3)
     blocks = [c.data for c in m.cells if c.type == want]
     if not blocks:

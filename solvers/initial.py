@@ -151,6 +151,11 @@ def cell_averages(cv: ControlVolumes, f: Callable[[Array], Array]) -> Array:
     return integral / cv.measures[:n]
 
 
+#: a density expression whose largest cell average is below this is refused (float64 keeps
+#: full precision down to 2.2e-308; the margin leaves room for the shape below the peak)
+SMALLEST_PEAK = 1e-280
+
+
 def initial_density(cv: ControlVolumes, expression: str) -> Array:
     """Owned cell averages of the density expression, normalised to total mass 1.
 
@@ -161,7 +166,8 @@ def initial_density(cv: ControlVolumes, expression: str) -> Array:
     error = None
     rho = np.zeros(cv.n_owned)
     try:
-        rho = cell_averages(cv, density_function(expression, cv.d))
+        with np.errstate(all="ignore"):  # inf/nan are reported below, not warned about
+            rho = cell_averages(cv, density_function(expression, cv.d))
         if not np.all(np.isfinite(rho)):
             error = f"{expression!r} is not finite on the mesh (inf or nan)"
         elif np.any(rho < 0):
@@ -175,7 +181,16 @@ def initial_density(cv: ControlVolumes, expression: str) -> Array:
     errors = [e for e in comm.allgather(error) if e is not None]
     if errors:
         raise DensityError(errors[0])
-    mass = comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
-    if not mass > 0:
+    # Scale by the largest value first: the mass of values near 1e308 would overflow, and
+    # values near the subnormal range have lost their digits (the shape is gone).
+    peak = comm.allreduce(float(rho.max(initial=0.0)), op=MPI.MAX)
+    if not peak > 0:
         raise DensityError(f"{expression!r} has zero total mass on the mesh")
+    if peak < SMALLEST_PEAK:
+        raise DensityError(
+            f"{expression!r} is at most {peak:.3g} on the mesh: values this small have lost "
+            "their precision in float64; scale the expression (the density is normalised anyway)"
+        )
+    rho = rho / peak
+    mass = comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
     return rho / mass

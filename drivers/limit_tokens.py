@@ -1,0 +1,364 @@
+r"""Token limit (propagation of chaos): N particles against the mean-field PDE on S^2.
+
+DESIGN M1/M2, issue 8. The discrete transformer with N tokens drawn iid from a density rho_0,
+
+    dx_i/dt = X[mu_N(t)](x_i),    mu_N(t) = (1/N) sum_i delta_{x_i(t)},
+    X[mu](x) = s P_x (int e^{beta <x, y>} y dmu(y)) / (int e^{beta <x, y>} dmu(y)),
+
+is the transformer PDE  d/dt mu + div_S(mu X[mu]) = 0  started from the empirical measure
+mu_N(0): the empirical measure is an exact (weak) solution. By Dobrushin's stability estimate
+for Lipschitz mean-field velocities,
+
+    W_1(mu_N(t), mu(t)) <= e^{L t} W_1(mu_N(0), mu_0),
+
+so the error at time T is the *sampling* error at t = 0, amplified by a factor independent of N.
+The general theory ([P2], Fournier-Guillin) quotes E W_2(mu_N, mu) <~ N^{-1/4} for d < 4; on
+the 2-manifold S^2 the sampling error itself is smaller, E W_p(mu_N(0), mu_0) ~ sqrt(log N / N)
+(Ajtai-Komlos-Tusnady, Ambrosio-Stra-Trevisan), so we expect an exponent near -1/2 at t = 0 and
+the *same* exponent at t = T, the ratio D(T) / D(0) bounded in N. The driver measures, for
+N = 10^2 ... 10^5 and several seeds, three distances between mu_N and the finite-volume
+solution mu_h (cell masses at the cell centres) at t = 0 and t = T:
+
+- W1, W2: exact W_p (geodesic cost) between the two measures quantised onto the centres of a
+  coarse icosphere ("bins", level 3: 1280 cells) by the nearest centre
+  (solvers.distances.binned_wasserstein: a genuine W_p at the resolution h of the bins, within
+  2 r of the unbinned W_p, r the bin radius; an exact OT of 10^5 points against 10^4 cells is
+  out of reach). Caveat for W2: once N exceeds the number of bins, every bin carries a
+  mismatch of order sqrt(K/N)/K that must move at least one bin spacing h, so
+  W_2^2 >= h^2 TV and the binned W2 decays like h N^{-1/4}: a quantisation artefact, not the
+  rate of W_2(mu_N, mu). The summary therefore also fits every distance over N <= K only
+  ("fits_N_le_bins"); W1 (W_1 >= h TV ~ N^{-1/2}) is not affected;
+- MMD: the kernel discrepancy for e^{kappa(<x, y> - 1)}, kappa = 4, without binning
+  (solvers.distances.mmd_vmf; MMD <= sqrt(kappa) W_1, exactly N^{-1/2} for iid samples);
+
+and fits D ~ C N^alpha with a 95 % bootstrap interval over the seeds (and the t-interval of the
+least-squares slope). The floor of the mesh solution is estimated by the same distances between
+the finite-volume solutions on the reference level and one level coarser (an estimate of the
+coarser level's error, so conservative for the reference level); it must lie below the
+distances at the largest N.
+
+Discretisation: particles by solvers.particles.ParticleSystem (RK4, dt = 0.1, retraction; the
+velocity by the low-rank kernel expansion, O(N) per evaluation), distributed over the ranks in
+blocks; the PDE by solvers.transport.TransportSolver (MUSCL, SSP-RK3, CFL 0.4) on an
+icosphere, as drivers/clustering_s2.py.
+
+Sources: [P2] (seed 002: mean-field limits of Transformers, propagation of chaos);
+N. Fournier, A. Guillin, On the rate of convergence in Wasserstein distance of the empirical
+measure, PTRF 162 (2015); L. Ambrosio, F. Stra, D. Trevisan, A PDE approach to a
+2-dimensional matching problem, PTRF 173 (2019).
+
+Run (default: FV level 5 reference, N = 10^2 ... 10^5 with 6 seeds, t_end = 2; about 8 minutes
+on 2 cores):
+
+    mpiexec -n 2 python drivers/limit_tokens.py
+    mpiexec -n 2 python drivers/limit_tokens.py --tiny        # N = 100 ... 1000, seconds
+    python drivers/limit_tokens.py --sizes 100 1000 10000 --seeds 4 --level 4
+
+Outputs in ``--out`` (default results/limit_tokens): table.csv (one row per N, seed, time and
+distance), fits.csv, limit_tokens.png (log-log, t = 0 and t = T, fitted lines, N^-1/2 and
+N^-1/4 guides, mesh floors), summary.json (exponents with intervals, sizes, seeds, floors,
+wall time) and final.npz (the reference finite-volume density at T: points, weights, density,
+t; plus the table as arrays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+
+import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
+from mpi4py import MPI
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from meshes import control_volumes, icosphere, mesh_quality
+from solvers.attention import Attention, Head, gather_measure
+from solvers.distances import (
+    binned_wasserstein,
+    fit_power_law,
+    mmd_vmf,
+    quantise,
+    sample_sphere_density,
+)
+from solvers.initial import density_function, initial_density
+from solvers.io import GatheredCells, write_final, write_json
+from solvers.particles import ParticleSystem
+from solvers.transport import TransportSolver
+from solvers.weights import make_weights
+
+comm = MPI.COMM_WORLD
+DISTANCES = ("W1", "W2", "MMD")
+
+# The initial density: 1 + two von Mises-Fisher bumps (smooth, max <= 1 + 2 + 1.5).
+RHO0 = "1.0 + 2.0 * exp(3.0 * (x[2] - 1)) + 1.5 * exp(4.0 * (0.6 * x[0] + 0.8 * x[1] - 1))"
+RHO0_MAX = 4.5
+
+
+def log(message: str) -> None:
+    """Print on rank 0 only."""
+    if comm.rank == 0:
+        print(f"[limit_tokens {comm.size} rank(s)] {message}", flush=True)
+
+
+def mesh_solution(
+    level: int, t_end: float, beta: float, sign: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Finite-volume solution on icosphere ``level`` (collective).
+
+    Returns, on every rank, the cell centres (n, 3), cell masses at t = 0 and at t_end, the
+    cell measures, and information on the run (cells, h, steps, wall time).
+    """
+    wall = time.perf_counter()
+    cv = control_volumes(icosphere(comm, level))
+    quality = mesh_quality(cv)
+    rho0 = initial_density(cv, RHO0)
+    attention = Attention(beta, sign, manifold=True)
+    solver = TransportSolver(cv, attention, make_weights("frozen", [Head.identity(3)]), rho0)
+    gathered = GatheredCells(cv)
+    m0 = gathered.gather(rho0 * cv.measures[: cv.n_owned])
+    while solver.t < t_end:
+        solver.step(t_end)
+    m1 = gathered.gather(solver.masses)
+    pts, weights = gathered.points, gathered.weights
+    pts, weights, m0, m1 = comm.bcast((pts, weights, m0, m1) if comm.rank == 0 else None, root=0)
+    info = {"level": level, "cells": quality.n_cells, "h": quality.h, "steps": solver.steps,
+            "wall": time.perf_counter() - wall}  # fmt: skip
+    return pts, m0, m1, weights, info
+
+
+def particle_run(
+    n: int, seed: int, t_end: float, dt: float, beta: float, sign: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """N tokens iid from rho_0 (seed), moved to t_end by RK4; (points at 0, points at t_end) on
+    every rank. Every rank draws the same sample and moves its block (collective)."""
+    rng = np.random.default_rng([seed, n])
+    x0 = sample_sphere_density(density_function(RHO0, 3), n, RHO0_MAX, rng)
+    lo, hi = comm.rank * n // comm.size, (comm.rank + 1) * n // comm.size
+    attention = Attention(beta, sign, manifold=True)
+    weights = make_weights("frozen", [Head.identity(3)])
+    system = ParticleSystem(attention, weights, x0[lo:hi], np.full(hi - lo, 1.0 / n), comm=comm)
+    system.advance(0.0, t_end, max(1, math.ceil(t_end / dt - 1e-9)))
+    x1, _ = gather_measure(comm, system.points, system.masses)
+    return x0, x1
+
+
+class Distances:
+    """Binned W1/W2 (exact OT, deferred and shared over the ranks) and MMD (collective)."""
+
+    def __init__(self, bin_level: int, kappa: float) -> None:
+        cv = control_volumes(icosphere(MPI.COMM_SELF, bin_level))
+        self.centres = cv.centres[: cv.n_owned].copy()
+        self.tree = cKDTree(self.centres)
+        self.kappa = kappa
+        self.tasks: list[tuple[tuple, np.ndarray, np.ndarray]] = []
+        self.n_bins = len(self.centres)
+        # largest distance of a point of the sphere to its nearest centre (the bias bound / 2)
+        probe = np.random.default_rng(0).standard_normal((200_000, 3))
+        probe /= np.linalg.norm(probe, axis=1)[:, None]
+        self.radius = float(2 * np.arcsin(self.tree.query(probe)[0].max() / 2))
+
+    def add(self, key: tuple, x: np.ndarray, a: np.ndarray, y: np.ndarray, b: np.ndarray) -> float:
+        """Queue the binned W1/W2 of (x, a) against (y, b) under ``key``; return their MMD."""
+        self.tasks.append((key, quantise(self.centres, x, a, self.tree),
+                           quantise(self.centres, y, b, self.tree)))  # fmt: skip
+        return mmd_vmf(x, a, y, b, self.kappa, comm=comm)
+
+    def solve(self) -> dict[tuple, tuple[float, float]]:
+        """The queued exact OT problems, task k on rank k % size; results on every rank."""
+        mine = {
+            key: (binned_wasserstein(self.centres, a, b, 1), binned_wasserstein(self.centres, a, b, 2))
+            for k, (key, a, b) in enumerate(self.tasks)
+            if k % comm.size == comm.rank
+        }  # fmt: skip
+        out: dict[tuple, tuple[float, float]] = {}
+        for part in comm.allgather(mine):
+            out.update(part)
+        self.tasks = []
+        return out
+
+
+def plot(path: Path, sizes, table, fits, floors, t_end: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(DISTANCES), figsize=(5 * len(DISTANCES), 4.2))
+    n = np.asarray(sizes, dtype=float)
+    for ax, name in zip(axes, DISTANCES, strict=True):
+        for t_key, marker, label in (("0", "s", "t = 0"), ("T", "o", f"t = {t_end:g}")):
+            per = [[r["value"] for r in table if r["N"] == N and r["time"] == t_key
+                    and r["distance"] == name] for N in sizes]  # fmt: skip
+            mean = np.array([np.mean(v) for v in per])
+            for N, v in zip(n, per, strict=True):
+                ax.plot(
+                    [N] * len(v), v, marker, alpha=0.25, ms=3, color="C0" if t_key == "0" else "C1"
+                )
+            fit = fits[(name, t_key)]
+            ax.loglog(n, mean, marker + "-", color="C0" if t_key == "0" else "C1",
+                      label=f"{label}: slope {fit.slope:.3f} [{fit.ci_low:.3f}, {fit.ci_high:.3f}]")  # fmt: skip
+        ref = np.mean([r["value"] for r in table if r["N"] == sizes[0] and r["time"] == "T"
+                       and r["distance"] == name])  # fmt: skip
+        ax.loglog(n, ref * (n / n[0]) ** -0.5, "k--", lw=0.8, label="N^-1/2")
+        ax.loglog(n, ref * (n / n[0]) ** -0.25, "k:", lw=0.8, label="N^-1/4 (theory bound)")
+        ax.axhline(floors[name], color="r", lw=0.8, label="mesh floor (coarser level)")
+        ax.set(xlabel="N tokens", ylabel=name, title=f"{name}(mu_N, mu_h)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # %% Parameters
+    # -------------
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="a very small problem (seconds)")
+    parser.add_argument("--out", type=Path, default=Path("results") / "limit_tokens")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="token numbers N")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per N (default 6)")
+    parser.add_argument("--level", type=int, default=None, help="FV reference level (default 5)")
+    parser.add_argument("--bins", type=int, default=None, help="binning level (default 3)")
+    parser.add_argument("--t-end", type=float, default=None, help="final time T (default 2)")
+    parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature")
+    parser.add_argument("--kappa", type=float, default=4.0, help="MMD kernel concentration")
+    args = parser.parse_args(argv)
+    tiny = args.tiny
+    sizes = args.sizes or (
+        [100, 300, 1000] if tiny else [100, 316, 1000, 3162, 10000, 31623, 100000]
+    )
+    seeds = args.seeds or (3 if tiny else 6)
+    level = args.level if args.level is not None else (2 if tiny else 5)
+    bin_level = args.bins if args.bins is not None else (2 if tiny else 3)
+    t_end = args.t_end if args.t_end is not None else (0.5 if tiny else 2.0)
+    beta, sign, dt = args.beta, +1, 0.1
+    out = args.out
+    wall0 = time.perf_counter()
+
+    # %% Mesh and problem: the reference FV solution and one level coarser (the floor)
+    # ------------------------------------------------------------------------------
+    ref_pts, ref_m0, ref_m1, ref_w, ref_info = mesh_solution(level, t_end, beta, sign)
+    log(f"FV reference: level {level}, {ref_info['cells']} cells, h = {ref_info['h']:.3g}, "
+        f"{ref_info['steps']} steps, {ref_info['wall']:.1f} s")  # fmt: skip
+    c_pts, c_m0, c_m1, _, c_info = mesh_solution(level - 1, t_end, beta, sign)
+    dist = Distances(bin_level, args.kappa)
+    log(f"bins: icosphere level {bin_level}, {dist.n_bins} centres, radius r = {dist.radius:.3g}")
+    floor_mmd = {
+        "0": dist.add(("floor", "0"), ref_pts, ref_m0, c_pts, c_m0),
+        "T": dist.add(("floor", "T"), ref_pts, ref_m1, c_pts, c_m1),
+    }
+    motion_mmd = dist.add(("motion", "T"), ref_pts, ref_m0, ref_pts, ref_m1)
+
+    # %% Main loop: particles for every N and seed
+    # ---------------------------------------------
+    mmd: dict[tuple, float] = {}
+    walls: dict[int, float] = {}
+    for n in sizes:
+        w = time.perf_counter()
+        for s in range(seeds):
+            x0, x1 = particle_run(n, s, t_end, dt, beta, sign)
+            ones = np.full(n, 1.0 / n)
+            mmd[(n, s, "0")] = dist.add((n, s, "0"), x0, ones, ref_pts, ref_m0)
+            mmd[(n, s, "T")] = dist.add((n, s, "T"), x1, ones, ref_pts, ref_m1)
+        walls[n] = time.perf_counter() - w
+        log(f"N = {n:6d}: {seeds} seeds, {walls[n]:.1f} s; MMD(0) "
+            f"{np.mean([mmd[(n, s, '0')] for s in range(seeds)]):.3e}, MMD(T) "
+            f"{np.mean([mmd[(n, s, 'T')] for s in range(seeds)]):.3e}")  # fmt: skip
+    w = time.perf_counter()
+    ot = dist.solve()
+    log(f"{len(ot)} exact OT problems on {dist.n_bins} bins: {time.perf_counter() - w:.1f} s")
+
+    # %% Output
+    # ---------
+    table = []
+    for n in sizes:
+        for s in range(seeds):
+            for tk in ("0", "T"):
+                values = {"W1": ot[(n, s, tk)][0], "W2": ot[(n, s, tk)][1], "MMD": mmd[(n, s, tk)]}
+                for name in DISTANCES:
+                    table.append({"N": n, "seed": s, "time": tk, "t": 0.0 if tk == "0" else t_end,
+                                  "distance": name, "value": values[name]})  # fmt: skip
+    fits, fits_few = {}, {}
+    for name in DISTANCES:
+        for tk in ("0", "T"):
+            per = [[r["value"] for r in table if r["N"] == n and r["time"] == tk
+                    and r["distance"] == name] for n in sizes]  # fmt: skip
+            fits[(name, tk)] = fit_power_law(sizes, per)
+            few = [(n, v) for n, v in zip(sizes, per, strict=True) if n <= dist.n_bins]
+            if len(few) >= 3:
+                fits_few[(name, tk)] = fit_power_law([n for n, _ in few], [v for _, v in few])
+    floors = {"W1": max(ot[("floor", "0")][0], ot[("floor", "T")][0]),
+              "W2": max(ot[("floor", "0")][1], ot[("floor", "T")][1]),
+              "MMD": max(floor_mmd.values())}  # fmt: skip
+    smallest = {name: min(np.mean([r["value"] for r in table if r["N"] == sizes[-1]
+                                   and r["time"] == tk and r["distance"] == name])
+                          for tk in ("0", "T")) for name in DISTANCES}  # fmt: skip
+    ratio = {name: [float(np.mean([r["value"] for r in table if r["N"] == n and r["time"] == "T"
+                                   and r["distance"] == name])
+                          / np.mean([r["value"] for r in table if r["N"] == n and r["time"] == "0"
+                                     and r["distance"] == name])) for n in sizes]
+             for name in DISTANCES}  # fmt: skip
+    for name in DISTANCES:
+        f0, fT = fits[(name, "0")], fits[(name, "T")]
+        log(f"{name}: slope t=0 {f0.slope:+.3f} [{f0.ci_low:+.3f}, {f0.ci_high:+.3f}], "
+            f"t=T {fT.slope:+.3f} [{fT.ci_low:+.3f}, {fT.ci_high:+.3f}] (t-interval "
+            f"[{fT.t_low:+.3f}, {fT.t_high:+.3f}]); D(T)/D(0) "
+            + " ".join(f"{r:.2f}" for r in ratio[name])
+            + f"; floor {floors[name]:.2e} vs smallest {smallest[name]:.2e}")  # fmt: skip
+    wall = time.perf_counter() - wall0
+    summary = {
+        "driver": "limit_tokens", "ranks": comm.size, "wall_time": wall,
+        "sizes": sizes, "seeds": seeds, "t_end": t_end, "beta": beta, "sign": sign,
+        "particle_dt": dt, "rho0": RHO0, "fv_reference": ref_info, "fv_coarse": c_info,
+        "bins": {"level": bin_level, "n": dist.n_bins, "radius": dist.radius},
+        "kappa": args.kappa,
+        "fits": {f"{name}_t{tk}": fits[(name, tk)].as_dict() for name, tk in fits},
+        "fits_N_le_bins": {f"{name}_t{tk}": f.as_dict() for (name, tk), f in fits_few.items()},
+        "ratio_T_over_0": ratio, "mesh_floor": floors, "smallest_distance": smallest,
+        "floor_below_smallest": {name: bool(floors[name] < smallest[name]) for name in DISTANCES},
+        "fv_motion": {"W1": ot[("motion", "T")][0], "W2": ot[("motion", "T")][1],
+                      "MMD": motion_mmd},
+        "wall_per_N": {str(n): walls[n] for n in sizes},
+        "theory": "E W_2 <~ N^-1/4 (d < 4, [P2]); on S^2 the sampling error is ~ sqrt(log N/N)",
+    }  # fmt: skip
+    if comm.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "table.csv", "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(table[0]))
+            writer.writeheader()
+            writer.writerows(table)
+        with open(out / "fits.csv", "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["distance", "time", "slope", "ci_low", "ci_high", "t_low", "t_high",
+                             "prefactor", "floor"])  # fmt: skip
+            for (name, tk), f in fits.items():
+                writer.writerow([name, tk, f.slope, f.ci_low, f.ci_high, f.t_low, f.t_high,
+                                 f.prefactor, floors[name]])  # fmt: skip
+        write_json(out / "summary.json", summary)
+        plot(out / "limit_tokens.png", sizes, table, fits, floors, t_end)
+        write_final(out / "final.npz", ref_pts, ref_w, ref_m1 / ref_w, t_end,
+                    sizes=np.array(sizes), table_N=np.array([r["N"] for r in table]),
+                    table_seed=np.array([r["seed"] for r in table]),
+                    table_time=np.array([r["t"] for r in table]),
+                    table_distance=np.array([r["distance"] for r in table]),
+                    table_value=np.array([r["value"] for r in table]))  # fmt: skip
+    log(f"wall time {wall:.1f} s; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+# %% Things to try
+# ----------------
+# - A longer horizon (--t-end 6) or a larger beta (--beta 4): the amplification D(T)/D(0)
+#   grows (Dobrushin's e^{LT}) but stays independent of N.
+# - Finer bins (--bins 4): the binned W_p approaches the unbinned one at small N
+#   (sqrt(log N / N)) and the OT gets slower (5120 bins).
+# - A coarser reference (--level 3): the mesh floor rises above the N = 10^5 distances and the
+#   fitted slope flattens: the mesh error, not chaos, then limits the comparison.
