@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     import petsc4py
 
     petsc4py.init([sys.argv[0], *petsc_args])
-    import numpy as np
     from mpi4py import MPI
+
+    import numpy as np
 
     from drivers.config import ConfigError, load_config
     from drivers.run import run

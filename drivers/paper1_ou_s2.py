@@ -23,8 +23,9 @@ over H independent heads); the paper's theorem needs int |dTheta/dt| < inf, whic
 Two discretisations of the same flow, driven by the same weight paths:
 
 * particles: ``solvers.particles.ParticleSystem``, classical RK4 with dt = 5e-3 aligned with the
-  weight grid, n = 200 tokens exactly as above, H in {1, 10, 100}, several Monte Carlo paths
-  (D_h(0) and noise redrawn per path; the tokens are the same);
+  weight grid, n = 200 tokens exactly as above, H in {1, 10, 100}, Monte Carlo paths (D_h(0)
+  and noise redrawn per path; the tokens are the same): by default 2, 2 and 1 (the spread over
+  paths falls with H; on 2 shared cores one H = 100 path costs 4-8 minutes);
 * mean field: ``solvers.transport.TransportSolver`` (MUSCL + SSP-RK3, CFL 0.4, steps landing on
   the weight grid) on an icosphere, from the matching smooth density, a mixture of six caps
   exp(kappa x.(+-e_k)). Caps of the particles' width (kappa = 1/0.05^2 = 400) would need
@@ -32,7 +33,9 @@ Two discretisations of the same flow, driven by the same weight paths:
   (1,280 cells, h = 0.165) with kappa = 10, H in {1, 3, 10}, T = 10 (measured: 0.05 s per step
   for H = 1, 0.2 s for H = 10, two thousand steps each).
 
-Every run carries the energy-dissipation budget of ``solvers.edi`` (recorded every 4 steps):
+Every run carries the energy-dissipation budget of ``solvers.edi`` (recorded every 4 steps, i.e.
+every 4 weight-grid cells, which leaves an O(sigma^2 h) residual: 0.23 of int D = -13 for
+H = 1, T = 20; --record-every 1 for a sharper budget at about twice the cost for H = 100):
 Delta E, the token dissipation int D, int G^2, and the explicit time derivative int d_tE split
 into the OU drift part, the Ito correction and the martingale term; figures budget_*.png.
 
@@ -41,12 +44,13 @@ Sources:
          Architectures as Time-dependent Wasserstein Gradient Flows, arXiv 2605.18870 (2026),
          section 6.
 
-Run (defaults: particles 3 paths x H in {1, 10, 100}, T = 20; mesh H in {1, 3, 10}, T = 10;
-about 25 minutes on 2 cores, most of it the H = 100 particle paths and the H = 10 mesh run):
+Run (defaults: particles 2, 2, 1 paths for H = 1, 10, 100, T = 20; mesh H in {1, 3, 10},
+T = 10; about 25 minutes of one core, most of it the H = 100 particle path and the H = 10 mesh
+run; drivers/README.md has the results):
 
     mpiexec -n 2 python drivers/paper1_ou_s2.py
     python drivers/paper1_ou_s2.py --tiny                       # seconds
-    python drivers/paper1_ou_s2.py --heads 1 10 100 --paths 8 --mesh-heads 1
+    python drivers/paper1_ou_s2.py --heads 1 10 100 --paths 8 8 2 --mesh-heads 1
 
 Outputs in ``--out`` (default results/paper1_ou_s2): snapshots_particles.png,
 snapshots_mesh.png (t = 0, T/4, T/2, 3T/4, T), g2.png (G^2(t), log scale, every H),
@@ -63,6 +67,7 @@ drivers/paper1_oscillating_s2.py, which imports it from here.
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -76,9 +81,9 @@ import numpy as np
 
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, gather_measure
-from solvers.edi import EDI_COLUMNS, EnergyBudget, plot_budget
+from solvers.edi import EDI_COLUMNS, EnergyBudget
 from solvers.initial import initial_density
-from solvers.io import GatheredCells, write_final, write_json
+from solvers.io import GatheredCells, plot_budget, write_final, write_json
 from solvers.particles import ParticleSystem
 from solvers.threads import configure_threads
 from solvers.transport import TransportSolver
@@ -105,7 +110,7 @@ class Setup:
     n_tokens: int = 200
     noise: float = 0.05
     heads: Sequence[int] = (1, 10, 100)
-    paths: int = 3
+    paths: Sequence[int] = (3,)  # Monte Carlo paths: one value for every H, or one per H
     t_end: float = 20.0
     dt: float = 5e-3
     beta: float = 1.0
@@ -119,15 +124,19 @@ class Setup:
     mesh_t_end: float = 10.0
     kappa: float = 10.0
     cfl: float = 0.4
+    backend: str | None = None  # kernel backend: None (compiled) or "numpy" (tiny runs)
 
 
-def parse_setup(name: str, dynamics: str, paths: int, description: str) -> Setup:
-    """The command line of both drivers; --tiny shrinks everything to a few seconds."""
+def parse_setup(name: str, dynamics: str, paths: Sequence[int], description: str) -> Setup:
+    """The command line of both drivers; --tiny shrinks everything to a few seconds.
+
+    ``paths``: the default Monte Carlo paths, one value or one per default head count."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--tiny", action="store_true", help="a very small problem (seconds)")
     p.add_argument("--out", type=Path, default=Path("results") / name)
-    p.add_argument("--heads", type=int, nargs="+", help="particle head counts (1 10 100)")
-    p.add_argument("--paths", type=int, help=f"Monte Carlo paths per H (default {paths})")
+    p.add_argument("--heads", type=int, nargs="*", help="particle head counts (1 10 100)")
+    p.add_argument("--paths", type=int, nargs="+",
+                   help=f"Monte Carlo paths: one value, or one per --heads (default {list(paths)})")  # fmt: skip
     p.add_argument("--t-end", type=float, help="particle final time (default 20)")
     p.add_argument("--n-tokens", type=int, help="number of tokens (default 200)")
     p.add_argument("--integrator", choices=("rk4", "euler"), default="rk4")
@@ -138,16 +147,28 @@ def parse_setup(name: str, dynamics: str, paths: int, description: str) -> Setup
     p.add_argument("--kappa", type=float, help="cap concentration of the mesh density (10)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    s = Setup(name=name, dynamics=dynamics, out=a.out, paths=paths, seed=a.seed)
+    s = Setup(name=name, dynamics=dynamics, out=a.out, paths=tuple(paths), seed=a.seed)
     if a.tiny:
-        s.n_tokens, s.heads, s.paths, s.t_end, s.record_every = 24, (1, 2), min(paths, 2), 0.2, 2
-        s.mesh_level, s.mesh_heads, s.mesh_t_end = 1, (1, 2), 0.1
+        s.n_tokens, s.heads, s.t_end, s.record_every = 24, (1, 2), 0.1, 2
+        s.paths = (min(paths[0], 2),)
+        s.mesh_level, s.mesh_heads, s.mesh_t_end, s.backend = 1, (1, 2), 0.05, "numpy"
     for key in ("heads", "paths", "t_end", "n_tokens", "record_every", "mesh_heads",
                 "mesh_level", "mesh_t_end", "kappa"):  # fmt: skip
         if getattr(a, key) is not None:
             setattr(s, key, getattr(a, key))
     s.integrator = a.integrator
+    if a.paths is None and len(s.paths) != len(s.heads):
+        s.paths = (s.paths[0],)  # other head counts than the defaults: the first default
+    if len(s.paths) not in (1, len(s.heads)) or min(s.paths) < 1:
+        p.error(f"--paths: one value >= 1, or one per head count {list(s.heads)}")
     return s
+
+
+def paths_for(setup: Setup, H: int) -> int:
+    """Number of Monte Carlo paths of the particle runs with H heads."""
+    if len(setup.paths) == 1:
+        return setup.paths[0]
+    return setup.paths[list(setup.heads).index(H)]
 
 
 # %% Initial condition
@@ -219,11 +240,11 @@ def run_particles(setup: Setup, factory: WeightsFactory, H: int, path: int, comm
     mine = np.array_split(np.arange(setup.n_tokens), comm.size)[comm.rank]
     masses = np.full(setup.n_tokens, 1.0 / setup.n_tokens)
     weights = factory(H, path)
-    attention = Attention(setup.beta, setup.sign)
+    attention = Attention(setup.beta, setup.sign, backend=setup.backend or "numba")
     system = ParticleSystem(
         attention, weights, points[mine], masses[mine], comm=comm, integrator=setup.integrator
     )
-    budget = EnergyBudget()
+    budget = EnergyBudget(setup.backend)
     n_steps = round(setup.t_end / setup.dt)
     snap_at = snapshot_steps(n_steps, setup.dt)
     rows, snaps = [], {}
@@ -260,12 +281,12 @@ def run_mesh(setup: Setup, cv, factory: WeightsFactory, H: int, comm, gathered) 
     rho0 = initial_density(cv, caps_expression(setup.kappa))
     weights = factory(H, 0)
     grid_dt = float(weights.dt) if hasattr(weights, "grid_value") else None
-    attention = Attention(setup.beta, setup.sign)
+    attention = Attention(setup.beta, setup.sign, backend=setup.backend or "numba")
     solver = TransportSolver(
         cv, attention, weights, rho0, reconstruction="muscl", rk="ssp3", cfl=setup.cfl
     )
     n = cv.n_owned
-    budget = EnergyBudget()
+    budget = EnergyBudget(setup.backend)
     record_dt = setup.record_every * setup.dt
     n_records = max(1, round(setup.mesh_t_end / record_dt))
     snap_at = snapshot_steps(n_records, record_dt)
@@ -318,8 +339,9 @@ def plot_snapshots(path: Path, runs: list[Run], centres: np.ndarray | None, titl
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(runs), 5, figsize=(16, 2.6 * len(runs) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(runs), 5, figsize=(17, 2.6 * len(runs) + 0.6), squeeze=False)
     for i, run in enumerate(runs):
+        vmax = None if centres is None else max(float(np.max(v)) for v in run.snapshots.values())
         for j, t in enumerate(sorted(run.snapshots)):
             ax = axes[i, j]
             data = run.snapshots[t]
@@ -328,7 +350,9 @@ def plot_snapshots(path: Path, runs: list[Run], centres: np.ndarray | None, titl
                 ax.scatter(lon, lat, s=6, c="k")
             else:
                 lon, lat = _lonlat(centres)
-                ax.scatter(lon, lat, s=7, c=data, cmap="viridis", vmin=0.0)
+                sc = ax.scatter(lon, lat, s=9, c=data, cmap="viridis", vmin=0.0, vmax=vmax)
+                if j == 4:
+                    fig.colorbar(sc, ax=ax, label="density")
             ax.set_xlim(-180, 180)
             ax.set_ylim(-90, 90)
             ax.set_title(f"H = {run.H}, t = {t:.3g}", fontsize=9)
@@ -370,8 +394,14 @@ def plot_g2(path: Path, groups: dict[str, list[Run]], title: str) -> None:
     plt.close(fig)
 
 
-def plot_scaling(path: Path, table: list[dict], exponents: dict[str, float], title: str) -> None:
-    """Time-averaged G^2 over [T/2, T] against H, log-log, with the fitted power laws."""
+#: The exponent of the late-time G^2 in H reported by [P1], section 6.
+PAPER_SLOPE = {"ou": -1.0, "oscillating": 0.0}
+
+
+def plot_scaling(
+    path: Path, table: list[dict], exponents: dict[str, float], title: str, paper: float
+) -> None:
+    """Time-averaged G^2 over [T/2, T] against H, log-log: fitted power laws and [P1]'s slope."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -392,6 +422,11 @@ def plot_scaling(path: Path, table: list[dict], exponents: dict[str, float], tit
             c0 = np.exp(np.mean(np.log(m)) - p * np.mean(np.log(H)))
             hh = np.geomspace(H.min(), H.max(), 20)
             ax.loglog(hh, c0 * hh**p, "--", color=f"C{c}", lw=1)
+    first = [r for r in table if r["scheme"] == "particles"] or table
+    if first:
+        H0, G0 = first[0]["H"], first[0]["G2_late_mean"]
+        hh = np.geomspace(min(r["H"] for r in table), max(r["H"] for r in table), 20)
+        ax.loglog(hh, G0 * (hh / H0) ** paper, ":", color="0.4", label=f"[P1]: slope {paper:g}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("number of heads H")
@@ -406,14 +441,43 @@ def plot_scaling(path: Path, table: list[dict], exponents: dict[str, float], tit
 
 def write_csv(path: Path, rows: list[dict]) -> None:
     """A CSV with the union of the rows' keys as columns (rank 0)."""
-    import csv
-
     columns = list(dict.fromkeys(k for r in rows for k in r))
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=columns)
         w.writeheader()
         for r in rows:
             w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in r.items()})
+
+
+def save_runs(out: Path, scheme: str, runs: list[Run], centres: np.ndarray | None) -> None:
+    """<scheme>.csv (every record of every run) and <scheme>_snapshots.npz (rank 0)."""
+    for r in runs:
+        for row in r.rows:
+            row["wall_s"] = r.wall
+    write_csv(out / f"{scheme}.csv", [row for r in runs for row in r.rows])
+    arrays = {f"H{r.H}_path{r.path}_t{t!r}": v for r in runs for t, v in r.snapshots.items()}
+    arrays.update({f"final_H{r.H}_path{r.path}": r.final for r in runs})
+    if centres is not None:
+        arrays["centres"] = centres
+    np.savez(out / f"{scheme}_snapshots.npz", **arrays)
+
+
+def load_runs(out: Path, scheme: str) -> tuple[list[Run], np.ndarray | None]:
+    """The runs saved by :func:`save_runs` (empty when the files do not exist)."""
+    if not (out / f"{scheme}.csv").is_file():
+        return [], None
+    with open(out / f"{scheme}.csv", newline="") as fh:
+        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(fh)]
+    data = np.load(out / f"{scheme}_snapshots.npz")
+    runs = []
+    for key in dict.fromkeys((int(r["H"]), int(r["path"])) for r in rows):
+        H, path = key
+        mine = [r for r in rows if (int(r["H"]), int(r["path"])) == key]
+        prefix = f"H{H}_path{path}_t"
+        snaps = {float(k[len(prefix) :]): data[k] for k in data.files if k.startswith(prefix)}
+        runs.append(Run(scheme, H, path, mine, snaps, data[f"final_H{H}_path{path}"],
+                        mine[-1]["wall_s"]))  # fmt: skip
+    return runs, (data["centres"] if "centres" in data.files else None)
 
 
 def summarise(runs: list[Run], scheme: str) -> list[dict]:
@@ -434,10 +498,62 @@ def summarise(runs: list[Run], scheme: str) -> list[dict]:
     return table
 
 
+def report(setup: Setup, title: str, say: Callable[[str], None]) -> dict:
+    """Figures, summary.csv, summary.json and final.npz from the saved runs (rank 0)."""
+    out = setup.out
+    particle_runs, _ = load_runs(out, "particles")
+    mesh_runs, centres = load_runs(out, "mesh")
+    table = summarise(particle_runs, "particles") + summarise(mesh_runs, "mesh")
+    exponents = {}
+    for scheme in ("particles", "mesh"):
+        rows = [r for r in table if r["scheme"] == scheme]
+        exponents[scheme] = fit_exponent([r["H"] for r in rows], [r["G2_late_mean"] for r in rows])
+    write_csv(out / "summary.csv", table)
+    first = [r for r in particle_runs if r.path == 0]
+    groups = {}
+    if first:
+        plot_snapshots(out / "snapshots_particles.png", first, None, f"{title}: particles")
+        groups["particles"] = particle_runs
+    if mesh_runs:
+        plot_snapshots(out / "snapshots_mesh.png", mesh_runs, centres,
+                       f"{title}: mean-field density (icosphere level {setup.mesh_level})")  # fmt: skip
+        groups["mesh"] = mesh_runs
+    if groups:
+        plot_g2(out / "g2.png", groups, title)
+        plot_scaling(out / "g2_vs_H.png", table, exponents, title, PAPER_SLOPE[setup.dynamics])
+    for run in first + mesh_runs:
+        plot_budget(out / f"budget_{run.scheme}_H{run.H}.png", run.rows,
+                    title=f"{title}: {run.scheme}, H = {run.H}, path {run.path}")  # fmt: skip
+    extra = {}
+    if first:
+        big = max(first, key=lambda r: r.H)
+        extra = {"particle_points": big.final, "particle_t": np.float64(big.rows[-1]["t"]),
+                 "particle_masses": np.full(len(big.final), 1.0 / len(big.final))}  # fmt: skip
+    if mesh_runs:
+        weights = np.load(out / "mesh_snapshots.npz")["cell_measures"]
+        write_final(out / "final.npz", centres, weights, mesh_runs[-1].final,
+                    mesh_runs[-1].rows[-1]["t"], **extra)  # fmt: skip
+    elif first:
+        write_final(out / "final.npz", big.final, extra["particle_masses"],
+                    extra["particle_masses"], big.rows[-1]["t"], **extra)  # fmt: skip
+    summary = {"setup": {k: (list(v) if isinstance(v, tuple) else v)
+                         for k, v in vars(setup).items() if k != "out"},
+               "exponents": exponents, "table": table}  # fmt: skip
+    write_json(out / "summary.json", summary)
+    say(f"fitted exponent of the late-time G^2 in H: particles {exponents['particles']:.3f}, "
+        f"mesh {exponents['mesh']:.3f}")  # fmt: skip
+    return {"exponents": exponents, "table": table}
+
+
 # %% Main loop
 # ------------
-def main(setup: Setup, factory: WeightsFactory, title: str) -> dict:
-    """Particles for every (H, path), then the mesh for every mesh H; figures and tables."""
+def main(setup: Setup, factory: WeightsFactory, title: str) -> dict | None:
+    """Particles for every (H, path), then the mesh for every mesh H; figures and tables.
+
+    A scheme with an empty head list (``--heads`` or ``--mesh-heads`` with no values) is not
+    run; its data files already in ``--out`` (particles.csv, mesh.csv, *_snapshots.npz) are
+    reused for the figures, so the two halves can be computed separately.
+    """
     comm = MPI.COMM_WORLD
     configure_threads()
     wall0 = time.perf_counter()
@@ -447,12 +563,12 @@ def main(setup: Setup, factory: WeightsFactory, title: str) -> dict:
     comm.barrier()
     say = lambda m: log(comm, setup.name, m)  # noqa: E731
     say(f"{setup.dynamics} weights, particles: n = {setup.n_tokens}, H = {list(setup.heads)}, "
-        f"{setup.paths} path(s), T = {setup.t_end:g}, dt = {setup.dt:g} ({setup.integrator}); "
+        f"paths {list(setup.paths)}, T = {setup.t_end:g}, dt = {setup.dt:g} ({setup.integrator}); "
         f"mesh: level {setup.mesh_level}, H = {list(setup.mesh_heads)}, T = {setup.mesh_t_end:g}, "
         f"kappa = {setup.kappa:g} -> {out}")  # fmt: skip
     particle_runs: list[Run] = []
     for H in setup.heads:
-        for path in range(setup.paths):
+        for path in range(paths_for(setup, H)):
             run = run_particles(setup, factory, H, path, comm)
             particle_runs.append(run)
             last = run.rows[-1]
@@ -461,13 +577,14 @@ def main(setup: Setup, factory: WeightsFactory, title: str) -> dict:
                 f"{last['int_dtE_drift']:+.4f}, Ito {last['ito_correction']:+.4f}, martingale "
                 f"{last['martingale']:+.4f}), int D = {last['int_dissipation']:+.4f}, residual "
                 f"{last['edi_residual']:+.2e}; {run.wall:.1f} s")  # fmt: skip
-    mesh_runs: list[Run] = []
-    cv = gathered = None
+    if particle_runs and comm.rank == 0:
+        save_runs(out, "particles", particle_runs, None)
     if setup.mesh_heads:
         cv = control_volumes(icosphere(comm, setup.mesh_level))
         quality = mesh_quality(cv)
         gathered = GatheredCells(cv)
         say(f"icosphere level {setup.mesh_level}: {quality.n_cells} cells, h = {quality.h:.3g}")
+        mesh_runs = []
         for H in setup.mesh_heads:
             run = run_mesh(setup, cv, factory, H, comm, gathered)
             mesh_runs.append(run)
@@ -476,51 +593,18 @@ def main(setup: Setup, factory: WeightsFactory, title: str) -> dict:
                 f"dE = {last['dE']:+.4f}, int dtE = {last['int_dtE']:+.4f}, int D = "
                 f"{last['int_dissipation']:+.4f}, residual {last['edi_residual']:+.2e}, "
                 f"min rho {last['min_density']:.2e}, {int(last['steps'])} steps; {run.wall:.1f} s")  # fmt: skip
-    table = summarise(particle_runs, "particles") + summarise(mesh_runs, "mesh")
-    exponents = {}
-    for scheme in ("particles", "mesh"):
-        rows = [r for r in table if r["scheme"] == scheme]
-        exponents[scheme] = fit_exponent([r["H"] for r in rows], [r["G2_late_mean"] for r in rows])
-    say(f"fitted exponent of the late-time G^2 in H: particles {exponents['particles']:.3f}, "
-        f"mesh {exponents['mesh']:.3f}")  # fmt: skip
-    if comm.rank == 0:
-        write_csv(out / "particles.csv", [row for r in particle_runs for row in r.rows])
-        if mesh_runs:
-            write_csv(out / "mesh.csv", [row for r in mesh_runs for row in r.rows])
-        write_csv(out / "summary.csv", table)
-        first = [r for r in particle_runs if r.path == 0]
-        plot_snapshots(out / "snapshots_particles.png", first, None, f"{title}: particles")
-        if mesh_runs:
-            plot_snapshots(out / "snapshots_mesh.png", mesh_runs, gathered.points,
-                           f"{title}: mean-field density (icosphere level {setup.mesh_level})")  # fmt: skip
-        groups = {"particles": particle_runs}
-        if mesh_runs:
-            groups["mesh"] = mesh_runs
-        plot_g2(out / "g2.png", groups, title)
-        plot_scaling(out / "g2_vs_H.png", table, exponents, title)
-        for run in first + mesh_runs:
-            plot_budget(out / f"budget_{run.scheme}_H{run.H}.png", run.rows,
-                        title=f"{title}: {run.scheme}, H = {run.H}, path {run.path}")  # fmt: skip
-        big = max(first, key=lambda r: r.H)
-        extra = {"particle_points": big.final, "particle_t": np.float64(setup.t_end),
-                 "particle_masses": np.full(setup.n_tokens, 1.0 / setup.n_tokens)}  # fmt: skip
-        if mesh_runs:
-            write_final(out / "final.npz", gathered.points, gathered.weights, mesh_runs[-1].final,
-                        mesh_runs[-1].rows[-1]["t"], **extra)  # fmt: skip
-        else:
-            write_final(out / "final.npz", big.final, extra["particle_masses"],
-                        extra["particle_masses"], setup.t_end, **extra)  # fmt: skip
-        summary = {"setup": {k: (list(v) if isinstance(v, tuple) else v)
-                             for k, v in vars(setup).items() if k != "out"},
-                   "exponents": exponents, "table": table, "ranks": comm.size,
-                   "wall_time_s": time.perf_counter() - wall0}  # fmt: skip
-        write_json(out / "summary.json", summary)
+        if comm.rank == 0:
+            save_runs(out, "mesh", mesh_runs, gathered.points)
+            with np.load(out / "mesh_snapshots.npz") as data:
+                arrays = dict(data)
+            np.savez(out / "mesh_snapshots.npz", cell_measures=gathered.weights, **arrays)
+    result = report(setup, title, say) if comm.rank == 0 else None
     say(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
-    return {"exponents": exponents, "table": table}
+    return result
 
 
 if __name__ == "__main__":
-    setup = parse_setup("paper1_ou_s2", "ou", 3, __doc__.splitlines()[0])
+    setup = parse_setup("paper1_ou_s2", "ou", (2, 2, 1), __doc__.splitlines()[0])
     main(setup, ou_weights(setup), "[P1] sec. 6, OU weights")
 
 # %% Things to try

@@ -2,7 +2,19 @@
 
 Used by the CLI (``transformer-pde run``) and by the drivers. Collective over ``comm``.
 Outputs in ``out`` (DESIGN section 4): density.xdmf/.h5, metrics.csv, final.npz,
-summary.json, density.png, plus metrics.png. Everything written so far survives a failure:
+summary.json, density.png, plus metrics.png and, with ``[output] edi`` (default), edi.png.
+
+metrics.csv columns: :data:`METRIC_COLUMNS`, then the energy-dissipation budget
+:data:`solvers.edi.EDI_COLUMNS` (cumulative from t = 0: dE, int_dtE and its split
+int_dtE_drift + ito_correction + martingale + dtE_remainder, int_G2, int_dissipation,
+edi_residual = dE - int_dtE - int_dissipation; the maths in :mod:`solvers.edi`), then the
+moments of a weight measure (fokker-planck weights). The budget records the measure (cell
+centres and masses; particles) every ``edi_every`` steps and at every output and checkpoint
+step; a checkpoint holds the budget's sums (:meth:`~solvers.edi.EnergyBudget.checkpoint_state`)
+and a restart recomputes the latest record from the restored state, so that a restarted run
+writes the same bits as an uninterrupted one on the same number of ranks.
+
+Everything written so far survives a failure:
 metrics rows and XDMF steps are flushed when written, and on a detected failure (NaN, blow-up)
 the last good state is written to final.npz and the summary says what happened.
 """
@@ -33,12 +45,14 @@ from meshes.quality import flat_quality
 from solvers.attention import Attention, Head, gather_measure, measure_diagnostics
 from solvers.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
 from solvers.deposit import deposit_to_cells
-from solvers.errors import SolverError
+from solvers.edi import EDI_COLUMNS, EnergyBudget
+from solvers.errors import BlowUpError, SolverError
 from solvers.initial import initial_density
 from solvers.io import (
     DensityWriter,
     GatheredCells,
     MetricsWriter,
+    plot_budget,
     plot_metrics,
     render_density,
     write_final,
@@ -49,6 +63,9 @@ from solvers.transport import TransportSolver
 from solvers.weights import WeightDynamics, make_weights
 
 __all__ = ["RunResult", "build_mesh", "build_model", "run", "METRIC_COLUMNS"]
+
+#: a particle step below this (from the CFL number) is a collapse, as TransportSolver's dt_min
+DT_MIN = 1e-12
 
 METRIC_COLUMNS = [
     "t",
@@ -162,7 +179,13 @@ class _ParticleScheme:
             if not math.isfinite(vmax):
                 raise SolverError(f"non-finite particle velocity at t = {self.t:.6g}", t=self.t)
             dt = self.cfl * self.h / vmax if vmax > 0 else t_stop - self.t
-        dt = min(dt, t_stop - self.t)
+            if dt < DT_MIN and dt < t_stop - self.t:  # as TransportSolver's dt_min
+                raise BlowUpError(
+                    f"time step collapsed to {dt:.3e} at t = {self.t:.6g} (max |X| = {vmax:.3e}, "
+                    f"cfl {self.cfl:g}): the velocity blew up (or the cfl is too small)",
+                    t=self.t,
+                )
+        dt = _no_sliver(self.t, dt, t_stop)
         self.system.step(self.t, dt)
         if not np.all(np.isfinite(self.system.points)):
             raise SolverError(f"non-finite particle positions at t = {self.t + dt:.6g}", t=self.t)
@@ -177,6 +200,10 @@ class _ParticleScheme:
 
     def diagnostics(self):
         return self.system.diagnostics(self.t)
+
+    def budget_measure(self) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's part of mu_t for the energy budget: the particles and their masses."""
+        return self.system.points, self.system.masses
 
     def owned_state(self) -> dict[str, np.ndarray]:
         """Particle positions and masses, row i = the particle started in owned cell i."""
@@ -197,6 +224,13 @@ class _ParticleScheme:
         exact.flags.writeable = False
         self.system._points = exact
         self.t, self.steps = float(t), int(steps)
+
+
+def _no_sliver(t: float, dt: float, t_stop: float) -> float:
+    """min(dt, t_stop - t), or t_stop - t when a step dt would stop short of t_stop by a
+    rounding sliver (after k steps of a fixed dt, k dt may miss t_stop by 1 ulp)."""
+    left = t_stop - t
+    return left if dt >= left or left - dt <= 1e-9 * dt else dt
 
 
 def feedforward(cfg: dict[str, Any]):
@@ -232,7 +266,8 @@ class _FVScheme:
 
     def step(self, t_stop: float) -> tuple[float, float]:
         t0 = self.solver.t
-        target = min(t_stop, t0 + self.dt_cap)
+        dt = _no_sliver(t0, self.dt_cap, t_stop)
+        target = t_stop if dt == t_stop - t0 else t0 + dt  # land exactly on t_stop
         result = self.solver.step(target)
         return result.t, result.dt
 
@@ -242,6 +277,10 @@ class _FVScheme:
 
     def diagnostics(self):
         return self.solver.diagnostics()
+
+    def budget_measure(self) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's part of mu_t for the energy budget: owned cell centres and masses."""
+        return self.solver.cv.centres[: self.solver.cv.n_owned], self.solver.masses
 
     @property
     def outflow(self) -> float:
@@ -299,6 +338,11 @@ class _JKOScheme:
             self.solver.attention, heads, self.cv.centres[:n], masses, self.cv.comm
         )
 
+    def budget_measure(self) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's part of mu_t for the energy budget: owned cell centres and masses."""
+        n = self.cv.n_owned
+        return self.cv.centres[:n], self.solver.density * self.cv.measures[:n]
+
     def owned_state(self) -> dict[str, np.ndarray]:
         return {"density": self.solver.density.copy()}
 
@@ -317,6 +361,18 @@ def _theta_moments(weights: WeightDynamics, t: float) -> dict[str, float]:
     p = len(mean)
     row.update({f"theta_cov_{k}{l}": cov[k, l] for k in range(p) for l in range(k, p)})
     return row
+
+
+def _resume_budget(budget, saved, scheme, weights, attention, comm) -> None:
+    """Continue the energy budget from a checkpoint (taken at a record time: see run)."""
+    if "edi_t" not in saved:
+        raise ConfigError(
+            "output.edi", "the checkpoint has no energy budget (written with output.edi = false)"
+        )
+    if float(saved["edi_t"]) != float(saved["t"]):
+        raise ConfigError("--restart", "the checkpoint's energy budget is not at its time")
+    points, masses = scheme.budget_measure()
+    budget.resume(saved, points, masses, weights, attention, comm)
 
 
 def _log(comm: MPI.Comm, msg: str) -> None:
@@ -388,6 +444,11 @@ def run(
     state = {"density": rho0, "t": 0.0, "dt": 0.0}
     n_owned = cv.n_owned
     theta_columns = list(_theta_moments(weights, 0.0))
+    edi_every = cfg["output"]["edi_every"]
+    budget = None
+    if cfg["output"]["edi"]:
+        budget = EnergyBudget("numpy" if cfg["attention"]["backend"] == "numpy" else None)
+    columns = METRIC_COLUMNS + (list(EDI_COLUMNS) if budget else []) + theta_columns
     theta_writer = None
     if theta_columns and comm.rank == 0:  # the parameter density for ParaView (rank 0 writes)
         theta_cv = flat_control_volumes(weights.solver.cv.mesh) if weights.p <= 2 else None
@@ -403,15 +464,21 @@ def run(
         )
         if isinstance(scheme, _FVScheme):
             scheme.solver.outflow = float(saved["outflow"])
+        if budget is not None:
+            _resume_budget(budget, saved, scheme, weights, attention, comm)
         state["dt"] = float(saved["dt"])
         writer = DensityWriter(cv, out / "density.xdmf", keep=int(saved["n_outputs"]))
-        metrics = MetricsWriter(
-            comm, out / "metrics.csv", METRIC_COLUMNS + theta_columns, keep=int(saved["n_rows"])
-        )
+        metrics = MetricsWriter(comm, out / "metrics.csv", columns, keep=int(saved["n_rows"]))
         state["density"], state["t"] = scheme.density, scheme.t
     else:
         writer = DensityWriter(cv, out / "density.xdmf")
-        metrics = MetricsWriter(comm, out / "metrics.csv", METRIC_COLUMNS + theta_columns)
+        metrics = MetricsWriter(comm, out / "metrics.csv", columns)
+
+    def record_budget() -> None:
+        """Add the current state to the energy budget (collective; once per time)."""
+        if budget is not None and (budget.t is None or scheme.t > budget.t):
+            points, masses = scheme.budget_measure()
+            budget.record(scheme.t, points, masses, weights, attention, comm)
 
     def checkpoint() -> None:
         arrays = {f"state_{k}": gathered.gather(v) for k, v in scheme.owned_state().items()}
@@ -428,6 +495,7 @@ def run(
                     "n_rows": np.int64(len(metrics.rows)),
                     "outflow": np.float64(getattr(scheme, "outflow", 0.0)),
                     "scheme": np.array(cfg["time"]["scheme"]),
+                    **(budget.checkpoint_state() if budget is not None else {}),
                 },
             )
         comm.barrier()
@@ -456,6 +524,7 @@ def run(
                     k: getattr(scheme, "last", {}).get(k, 0)
                     for k in ("newton_its", "ksp_its", "halvings")
                 },
+                **(budget.columns() if budget is not None else {}),
                 **_theta_moments(weights, scheme.t),
             }
         )
@@ -465,13 +534,18 @@ def run(
     last_progress = time.perf_counter()
     try:
         if not restart:
+            record_budget()
             output()
         while scheme.t < t_end:
             t, dt = scheme.step(t_end)
             state["dt"] = dt
-            if scheme.steps % every == 0 or t >= t_end:
+            write = scheme.steps % every == 0 or t >= t_end
+            save = bool(ckpt_every) and scheme.steps % ckpt_every == 0 and t < t_end
+            if write or save or scheme.steps % edi_every == 0:
+                record_budget()  # at output and checkpoint steps too (restart: see above)
+            if write:
                 output()
-            if ckpt_every and scheme.steps % ckpt_every == 0 and t < t_end:
+            if save:
                 checkpoint()
             if verbose and time.perf_counter() - last_progress > cfg["output"]["progress"]:
                 last_progress = time.perf_counter()
@@ -498,6 +572,11 @@ def run(
             "t_final": state["t"],
             "final_metrics": metrics.rows[-1] if metrics.rows else {},
             "mesh": quality.as_dict(),
+            "edi": (
+                {"every": edi_every, "intervals": budget.n_intervals}
+                if budget is not None
+                else None
+            ),
             "backend": attention.backend,
             "tolerance": cfg["attention"]["tolerance"],
             "head_choice": [
@@ -517,6 +596,13 @@ def run(
                 title=f"density t={state['t']:.3g}",
             )
             plot_metrics(out / "metrics.png", metrics.rows, ["mass", "energy", "G2", "min_density"])
+            if budget is not None and metrics.rows:
+                plot_budget(
+                    out / "edi.png",
+                    metrics.rows,
+                    title=f"energy budget: {cfg['time']['scheme']}, "
+                    f"{weights.n_heads} head(s), {cfg['weights']['dynamics']} weights",
+                )
         except Exception as exc:  # a picture must never lose a finished run
             print(f"[transformer-pde] warning: could not render pictures: {exc}", file=sys.stderr)
     writer.close()

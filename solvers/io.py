@@ -31,6 +31,7 @@ __all__ = [
     "write_json",
     "render_density",
     "plot_metrics",
+    "plot_budget",
 ]
 
 Array = npt.NDArray[np.float64]
@@ -154,7 +155,7 @@ class DensityWriter:
         <xi:include xpointer="xpointer(/Xdmf/Domain/Grid[@GridType='Uniform'][1]/*[self::Topology or self::Geometry])" />
         <Time Value="{t!r}" />
         <Attribute Name="{self.name}" AttributeType="Scalar" Center="Cell">
-          <DataItem Dimensions="{n_cells} 1" Format="HDF">{h5}:/Function/{self.name}/{k}</DataItem>
+          <DataItem Dimensions="{n_cells} 1" NumberType="Float" Precision="8" Format="HDF">{h5}:/Function/{self.name}/{k}</DataItem>
         </Attribute>
       </Grid>
 """
@@ -169,7 +170,7 @@ class DensityWriter:
         <DataItem Dimensions="{n_cells} {nv}" NumberType="Int" Format="HDF">{h5}:/Mesh/mesh/topology</DataItem>
       </Topology>
       <Geometry GeometryType="{geo}">
-        <DataItem Dimensions="{len(self._points)} {self._points.shape[1]}" Format="HDF">{h5}:/Mesh/mesh/geometry</DataItem>
+        <DataItem Dimensions="{len(self._points)} {self._points.shape[1]}" NumberType="Float" Precision="8" Format="HDF">{h5}:/Mesh/mesh/geometry</DataItem>
       </Geometry>
     </Grid>
     <Grid Name="{self.name}" GridType="Collection" CollectionType="Temporal">
@@ -345,6 +346,51 @@ def plot_metrics(path: str | Path, rows: Sequence[dict[str, float]], keys: Seque
         ax.set_title(key)
         if key == "G2" and all(r[key] > 0 for r in rows):
             ax.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_budget(path: str | Path, rows: Sequence[dict[str, float]], title: str = "") -> None:
+    """Energy balance against t: every EDI term, and the residuals on a log scale (rank 0).
+
+    ``rows``: dicts with ``t`` and the columns :data:`solvers.edi.EDI_COLUMNS` (e.g. the
+    metrics rows of a run), cumulative from the first row.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.array([r["t"] for r in rows])
+
+    def col(key: str) -> np.ndarray:
+        return np.array([r[key] for r in rows], dtype=np.float64)
+
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True, height_ratios=(3, 2))
+    ax.plot(t, col("dE"), "k", lw=2.2, label=r"$\Delta E$")
+    ax.plot(t, col("int_dtE") + col("int_dissipation"), "y--", lw=1.6,
+            label=r"$\int \partial_t E + \int \mathcal{D}$")  # fmt: skip
+    ax.plot(t, col("int_dissipation"), label=r"$\int \mathcal{D}$ (token dissipation)")
+    ax.plot(t, -col("int_G2"), ":", label=r"$-\int G^2$")
+    ax.plot(t, col("int_dtE"), label=r"$\int \partial_t E$")
+    if np.any(col("martingale") != 0.0) or np.any(col("ito_correction") != 0.0):
+        ax.plot(t, col("int_dtE_drift"), lw=0.9, label="drift part")
+        ax.plot(t, col("ito_correction"), lw=0.9, label="Ito correction")
+        ax.plot(t, col("martingale"), lw=0.9, label="martingale")
+    ax.axhline(0.0, color="0.6", lw=0.5)
+    ax.set_ylabel("cumulative, from t = 0")
+    ax.legend(fontsize=8, ncol=2)
+    ax.set_title(title or "energy-dissipation budget")
+    ax.grid(True, alpha=0.3)
+    for key, label in (("edi_residual", "|EDI residual|"), ("dtE_remainder", "|dtE remainder|")):
+        v = np.abs(col(key))
+        if np.any(v > 0):
+            bx.semilogy(t, np.where(v > 0, v, np.nan), label=label)
+    bx.set_xlabel("t")
+    if bx.lines:  # nothing to label when both residuals are exactly 0
+        bx.legend(fontsize=8)
+    bx.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

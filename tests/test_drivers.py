@@ -89,8 +89,16 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
     },
     "train_mean_field.py": {
         "args": ["--tiny"],
-        "outputs": ["one_layer.csv", "deep.csv", "particles.csv", "loss.png",
-                    "free_energy.png", "rho.png", "summary.json", "final.npz"],  # fmt: skip
+        "outputs": [
+            "one_layer.csv",
+            "deep.csv",
+            "particles.csv",
+            "loss.png",
+            "free_energy.png",
+            "rho.png",
+            "summary.json",
+            "final.npz",
+        ],  # fmt: skip
     },
     "limit_tokens.py": {
         "args": ["--tiny"],

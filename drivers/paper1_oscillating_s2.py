@@ -1,0 +1,94 @@
+r"""[P1] section 6 on S^2, oscillating weights: does G^2 decay with H? The energy budget.
+
+The second experiment of Massucco et al. [P1], section 6 (DESIGN M1, M1b): the same tokens
+and heads as drivers/paper1_ou_s2.py (n = 200 tokens at the octahedron vertices +-e_k with
+N(0, 0.05^2) noise, normalised; heads (I, D_h, D_h), beta = 1, s = -1, D_h(0) = Z + Z^T), but
+the weights relax towards a periodic target with a phase per head,
+
+    dD_h/dt = F(t + phi_h) - D_h,   phi_h = 2 pi h / H,
+    F(t) = [[2 + 1.5 cos t, sin 2t, sin t], [sin 2t, 2 + 1.5 sin t, cos 2t],
+            [sin t, cos 2t, 2 + 1.5 cos(t + pi/4)]],
+
+solved in closed form (``solvers.weights.OscillatingWeights``). Here int |dTheta/dt| dt = inf:
+the integrability assumption of [P1]'s convergence theorem fails, and [P1] reports that the
+tokens neither cluster nor settle and that the late-time G^2 does not decay with H (fitted
+exponent about 0). The energy E(mu, t) changes through d_tE = sum_h <dE/dD_h, dD_h/dt> as well
+as through the token dissipation; budget_*.png shows both (no noise: the Ito and martingale
+terms vanish).
+
+A remark that matters for the reading of the H-dependence: with phi_h = 2 pi h / H, the
+head average (1/H) sum_h f(t + phi_h) of any smooth 2 pi-periodic f is the trapezoid rule for
+its mean over a period, exact for the harmonics below H. For H >= 3 the average target
+(1/H) sum_h F(t + phi_h) = 2 I is constant (F has harmonics 1 and 2 only); the token field is a
+head average of softmax heads, a nonlinear function of D_h, whose residual time dependence has
+period 2 pi / H and an amplitude that falls very fast with H. So the late-time G^2 can decay
+quickly with H here, unlike [P1]'s report. Measured (drivers/README.md): for H >= 10, G^2(t)
+decays steadily in time with no oscillation left; the [T/2, T] average falls from 0.37 (H = 1)
+to 1.5e-4 and 1.0e-4 (H = 10, 100), fitted exponent -1.8 (particles), -3.3 (mesh).
+
+Two discretisations, as in drivers/paper1_ou_s2.py (whose engine this script imports): RK4
+particles with dt = 5e-3, H in {1, 10, 100}, T = 20 (one draw of D_h(0) per H by default);
+and finite volumes on an icosphere (level 3, 1,280 cells) from six caps exp(10 x.(+-e_k)),
+H in {1, 3, 10}, T = 10, with the CFL step capped by the record spacing 0.02.
+
+Sources:
+    [P1] Massucco, Del Grande, Carioni, Brune, Schoenlieb, Multi-Headed Transformer
+         Architectures as Time-dependent Wasserstein Gradient Flows, arXiv 2605.18870 (2026),
+         section 6.
+
+Run (defaults; 12 minutes of one core, measured):
+
+    mpiexec -n 2 python drivers/paper1_oscillating_s2.py
+    python drivers/paper1_oscillating_s2.py --tiny                  # seconds
+    python drivers/paper1_oscillating_s2.py --heads 1 2 3 4 10 --mesh-heads
+
+Outputs in ``--out`` (default results/paper1_oscillating_s2): the same files as
+drivers/paper1_ou_s2.py (snapshots_*.png, g2.png, g2_vs_H.png, budget_*.png, particles.csv,
+mesh.csv, summary.csv, summary.json, final.npz).
+"""
+
+from __future__ import annotations
+
+import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
+
+from drivers.paper1_ou_s2 import Setup, WeightsFactory, main, parse_setup
+from solvers.weights import OscillatingWeights, WeightDynamics, random_symmetric
+
+# %% Parameters
+# -------------
+# Those of drivers/paper1_ou_s2.py (n = 200, H in {1, 10, 100}, T = 20, dt = 5e-3, beta = 1,
+# s = -1; mesh level 3, H in {1, 3, 10}, T = 10, kappa = 10); one draw of D_h(0) per H.
+# The command line is the same; --paths N draws N independent D_h(0).
+
+
+# %% Problem
+# ----------
+def oscillating_weights(setup: Setup) -> WeightsFactory:
+    """Oscillating heads for (H, path): D_h(0) = Z + Z^T seeded by (seed, H, path)."""
+
+    def factory(H: int, path: int) -> WeightDynamics:
+        return OscillatingWeights(random_symmetric(H, 3, [setup.seed, H, path]))
+
+    return factory
+
+
+# %% Mesh, Initial condition, Solver, Output
+# ------------------------------------------
+# drivers/paper1_ou_s2.py: octahedron_tokens, caps_expression, run_particles, run_mesh and the
+# figures. The mesh run steps with the CFL number 0.4 up to every record time (every 0.02).
+
+
+# %% Main loop
+# ------------
+if __name__ == "__main__":
+    setup = parse_setup("paper1_oscillating_s2", "oscillating", (1,), __doc__.splitlines()[0])
+    main(setup, oscillating_weights(setup), "[P1] sec. 6, oscillating weights")
+
+# %% Things to try
+# ----------------
+# - --heads 1 2 3 4 6 10: H = 1 and 2 keep the harmonics of F in the head average (G^2 keeps
+#   oscillating); from H = 3 on only the nonlinearity of the softmax feels the oscillation.
+# - Random phases instead of 2 pi h / H (edit OscillatingWeights.phases after construction):
+#   the head average then converges like H^{-1/2} (Monte Carlo), and G^2 like H^{-1}.
+# - --paths 4: other draws of D_h(0); they are forgotten after t ~ 5 (relaxation rate 1).
+# - --integrator euler and look at budget_particles_H1.png: the residual grows like dt.
