@@ -31,6 +31,12 @@ NOT_DRIVERS = {"__init__.py", "__main__.py", "cli.py", "config.py", "run.py", "g
                "view.py"}  # fmt: skip
 
 _FILES = ("density.xdmf", "density.h5", "metrics.csv", "density.png", "final.npz")
+#: outputs of both [P1] section 6 drivers
+_PAPER1_FILES = [
+    *("snapshots_particles.png", "snapshots_mesh.png", "g2.png", "g2_vs_H.png"),
+    *("budget_particles_H1.png", "budget_mesh_H1.png", "particles.csv", "mesh.csv"),
+    *("summary.csv", "summary.json", "final.npz"),
+]
 
 #: driver script -> arguments of its tiny problem and the output files (relative to --out).
 REGISTRY: dict[str, dict[str, list[str]]] = {
@@ -57,35 +63,11 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
     },
     "paper1_ou_s2.py": {
         "args": ["--tiny"],
-        "outputs": [
-            "snapshots_particles.png",
-            "snapshots_mesh.png",
-            "g2.png",
-            "g2_vs_H.png",
-            "budget_particles_H1.png",
-            "budget_mesh_H1.png",
-            "particles.csv",
-            "mesh.csv",
-            "summary.csv",
-            "summary.json",
-            "final.npz",
-        ],
+        "outputs": _PAPER1_FILES,
     },
     "paper1_oscillating_s2.py": {
         "args": ["--tiny"],
-        "outputs": [
-            "snapshots_particles.png",
-            "snapshots_mesh.png",
-            "g2.png",
-            "g2_vs_H.png",
-            "budget_particles_H1.png",
-            "budget_mesh_H1.png",
-            "particles.csv",
-            "mesh.csv",
-            "summary.csv",
-            "summary.json",
-            "final.npz",
-        ],
+        "outputs": _PAPER1_FILES,
     },
     "train_mean_field.py": {
         "args": ["--tiny"],
