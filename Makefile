@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 MPIEXEC := $(VENV)/bin/mpiexec
 NP ?= 2
 OUT ?= results/demo
-TEST_TIMEOUT ?= 600
+TEST_TIMEOUT ?= 900
 
 .PHONY: demo test test-serial test-mpi venv paraview lint bench clean
 
