@@ -240,17 +240,19 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     if w["dynamics"] == "fokker-planck":
         _weight_measure(w, cfg, d)
     if w["dynamics"] not in ("frozen", "fokker-planck") and w["init"] == "config":
+        from solvers.attention import Head
+        from solvers.weights import config_matrices
+
         for h, head in enumerate(a["heads"]):
             Q, K, V = (_matrix(head.get(k, "identity"), d, "") for k in ("Q", "K", "V"))
-            # the tolerances of solvers.weights (relative to the largest entry)
-            scale = max(1.0, float(np.max(np.abs(V))), float(np.max(np.abs(Q.T @ K))))
-            if not (np.max(np.abs(Q.T @ K - V)) <= 1e-10 * scale
-                    and np.max(np.abs(V - V.T)) <= 1e-12 * scale):  # fmt: skip
+            try:  # the solver's own check (same tolerances)
+                config_matrices([Head(Q, K, V)])
+            except ValueError:
                 raise ConfigError(
                     f"attention.heads[{h}]",
                     f"weights.dynamics = {w['dynamics']!r} evolves D = V = Q^T K: needs V symmetric "
                     'and Q^T K = V (or set weights.init = "random")',
-                )
+                ) from None
 
     if not isinstance(cfg["initial"]["density"], str) or not cfg["initial"]["density"].strip():
         raise ConfigError("initial.density", "must be a non-empty numpy expression string")

@@ -393,7 +393,7 @@ def random_symmetric(H: int, d: int, seed: int | Sequence[int]) -> np.ndarray:
     return Z + Z.swapaxes(1, 2)
 
 
-def _config_matrices(heads: list[Head]) -> np.ndarray:
+def config_matrices(heads: list[Head]) -> np.ndarray:
     """D0_h = V_h, after checking Q_h^T K_h == V_h and V_h == V_h^T."""
     D0 = []
     for h, head in enumerate(heads):
@@ -462,7 +462,7 @@ def make_weights(
     elif kind == "frozen":
         return FrozenWeights(heads)
     else:
-        D0 = _config_matrices(heads)
+        D0 = config_matrices(heads)
     if kind == "frozen":
         return FrozenWeights(_d_heads(D0))
     if kind == "ou":
