@@ -24,6 +24,18 @@ Precomputing :math:`B_h = Y A_h^T` (stored :math:`(H, d, n)`, source index faste
 exponent a :math:`d`-term dot product, and every inner loop is a plain loop over the chunk
 that LLVM vectorises, including the exponential (:func:`exp_nonpositive_array`: our own
 branch-free ``exp`` for :math:`x \le 0`, since the scalar libm call does not vectorise).
+
+Single pass with an a-priori shift. Cauchy-Schwarz gives
+:math:`e_{ij} \le M_i := \max_j \log m_j + |x_i| \max_j |A_h y_j|` before any source is
+read, and :math:`\max_j e_{ij} \ge M_i - G_i` with the gap
+:math:`G_i = (\max_j \log m_j - \min_j \log m_j) + 2 |x_i| \max_j |A_h y_j|`. When
+:math:`G_i \le` :data:`GAP_SINGLE_PASS` (every kernel pair on the sphere with
+:math:`\beta \|A_h\| \le 300` and masses within a factor :math:`e^{100}` of each other), every
+weight :math:`e^{e_{ij} - M_i} \ge e^{-G_i}` is a normal float64 and the sum keeps full relative
+precision, so the exponents, the exponential and the four sums are fused in one sweep over the
+sources (no buffer, no maximum pass: about 1.3x faster). Otherwise that target and head take the
+chunked online path above. Which path a target takes depends on the target and on the gathered
+sources only, never on the number of ranks.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ except ImportError:  # pragma: no cover - exercised only without numba
 
 __all__ = [
     "BLOCK_ENTRIES",
+    "GAP_SINGLE_PASS",
     "HAVE_NUMBA",
     "SOURCE_CHUNK",
     "exp_nonpositive_array",
@@ -57,6 +70,9 @@ __all__ = [
 BLOCK_ENTRIES = 2_000_000
 #: Sources per chunk in the numba kernel (a chunk of exponents stays in L1 cache).
 SOURCE_CHUNK = 2048
+#: Largest a-priori log-sum-exp gap for the single-pass path (module docstring):
+#: e^-600 = 2.7e-261 is far above the float64 underflow threshold 2.2e-308.
+GAP_SINGLE_PASS = 600.0
 
 # exp(x) for x <= 0 (see exp_nonpositive_array): x = k ln2 + r with k = round(x log2 e),
 # exp(x) = 2^k exp(r). ln2 is split into a high part with 20 trailing zero bits (k * LN2_HI is
@@ -188,6 +204,26 @@ if HAVE_NUMBA:
         scale = _bits_to_float64((_float64_to_bits(t) & 2047) << 52)  # 2^k: k + 1023 in [1, 1023]
         return p * scale if x >= _EXP_CUTOFF else 0.0
 
+    @numba.njit(cache=True, fastmath={"contract"})
+    def _exp_normal(x):
+        """exp(x) for -708 <= x <= 1 (no range clamps): the single-pass path's exponential."""
+        t = x * _LOG2E + _SHIFTER
+        k = t - _SHIFTER
+        r = (x - k * _LN2_HI) - k * _LN2_LO
+        p = _C11
+        p = p * r + _C10
+        p = p * r + _C9
+        p = p * r + _C8
+        p = p * r + _C7
+        p = p * r + _C6
+        p = p * r + _C5
+        p = p * r + _C4
+        p = p * r + _C3
+        p = p * r + _C2
+        p = p * r + _C1
+        p = p * r + _C0
+        return p * _bits_to_float64((_float64_to_bits(t) & 2047) << 52)
+
     @numba.njit(cache=True)
     def _exp_nonpositive_array(x, out):
         for j in range(x.shape[0]):
@@ -287,6 +323,35 @@ if HAVE_NUMBA:
             s += w[j] * y[j]
         return s
 
+    # Single pass (module docstring): exponent, exponential and sums in one sweep; shift is
+    # the a-priori bound M_i, so every argument lies in [-GAP_SINGLE_PASS, 0] up to rounding.
+
+    @numba.njit(cache=True, fastmath={"reassoc", "contract"})
+    def _single_pass2(x0, x1, shift, b0, b1, logm, y0, y1):
+        s = 0.0
+        s0 = 0.0
+        s1 = 0.0
+        for j in range(b0.shape[0]):
+            w = _exp_normal(logm[j] + x0 * b0[j] + x1 * b1[j] - shift)
+            s += w
+            s0 += w * y0[j]
+            s1 += w * y1[j]
+        return s, s0, s1
+
+    @numba.njit(cache=True, fastmath={"reassoc", "contract"})
+    def _single_pass3(x0, x1, x2, shift, b0, b1, b2, logm, y0, y1, y2):
+        s = 0.0
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        for j in range(b0.shape[0]):
+            w = _exp_normal(logm[j] + x0 * b0[j] + x1 * b1[j] + x2 * b2[j] - shift)
+            s += w
+            s0 += w * y0[j]
+            s1 += w * y1[j]
+            s2 += w * y2[j]
+        return s, s0, s1, s2
+
     @numba.njit(cache=True)
     def _chunk_exponents(e, x, B, logm, h, j0, j1):
         # e <- exponents of sources j0..j1-1 for head h and target x; returns their maximum.
@@ -323,17 +388,43 @@ if HAVE_NUMBA:
                 acc[1 + k] += _dot(e, Y[k, j0:j1])
 
     @numba.njit(parallel=True, cache=True)
-    def _kernel_sums_parallel(X, B, Y, logm, log_Z, mean):
+    def _kernel_sums_parallel(X, B, Y, logm, b_norm, log_Z, mean):
         # X (m, d) targets, B (H, d, n) with B[h, :, j] = A_h y_j, Y (d, n) sources,
-        # logm (n,) log masses; fills log_Z (H, m) and mean (H, m, d).
+        # logm (n,) log masses, b_norm (H,) = max_j |A_h y_j|; fills log_Z (H, m), mean (H, m, d).
         m, d = X.shape
         H = B.shape[0]
         n = Y.shape[1]
+        logm_max = -np.inf
+        logm_min = np.inf
+        for j in range(n):
+            logm_max = max(logm_max, logm[j])
+            logm_min = min(logm_min, logm[j])
         for i in numba.prange(m):
             buffer = np.empty(SOURCE_CHUNK)
             acc = np.empty(d + 1)  # running sum of the weights, then of weights * y
             x = X[i]
+            x_norm = 0.0
+            for k in range(d):
+                x_norm += x[k] * x[k]
+            x_norm = math.sqrt(x_norm)
             for h in range(H):
+                bound = x_norm * b_norm[h]
+                if (d == 2 or d == 3) and (logm_max - logm_min) + 2.0 * bound <= GAP_SINGLE_PASS:
+                    shift = logm_max + bound
+                    if d == 3:
+                        s, s0, s1, s2 = _single_pass3(
+                            x[0], x[1], x[2], shift, B[h, 0], B[h, 1], B[h, 2], logm,
+                            Y[0], Y[1], Y[2],
+                        )  # fmt: skip
+                        mean[h, i, 2] = s2 / s
+                    else:
+                        s, s0, s1 = _single_pass2(
+                            x[0], x[1], shift, B[h, 0], B[h, 1], logm, Y[0], Y[1]
+                        )
+                    log_Z[h, i] = shift + math.log(s)
+                    mean[h, i, 0] = s0 / s
+                    mean[h, i, 1] = s1 / s
+                    continue
                 shift = -np.inf
                 acc[:] = 0.0
                 for j0 in range(0, n, SOURCE_CHUNK):
@@ -364,10 +455,11 @@ def kernel_sums_numba(
     Yt = np.ascontiguousarray(sources.T, dtype=np.float64)
     B = np.ascontiguousarray(np.einsum("hkl,jl->hkj", A, sources), dtype=np.float64)
     logm = np.ascontiguousarray(log_masses, dtype=np.float64)
+    b_norm = np.sqrt(np.max(np.einsum("hkj,hkj->hj", B, B), axis=1)) if len(logm) else np.zeros(H)
     log_Z = np.empty((H, m))
     mean = np.empty((H, m, d))
     if m > 0:
-        _kernel_sums_parallel(X, B, Yt, logm, log_Z, mean)
+        _kernel_sums_parallel(X, B, Yt, logm, b_norm, log_Z, mean)
     return log_Z, mean
 
 

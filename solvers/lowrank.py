@@ -83,9 +83,22 @@ This caps the usable range: for tol = 1e-10, :math:`\rho \lesssim 5.5`
 brute force. The shift by :math:`b` and :math:`\langle x, u_0\rangle` (taken out of the sums in
 the log domain) makes overflow impossible in that range.
 
+Sphere basis. When every target and source lies on the unit sphere :math:`S^{d-1}`
+(:math:`d = 2, 3`, within :data:`solvers.lowrank_sphere.SPHERE_TOL`), the same polynomial
+:math:`P_p(x^T A y)` (uncentred, :math:`\rho = \|A\|_2`) is written in an orthonormal basis of
+the polynomials on the sphere (:mod:`solvers.lowrank_sphere`): :math:`(p + 1)^2` functions on
+:math:`S^2` and :math:`2p + 1` on :math:`S^1` instead of :math:`\binom{p+d}{d}` monomials, so the
+cost per point drops about fourfold at :math:`p = 20`, for a fixed set-up (a
+:math:`b \times b` coupling matrix from a quadrature) cached per head. Centred monomials remain
+better for clustered tokens (:math:`r_x r_u \ll \|A\|_2`); ``basis = "auto"`` takes the cheaper
+of the two by the cost model, both meeting the tolerance with the same criterion.
+
 Cost model. Per head, brute force costs about :math:`m n` kernel pairs, the expansion about
-:data:`COST_RATIO` :math:`(m + n) r` pair-equivalents plus a fixed :data:`COST_OVERHEAD`
-(measured on the development machine with the numba kernels of both).
+:data:`COST_RATIO` :math:`(m + n) r` pair-equivalents plus a fixed :data:`COST_OVERHEAD`, and the
+sphere basis's coupling matrix :data:`COST_SETUP` :math:`Q^2 (p + 1)` pair-equivalents
+(measured on the development machine: brute force 2.1e9 pairs/s; the expansions 0.67 and 0.92
+pairs per point and feature; the coupling matrix 3.5e7 pairs at :math:`p = 18` on
+:math:`S^2`).
 """
 
 from __future__ import annotations
@@ -99,6 +112,8 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from solvers import lowrank_sphere, sphere_basis
+
 try:
     import numba
 
@@ -109,6 +124,8 @@ except ImportError:  # pragma: no cover
 __all__ = [
     "COST_OVERHEAD",
     "COST_RATIO",
+    "COST_RATIO_SPHERE",
+    "COST_SETUP",
     "MAX_DEGREE",
     "HeadChoice",
     "LowRankPlan",
@@ -124,9 +141,14 @@ __all__ = [
 #: Largest Taylor degree considered (r = 1891 for d = 2, 39711 for d = 3).
 MAX_DEGREE = 60
 #: Cost of one (point, feature) of the expansion in units of one brute-force kernel pair.
-COST_RATIO = 0.5
+COST_RATIO = 0.7
 #: Fixed cost of one expansion, in brute-force pairs (tables, allocation, thread start).
 COST_OVERHEAD = 2.0e5
+#: Cost of one (point, basis function) of the sphere basis, in brute-force pairs.
+COST_RATIO_SPHERE = 0.9
+#: Cost of the sphere basis's coupling matrix per unit of Q^2 (p + 1) (the kernel polynomial
+#: at the Q^2 quadrature pairs dominates), in brute-force pairs.
+COST_SETUP = 4.0
 #: Unit round-off of float64.
 UNIT_ROUNDOFF = 2.0**-53
 #: Points per block in the feature kernels (the (r, block) feature array stays in cache).
@@ -199,8 +221,17 @@ def _degree_coefficients(rho: float, p: int, kind: str) -> tuple[float, ...]:
     return tuple(float(g[j] / r**j) for j in range(p + 1))
 
 
-def rounding_estimate(rho: float, rank: int) -> float:
-    r""":math:`\kappa = u \sqrt{r} e^{2 \rho}`: estimated rounding error of the expansion."""
+def rounding_estimate(rho: float, rank: int, basis: str = "monomial") -> float:
+    r""":math:`\kappa = u \sqrt{r} e^{2 \rho}`: estimated rounding error of the expansion.
+
+    For the sphere basis :math:`u (\sqrt{b} e^{2\rho} + 10 b e^{\rho})`: besides the
+    cancellation term, the coupling matrix and the basis recurrences add a floor that grows with
+    the basis size (measured between :math:`0.1 u b` and :math:`3.3 u b` for
+    :math:`\rho \le 1`, :math:`p \le 60`, and never above the estimate in the sweeps of
+    ``tests/test_lowrank.py``, which include masses concentrated where the kernel is smallest).
+    An estimate, not a bound."""
+    if basis == "sphere":
+        return UNIT_ROUNDOFF * (math.sqrt(rank) * math.exp(2.0 * rho) + 10.0 * rank * math.exp(rho))
     return UNIT_ROUNDOFF * math.sqrt(rank) * math.exp(2.0 * rho)
 
 
@@ -210,20 +241,41 @@ def mean_error_bound(eps: float) -> float:
     return math.inf if eps >= 1.0 else 2.0 * eps / (1.0 - eps)
 
 
-def choose_degree(c: float, tol: float = 1e-10, d: int = 3, kind: str = "chebyshev") -> int | None:
+def basis_rank(d: int, p: int, basis: str = "monomial") -> int:
+    """Features of degree p: C(p + d, d) monomials or the sphere basis size."""
+    return sphere_basis.basis_size(d, p) if basis == "sphere" else expansion_rank(d, p)
+
+
+def plan_bound(rho: float, p: int, kind: str = "chebyshev", eta: float = 0.0) -> float:
+    r"""Bound :math:`2 \varepsilon / (1 - \varepsilon)` with
+    :math:`\varepsilon = \varepsilon_p(\rho) + \eta (1 + \varepsilon_p(\rho))`, where
+    :math:`\eta` is a relative perturbation of every kernel value (sphere projection)."""
+    eps = truncation_bound(rho, p, kind)
+    return mean_error_bound(eps + eta * (1.0 + eps))
+
+
+def choose_degree(
+    c: float,
+    tol: float = 1e-10,
+    d: int = 3,
+    kind: str = "chebyshev",
+    basis: str = "monomial",
+    eta: float = 0.0,
+) -> int | None:
     r"""Smallest degree :math:`p` whose error meets ``tol``, or None if none up to MAX_DEGREE.
 
     ``c`` bounds :math:`|\langle \delta x, \delta u \rangle|` (:math:`\rho`; on the sphere
     :math:`\beta \|Q^T K\|_2` bounds it). The criterion is
     :math:`2 \varepsilon_p(c) / (1 - \varepsilon_p(c)) + \kappa_p(c) \le` ``tol``, so both
     the relative error of :math:`Z` and the error of the softmax mean (relative to
-    :math:`\max_j |y_j|`) are below ``tol``.
+    :math:`\max_j |y_j|`) are below ``tol``; :math:`\kappa` counts the ``basis``'s rank, and a
+    relative kernel perturbation ``eta`` enters :math:`\varepsilon` (:func:`plan_bound`).
     """
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol!r}")
     for p in range(MAX_DEGREE + 1):
-        total = mean_error_bound(truncation_bound(c, p, kind))
-        total += rounding_estimate(c, expansion_rank(d, p))
+        total = plan_bound(c, p, kind, eta)
+        total += rounding_estimate(c, basis_rank(d, p, basis), basis)
         if total <= tol:
             return p
     return None
@@ -238,9 +290,10 @@ class HeadChoice:
 
     method : "lowrank" or the brute-force backend ("numba" / "numpy").
     rho : the bound :math:`\rho = r_x r_u` on the expanded exponent.
-    degree, rank : the Taylor degree :math:`p` and :math:`r = \binom{p+d}{d}` (None: brute).
+    degree, rank : the degree :math:`p` and the number of features (None: brute).
     bound : the a-priori bound :math:`2\varepsilon_p/(1-\varepsilon_p)` (None: brute).
     reason : why, in words.
+    basis : "monomial" (centred monomials) or "sphere" (orthonormal sphere basis); None: brute.
     """
 
     method: str
@@ -249,11 +302,14 @@ class HeadChoice:
     rank: int | None = None
     bound: float | None = None
     reason: str = ""
+    basis: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class LowRankPlan:
-    """Centres, radii and degree of one head's expansion (identical on every rank)."""
+    """Centres, radii and degree of one head's expansion (identical on every rank).
+
+    basis "sphere": x0 = u0 = 0, r_x = 1, r_u = ||A||_2, the head's matrix in ``A``."""
 
     x0: np.ndarray  # (d,) target centre
     u0: np.ndarray  # (d,) centre of u_j = A y_j
@@ -263,10 +319,28 @@ class LowRankPlan:
     rank: int | None
     bound: float
     kind: str = "chebyshev"
+    basis: str = "monomial"
+    A: np.ndarray | None = None
 
     @property
     def rho(self) -> float:
         return self.r_x * self.r_u
+
+
+def plan_sphere_head(
+    A_h: np.ndarray, delta: float, tol: float, kind: str = "chebyshev"
+) -> LowRankPlan:
+    """The sphere-basis plan of one head for points within ``delta`` of the sphere."""
+    d = A_h.shape[0]
+    rho = float(np.linalg.norm(A_h, 2))
+    eta = lowrank_sphere.kernel_perturbation(rho, delta)
+    zero = np.zeros(d)
+    p = choose_degree(rho, tol, d, kind, "sphere", eta)
+    if p is None:
+        return LowRankPlan(zero, zero, 1.0, rho, None, None, math.inf, kind, "sphere", A_h)
+    bound = plan_bound(rho, p, kind, eta)
+    rank = sphere_basis.basis_size(d, p)
+    return LowRankPlan(zero, zero, 1.0, rho, p, rank, bound, kind, "sphere", A_h)
 
 
 def _bbox_centre(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -286,25 +360,89 @@ def plan_head(
     return LowRankPlan(x0, u0, r_x, r_u, p, expansion_rank(d, p), bound, kind)
 
 
-def _local_geometry(
-    targets: np.ndarray, sources: np.ndarray, A: np.ndarray
-) -> tuple[np.ndarray, ...]:
-    """Bounding boxes of the sources y_j and of u_j = A_h y_j (per head), local part."""
-    if len(sources):
-        ylo, yhi = sources.min(axis=0), sources.max(axis=0)
-        U = np.einsum("hkl,jl->hjk", A, sources)
-        ulo, uhi = U.min(axis=1), U.max(axis=1)
-    else:
-        d = A.shape[1]
-        ylo, yhi = np.full(d, np.inf), np.full(d, -np.inf)
-        ulo, uhi = np.full(A.shape[:2], np.inf), np.full(A.shape[:2], -np.inf)
-    return ylo, yhi, ulo, uhi
+def _geometry_numpy(Y: np.ndarray, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Boxes lo, hi (H + 1, d) of y_j (row 0) and u_j = A_h y_j (row 1 + h), and
+    max_j | |y_j| - 1 |, for n >= 1 sources."""
+    U = np.concatenate([Y[None], np.einsum("hkl,jl->hjk", A, Y)])
+    dist = float(np.max(np.abs(np.sqrt(np.einsum("jk,jk->j", Y, Y)) - 1.0)))
+    return U.min(axis=1), U.max(axis=1), dist
 
 
-def _radius(points: np.ndarray, centre: np.ndarray) -> float:
-    if len(points) == 0:
-        return 0.0
-    return float(np.sqrt(np.max(np.einsum("ik,ik->i", points - centre, points - centre))))
+def _radii_numpy(Y: np.ndarray, A: np.ndarray, x0: np.ndarray, u0: np.ndarray) -> np.ndarray:
+    """Squared radii (H + 1,): max_j |y_j - x0|^2, then max_j |A_h y_j - u0_h|^2."""
+    U = np.concatenate([Y[None], np.einsum("hkl,jl->hjk", A, Y)]) - np.vstack([x0, u0])[:, None]
+    return np.max(np.einsum("hjk,hjk->hj", U, U), axis=1)
+
+
+if HAVE_NUMBA:
+
+    @numba.njit(cache=True)
+    def _geometry_numba(Y, A, lo, hi):
+        # fills lo, hi (H + 1, d) as _geometry_numpy; returns max_j | |y_j| - 1 |
+        n, d = Y.shape
+        H = A.shape[0]
+        lo[:] = np.inf
+        hi[:] = -np.inf
+        dist = 0.0
+        for j in range(n):
+            norm2 = 0.0
+            for k in range(d):
+                v = Y[j, k]
+                norm2 += v * v
+                lo[0, k] = min(lo[0, k], v)
+                hi[0, k] = max(hi[0, k], v)
+            dist = max(dist, abs(math.sqrt(norm2) - 1.0))
+            for h in range(H):
+                for k in range(d):
+                    u = 0.0
+                    for m in range(d):
+                        u += A[h, k, m] * Y[j, m]
+                    lo[1 + h, k] = min(lo[1 + h, k], u)
+                    hi[1 + h, k] = max(hi[1 + h, k], u)
+        return dist
+
+    @numba.njit(cache=True)
+    def _radii_numba(Y, A, centres, out):
+        # out (H + 1,) squared radii as _radii_numpy; centres (H + 1, d) = [x0, u0_h]
+        n, d = Y.shape
+        H = A.shape[0]
+        out[:] = 0.0
+        for j in range(n):
+            r = 0.0
+            for k in range(d):
+                r += (Y[j, k] - centres[0, k]) ** 2
+            out[0] = max(out[0], r)
+            for h in range(H):
+                r = 0.0
+                for k in range(d):
+                    u = 0.0
+                    for m in range(d):
+                        u += A[h, k, m] * Y[j, m]
+                    r += (u - centres[1 + h, k]) ** 2
+                out[1 + h] = max(out[1 + h], r)
+
+
+def _geometry(Y: np.ndarray, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Local boxes of y_j and A_h y_j, and the largest distance from the unit sphere."""
+    H, d = A.shape[0], A.shape[1]
+    if len(Y) == 0:
+        return np.full((H + 1, d), np.inf), np.full((H + 1, d), -np.inf), 0.0
+    if HAVE_NUMBA:
+        lo, hi = np.empty((H + 1, d)), np.empty((H + 1, d))
+        dist = _geometry_numba(np.ascontiguousarray(Y), np.ascontiguousarray(A), lo, hi)
+        return lo, hi, float(dist)
+    return _geometry_numpy(Y, A)  # pragma: no cover
+
+
+def _squared_radii(Y: np.ndarray, A: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """(H + 1,) squared radii of y_j about centres[0] and of A_h y_j about centres[1 + h]."""
+    out = np.zeros(A.shape[0] + 1)
+    if len(Y) == 0:
+        return out
+    if HAVE_NUMBA:
+        _radii_numba(np.ascontiguousarray(Y), np.ascontiguousarray(A), centres, out)
+        return out
+    return _radii_numpy(Y, A, centres[0], centres[1:])  # pragma: no cover
 
 
 # ----------------------------------------------------------------------------- feature kernels
@@ -650,6 +788,8 @@ def _head_source_sums(
     sources: np.ndarray, masses: np.ndarray, A_h: np.ndarray, plan: LowRankPlan
 ) -> np.ndarray:
     """The (r, d + 1) feature sums [S_alpha, S_alpha k] of one head (local sources)."""
+    if plan.basis == "sphere":
+        return lowrank_sphere.sphere_head_sums(sources, masses, plan.degree)
     d = sources.shape[1]
     dU = sources @ A_h.T - plan.u0
     scale = math.sqrt(plan.r_u / plan.r_x) if plan.r_x > 0 and plan.r_u > 0 else 1.0
@@ -668,7 +808,11 @@ def _head_targets(
     """log Z (m,) and mean (m, d) of one head from its feature sums S (r, d + 1)."""
     scale = math.sqrt(plan.r_u / plan.r_x) if plan.r_x > 0 and plan.r_u > 0 else 1.0
     d = targets.shape[1]
-    out = _target_eval(((targets - plan.x0) * scale).T, S, d, plan.degree)
+    if plan.basis == "sphere":
+        g = _degree_coefficients(plan.rho, plan.degree, plan.kind)
+        out = lowrank_sphere.sphere_head_targets(targets, S, plan.A, plan.degree, g)
+    else:
+        out = _target_eval(((targets - plan.x0) * scale).T, S, d, plan.degree)
     Zt = out[0]
     if np.any(Zt <= 0) or not np.all(np.isfinite(out)):
         raise FloatingPointError(
@@ -687,6 +831,7 @@ def make_plans(
     tol: float,
     comm: Any = None,
     kind: str = "chebyshev",
+    basis: str = "auto",
 ) -> list[LowRankPlan]:
     r"""One plan per head, from bounding boxes (reduced over ``comm`` when given).
 
@@ -694,30 +839,54 @@ def make_plans(
     targets lie near the sources) and :math:`r_x = \max(\max_j |y_j - x_0|, \max_i |x_i - x_0|)`;
     with targets inside the sources' ball (the usual case), the plan therefore depends on the
     sources only, and a rank evaluating a subset of the targets gets the same plan.
+
+    ``basis``: "monomial" (centred monomials), "sphere" (the sphere basis whenever all points
+    lie on the unit sphere, d = 2, 3, and its bound meets ``tol``) or "auto" (the cheaper of the
+    two by the cost model, for as many targets as the global number of sources).
     """
+    if basis not in ("auto", "monomial", "sphere"):
+        raise ValueError(f"basis must be 'auto', 'monomial' or 'sphere', got {basis!r}")
     H, d = A.shape[0], A.shape[1]
-    ylo, yhi, ulo, uhi = _local_geometry(targets, sources, A)
-    if comm is not None and comm.Get_size() > 1:
+    parallel = comm is not None and comm.Get_size() > 1
+    # pass 1: boxes of y and A_h y, distances from the sphere (targets too), source count
+    lo, hi, dist_y = _geometry(sources, A)
+    dist_x = lowrank_sphere.sphere_distance(targets)
+    packed = np.concatenate([lo.ravel(), -hi.ravel(), [-max(dist_x, dist_y)]])
+    n = float(len(sources))
+    if parallel:
         from mpi4py import MPI
 
-        packed = np.concatenate([ylo, -yhi, ulo.ravel(), -uhi.ravel()])
         comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.MIN)
-        ylo, yhi = packed[:d], -packed[d : 2 * d]
-        ulo = packed[2 * d : 2 * d + H * d].reshape(H, d)
-        uhi = -packed[2 * d + H * d :].reshape(H, d)
-    x0 = _bbox_centre(ylo, yhi)
-    u0 = [_bbox_centre(ulo[h], uhi[h]) for h in range(H)]
-    radii = np.empty(2 + H)
-    radii[0] = _radius(sources, x0)
-    radii[1] = _radius(targets, x0)
-    for h in range(H):
-        radii[2 + h] = _radius(sources @ A[h].T, u0[h]) if len(sources) else 0.0
-    if comm is not None and comm.Get_size() > 1:
-        from mpi4py import MPI
-
+        n = comm.allreduce(n, op=MPI.SUM)
+    size = (H + 1) * d
+    lo, hi = packed[:size].reshape(H + 1, d), -packed[size : 2 * size].reshape(H + 1, d)
+    delta = -float(packed[-1])
+    centres = np.array([_bbox_centre(lo[k], hi[k]) for k in range(H + 1)])
+    # pass 2: radii about the centres
+    radii = np.empty(H + 2)
+    radii[: H + 1] = _squared_radii(sources, A, centres)
+    diff = targets - centres[0]
+    radii[H + 1] = float(np.max(np.einsum("ik,ik->i", diff, diff))) if len(targets) else 0.0
+    if parallel:
         comm.Allreduce(MPI.IN_PLACE, radii, op=MPI.MAX)
-    r_x = max(radii[0], radii[1])
-    return [plan_head(x0, r_x, u0[h], float(radii[2 + h]), tol, kind) for h in range(H)]
+    radii = np.sqrt(radii)
+    r_x = max(radii[0], radii[H + 1])
+    monomial = [
+        plan_head(centres[0], r_x, centres[1 + h], float(radii[1 + h]), tol, kind) for h in range(H)
+    ]
+    if basis == "monomial" or d not in (2, 3) or delta > lowrank_sphere.SPHERE_TOL:
+        return monomial
+    plans = []
+    for h, mono in enumerate(monomial):
+        sphere = plan_sphere_head(np.array(A[h], dtype=np.float64), delta, tol, kind)
+        if sphere.degree is None:
+            plans.append(mono)
+        elif basis == "sphere" or mono.degree is None:
+            plans.append(sphere)
+        else:
+            cheaper = plan_cost(sphere, n, n) < plan_cost(mono, n, n)
+            plans.append(sphere if cheaper else mono)
+    return plans
 
 
 def lowrank_kernel_sums(
@@ -727,6 +896,7 @@ def lowrank_kernel_sums(
     A: np.ndarray,
     tol: float = 1e-10,
     plans: list[LowRankPlan] | None = None,
+    basis: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""Log partition functions and softmax means by the Taylor expansion (module docstring).
 
@@ -735,14 +905,14 @@ def lowrank_kernel_sums(
     targets (m, d), sources (n, d), masses (n,) > 0, A (H, d, d): as
     :func:`solvers.attention.kernel_sums`. tol: requested accuracy (relative for :math:`Z`,
     relative to :math:`\max_j |y_j|` for the mean). plans: precomputed plans (default
-    :func:`make_plans`).
+    :func:`make_plans` with ``basis``).
 
     Returns
     -------
     log_Z (H, m), mean (H, m, d). Raises ValueError if a head's bound cannot meet tol.
     """
     if plans is None:
-        plans = make_plans(targets, sources, A, tol)
+        plans = make_plans(targets, sources, A, tol, basis=basis)
     H, m, d = A.shape[0], targets.shape[0], targets.shape[1]
     log_Z, mean = np.empty((H, m)), np.empty((H, m, d))
     for h, plan in enumerate(plans):
@@ -763,13 +933,15 @@ def lowrank_sums_distributed(
     masses_local: np.ndarray,
     A: np.ndarray,
     tol: float = 1e-10,
+    basis: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray, list[LowRankPlan]]:
     r"""Kernel sums of a distributed measure without gathering it.
 
-    Each rank holds part of the sources and of the targets. Two small ``Allreduce`` s
-    (:math:`2 d (H + 1)` and :math:`H + 2` numbers) fix the common centres, radii and degrees,
-    one ``Allreduce`` of :math:`\sum_h r_h (d + 1)` numbers sums the feature sums; each rank
-    then evaluates its own targets. Collective; a head whose bound cannot meet ``tol`` raises
+    Each rank holds part of the sources and of the targets. Three small ``Allreduce`` s
+    (:math:`2 d (H + 1) + 1`, one and :math:`H + 2` numbers) fix the common centres, radii,
+    source count, distance from the sphere, bases and degrees, one ``Allreduce`` of
+    :math:`\sum_h r_h (d + 1)` numbers sums the feature sums; each rank then evaluates its own
+    targets. ``basis`` as in :func:`make_plans`. Collective; a head whose bound cannot meet ``tol`` raises
     ValueError on every rank (the decision uses reduced values only).
 
     Returns log_Z (H, m_local), mean (H, m_local, d) and the plans.
@@ -782,7 +954,7 @@ def lowrank_sums_distributed(
         raise ValueError("targets (m, d), sources (n, d), masses (n,), A (H, d, d) expected")
     keep = w > 0
     Y, w = Y[keep], w[keep]
-    plans = make_plans(X, Y, A, tol, comm)
+    plans = make_plans(X, Y, A, tol, comm, basis=basis)
     bad = [h for h, p in enumerate(plans) if p.degree is None]
     if bad:
         raise ValueError(
@@ -811,8 +983,24 @@ def lowrank_sums_distributed(
 
 
 def lowrank_cost(n_targets: int, n_sources: int, rank: int) -> float:
-    """Modelled cost of one head's expansion, in brute-force kernel pairs."""
+    """Modelled cost of one head's monomial expansion, in brute-force kernel pairs."""
     return COST_RATIO * (n_targets + n_sources) * rank + COST_OVERHEAD
+
+
+def sphere_setup_cost(d: int, p: int) -> float:
+    """Modelled cost of the sphere basis's coupling matrix, in brute-force pairs."""
+    q = sphere_basis.quadrature_size(d, p)
+    return COST_SETUP * float(q) * q * (p + 1)
+
+
+def plan_cost(plan: LowRankPlan, n_targets: float, n_sources: float) -> float:
+    """Modelled cost of one head's expansion by ``plan``, in brute-force kernel pairs. The
+    sphere basis's set-up is always counted (whether it is cached must not change choices)."""
+    if plan.basis == "sphere":
+        d = plan.x0.shape[0]
+        work = COST_RATIO_SPHERE * (n_targets + n_sources) * plan.rank
+        return work + COST_OVERHEAD + sphere_setup_cost(d, plan.degree)
+    return COST_RATIO * (n_targets + n_sources) * plan.rank + COST_OVERHEAD
 
 
 def choose_heads(
@@ -835,13 +1023,21 @@ def choose_heads(
         if plan.degree is None:
             choices.append(HeadChoice(brute, plan.rho, reason="bound cannot meet tolerance"))
             continue
-        lr, bf = lowrank_cost(m, n, plan.rank), float(m) * float(n)
+        lr, bf = plan_cost(plan, m, n), float(m) * float(n)
         if mode == "auto" and lr >= bf:
             choices.append(
                 HeadChoice(brute, plan.rho, plan.degree, plan.rank, None, "brute is cheaper")
             )
             continue
         choices.append(
-            HeadChoice("lowrank", plan.rho, plan.degree, plan.rank, plan.bound, "bound meets tol")
+            HeadChoice(
+                "lowrank",
+                plan.rho,
+                plan.degree,
+                plan.rank,
+                plan.bound,
+                "bound meets tol",
+                plan.basis,
+            )
         )
     return choices, plans

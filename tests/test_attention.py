@@ -172,6 +172,30 @@ def test_numba_matches_numpy_many_chunks(d):
             assert_close(mean[h], ref[h][1])
 
 
+@needs_numba
+@pytest.mark.parametrize("d", [2, 3])
+def test_numba_single_pass_and_online_paths_agree(d):
+    """Targets of norms 0.01..100 against |A y| <= 20 put the a-priori gap 2 |x| max|A y| on
+    both sides of GAP_SINGLE_PASS, and a second source set with masses spanning e^-650 makes
+    every target take the online path: all must match the numpy reference."""
+    rng = np.random.default_rng(40 + d)
+    n = kernels.SOURCE_CHUNK + 300
+    targets = sphere_points(rng, 40, d) * np.geomspace(0.01, 100.0, 40)[:, None]
+    sources = sphere_points(rng, n, d)
+    A = rng.normal(size=(2, d, d))
+    A *= 20.0 / np.linalg.norm(A, ord=2, axis=(1, 2))[:, None, None]
+    b_norm = np.linalg.norm(np.einsum("hkl,jl->hjk", A, sources), axis=2).max(axis=1)
+    gaps = 2.0 * np.linalg.norm(targets, axis=1)[:, None] * b_norm[None, :]
+    assert (gaps <= kernels.GAP_SINGLE_PASS).sum() >= 10 and (
+        gaps > kernels.GAP_SINGLE_PASS
+    ).sum() >= 10
+    for log_masses in (np.log(rng.uniform(0.1, 1.0, n)), rng.uniform(-650.0, 0.0, n)):
+        log_Z, mean = kernels.kernel_sums_numba(targets, sources, log_masses, A)
+        ref_log_Z, ref_mean = kernels.kernel_sums_numpy(targets, sources, log_masses, A)
+        np.testing.assert_allclose(log_Z, ref_log_Z, rtol=1e-13, atol=1e-11)
+        np.testing.assert_allclose(mean, ref_mean, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("beta", [50.0, 2000.0])
 def test_large_beta_no_overflow(beta):
     rng = np.random.default_rng(1)

@@ -15,7 +15,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from solvers import kernels, lowrank
+from solvers import kernels, lowrank, lowrank_sphere
 from solvers.attention import Attention, Head, kernel_sums, kernel_sums_with_choice
 
 COMM = MPI.COMM_WORLD
@@ -138,11 +138,13 @@ def test_lowrank_falls_back_to_brute_force_beyond_range():
 # ----------------------------------------------------------------------------- the bound
 
 
+@pytest.mark.parametrize("basis", ["monomial", "sphere"])
 @pytest.mark.parametrize("kind", ["taylor", "chebyshev"])
 @pytest.mark.parametrize("d", [2, 3])
-def test_error_within_a_priori_bound(kind, d):
+def test_error_within_a_priori_bound(kind, d, basis):
     """Sweep c and p: the measured errors of Z (relative) and of the mean stay below
-    2 eps_p / (1 - eps_p) + rounding estimate, and the errors decrease with p."""
+    2 eps_p / (1 - eps_p) + rounding estimate, and the errors decrease with p, for the centred
+    monomials and for the sphere basis."""
     rng = np.random.default_rng(7 + d)
     for c in (0.5, 1.0, 2.0, 4.0, 6.0):
         targets, sources = sphere_points(rng, 80, d), sphere_points(rng, 300, d)
@@ -151,25 +153,75 @@ def test_error_within_a_priori_bound(kind, d):
         A = rng.normal(size=(1, d, d))
         A *= c / np.linalg.norm(A[0], 2)
         ref_log_Z, ref_mean = reference(targets, sources, masses, A)
-        (plan,) = lowrank.make_plans(targets, sources, A, 1e-10, kind=kind)
+        if basis == "sphere":  # (make_plans falls back to monomials where p is None)
+            plan = lowrank.plan_sphere_head(A[0], lowrank_sphere.SPHERE_TOL, 1e-10, kind)
+        else:
+            (plan,) = lowrank.make_plans(targets, sources, A, 1e-10, kind=kind, basis=basis)
+        assert plan.basis == basis
         # a priori: r_x <= 1 + |x0|, r_u <= c + |u0| (the centres are near 0 here)
-        assert plan.rho <= (1 + np.linalg.norm(plan.x0)) * (c + np.linalg.norm(plan.u0))
+        bound_rho = (1 + np.linalg.norm(plan.x0)) * (c + np.linalg.norm(plan.u0))
+        assert plan.rho <= bound_rho * (1 + 1e-14)
         errors = []
         for p in range(2, 41, 3):
             if lowrank.truncation_bound(plan.rho, p, kind) > 0.5:
                 continue  # no bound (Z may even lose positivity)
-            forced = dataclasses.replace(plan, degree=p, rank=lowrank.expansion_rank(d, p))
+            rank = lowrank.basis_rank(d, p, basis)
+            forced = dataclasses.replace(plan, degree=p, rank=rank)
             log_Z, mean = lowrank.lowrank_kernel_sums(targets, sources, masses, A, plans=[forced])
             err_Z = np.max(np.abs(np.expm1(log_Z - ref_log_Z)))
             err_mean = np.max(np.abs(mean - ref_mean))
-            eps = lowrank.truncation_bound(plan.rho, p, kind)
-            bound = lowrank.mean_error_bound(eps) + lowrank.rounding_estimate(
-                plan.rho, lowrank.expansion_rank(d, p)
-            )
+            bound = lowrank.plan_bound(plan.rho, p, kind)
+            bound += lowrank.rounding_estimate(plan.rho, rank, basis)
             assert err_Z <= bound, (c, p, err_Z, bound)
             assert err_mean <= bound, (c, p, err_mean, bound)
             errors.append(max(err_Z, err_mean))
         assert errors[-1] < 1e-11 and errors[0] > 1e3 * errors[-1]
+
+
+@pytest.mark.parametrize("basis", ["monomial", "sphere"])
+def test_worst_case_masses_within_bound(basis):
+    """All the mass where the kernel is smallest (Z = e^-rho times the mass: the cancellation
+    that the e^{2 rho} of the rounding estimate accounts for), tolerance 1e-10."""
+    rng = np.random.default_rng(12)
+    for rho in (1.0, 2.5, 4.0):
+        A = rho * np.eye(3)[None]
+        targets = cap_points(rng, 40, 3, 0.05)
+        sources = np.vstack([-cap_points(rng, 300, 3, 0.05), sphere_points(rng, 20, 3)])
+        masses = np.concatenate([np.ones(300), np.full(20, 1e-12)])
+        ref_log_Z, ref_mean = reference(targets, sources, masses, A)
+        (plan,) = lowrank.make_plans(targets, sources, A, 1e-10, basis=basis)
+        assert plan.basis == basis and plan.bound <= 1e-10
+        log_Z, mean = lowrank.lowrank_kernel_sums(targets, sources, masses, A, plans=[plan])
+        err = max(np.max(np.abs(np.expm1(log_Z - ref_log_Z))), np.max(np.abs(mean - ref_mean)))
+        assert err <= 1e-10, (rho, err)
+        assert err <= plan.bound + lowrank.rounding_estimate(plan.rho, plan.rank, basis)
+
+
+def test_auto_basis_choice():
+    """Tokens spread over S^2: the sphere basis (fewer features); a cluster: centred monomials
+    (small rho); points off the sphere: monomials; within SPHERE_TOL: the sphere basis."""
+    rng = np.random.default_rng(13)
+    n = 50_000
+    A = 4.0 * np.eye(3)[None]
+    spread = sphere_points(rng, n, 3)
+    (plan,) = lowrank.make_plans(spread, spread, A, 1e-10)
+    assert plan.basis == "sphere" and plan.rank == (plan.degree + 1) ** 2
+    cluster = cap_points(rng, n, 3, 0.2)
+    (plan,) = lowrank.make_plans(cluster, cluster, A, 1e-10)
+    assert plan.basis == "monomial" and plan.rho < 1.0
+    (plan,) = lowrank.make_plans(spread * (1 + 1e-9), spread, A, 1e-10)
+    assert plan.basis == "monomial"
+    nearly = spread * (1 + rng.uniform(-1e-13, 1e-13, (n, 1)))
+    masses = rng.uniform(0.5, 1.0, n)
+    (plan,) = lowrank.make_plans(nearly[:500], nearly, A, 1e-10)
+    assert plan.basis == "sphere" and plan.bound <= 1e-10
+    log_Z, mean = lowrank.lowrank_kernel_sums(nearly[:500], nearly, masses, A, plans=[plan])
+    ref_log_Z, ref_mean = kernel_sums(nearly[:500], nearly, masses, A, BRUTE[0])
+    assert np.max(np.abs(log_Z - ref_log_Z)) <= 1e-10
+    assert np.max(np.abs(mean - ref_mean)) <= 1e-10
+    # the choice is reported
+    _, _, choice = kernel_sums_with_choice(spread, spread, masses, A, "auto")
+    assert choice[0].method == "lowrank" and choice[0].basis == "sphere"
 
 
 @pytest.mark.parametrize("kind", ["taylor", "chebyshev"])
@@ -241,8 +293,9 @@ def test_plan_depends_on_sources_only_for_inner_targets():
 # ----------------------------------------------------------------------------- MPI
 
 
+@pytest.mark.parametrize("basis", ["monomial", "sphere"])
 @pytest.mark.parametrize("d", [2, 3])
-def test_distributed_matches_serial(d):
+def test_distributed_matches_serial(d, basis):
     """Feature sums reduced with one Allreduce equal the serial expansion to 1e-12."""
     rng = np.random.default_rng(11 + d)  # the same global data on every rank
     n, m, beta, sign = 3000, 500, 3.0, -1
@@ -251,15 +304,15 @@ def test_distributed_matches_serial(d):
     heads = random_heads(rng, 3, d)
     A = np.stack([beta * h.Q.T @ h.K for h in heads])
     serial_log_Z, serial_mean = lowrank.lowrank_kernel_sums(
-        targets, sources[masses > 0], masses[masses > 0], A
+        targets, sources[masses > 0], masses[masses > 0], A, basis=basis
     )
     rank, size = COMM.rank, COMM.size
     src = np.array_split(np.arange(n), size)[rank]
     tgt = np.array_split(np.arange(m), size)[(rank + 1) % size]  # not aligned with sources
     log_Z, mean, plans = lowrank.lowrank_sums_distributed(
-        COMM, targets[tgt], sources[src], masses[src], A
+        COMM, targets[tgt], sources[src], masses[src], A, basis=basis
     )
-    assert all(p.degree is not None for p in plans)
+    assert all(p.degree is not None and p.basis == basis for p in plans)
     np.testing.assert_allclose(log_Z, serial_log_Z[:, tgt], rtol=0, atol=1e-12)
     np.testing.assert_allclose(mean, serial_mean[:, tgt], rtol=0, atol=1e-12)
     # the velocity assembled from the distributed sums equals the serial low-rank velocity
@@ -267,8 +320,10 @@ def test_distributed_matches_serial(d):
     x = targets[tgt]
     a -= x[None] * np.einsum("hik,ik->hi", a, x)[:, :, None]
     X_dist = sign * a.mean(axis=0)
-    X_serial = Attention(beta, sign, backend="lowrank").velocity(x, sources, masses, heads)
-    np.testing.assert_allclose(X_dist, X_serial, rtol=0, atol=1e-12)
+    att = Attention(beta, sign, backend="lowrank")
+    X_serial = att.velocity(x, sources, masses, heads)
+    same_basis = all(c.basis == basis for c in att.last_choice)
+    np.testing.assert_allclose(X_dist, X_serial, rtol=0, atol=1e-12 if same_basis else 1e-9)
     # and both are within the tolerance of brute force
     X_brute = Attention(beta, sign, backend="brute").velocity(x, sources, masses, heads)
     assert np.max(np.abs(X_dist - X_brute)) <= 1e-9
