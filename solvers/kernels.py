@@ -183,33 +183,11 @@ if HAVE_NUMBA:
     # Only "contract" (fused multiply-add, one rounding instead of two): reassociation would
     # destroy the rounding trick (t - _SHIFTER) and the range reduction.
     @numba.njit(cache=True, fastmath={"contract"})
-    def _exp_nonpositive(x):
-        """exp(x) for finite x <= 0, branch-free; 0 for x < -708 (relative error ~2e-16)."""
-        xc = max(x, _EXP_CUTOFF)
-        t = xc * _LOG2E + _SHIFTER
-        k = t - _SHIFTER  # round(x log2 e), exactly
-        r = (xc - k * _LN2_HI) - k * _LN2_LO  # |r| <= ln2/2 (+ rounding)
-        p = _C11
-        p = p * r + _C10
-        p = p * r + _C9
-        p = p * r + _C8
-        p = p * r + _C7
-        p = p * r + _C6
-        p = p * r + _C5
-        p = p * r + _C4
-        p = p * r + _C3
-        p = p * r + _C2
-        p = p * r + _C1
-        p = p * r + _C0
-        scale = _bits_to_float64((_float64_to_bits(t) & 2047) << 52)  # 2^k: k + 1023 in [1, 1023]
-        return p * scale if x >= _EXP_CUTOFF else 0.0
-
-    @numba.njit(cache=True, fastmath={"contract"})
     def _exp_normal(x):
         """exp(x) for -708 <= x <= 1 (no range clamps): the single-pass path's exponential."""
         t = x * _LOG2E + _SHIFTER
-        k = t - _SHIFTER
-        r = (x - k * _LN2_HI) - k * _LN2_LO
+        k = t - _SHIFTER  # round(x log2 e), exactly
+        r = (x - k * _LN2_HI) - k * _LN2_LO  # |r| <= ln2/2 (+ rounding)
         p = _C11
         p = p * r + _C10
         p = p * r + _C9
@@ -222,7 +200,13 @@ if HAVE_NUMBA:
         p = p * r + _C2
         p = p * r + _C1
         p = p * r + _C0
-        return p * _bits_to_float64((_float64_to_bits(t) & 2047) << 52)
+        return p * _bits_to_float64((_float64_to_bits(t) & 2047) << 52)  # 2^k, k + 1023 >= 1
+
+    @numba.njit(cache=True, fastmath={"contract"})
+    def _exp_nonpositive(x):
+        """exp(x) for finite x <= 0, branch-free; 0 for x < -708 (relative error ~2e-16)."""
+        value = _exp_normal(max(x, _EXP_CUTOFF))
+        return value if x >= _EXP_CUTOFF else 0.0
 
     @numba.njit(cache=True)
     def _exp_nonpositive_array(x, out):

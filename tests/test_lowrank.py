@@ -15,7 +15,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from solvers import kernels, lowrank, lowrank_sphere
+from solvers import kernels, lowrank, lowrank_bounds, lowrank_monomial, lowrank_sphere
 from solvers.attention import Attention, Head, kernel_sums, kernel_sums_with_choice
 
 COMM = MPI.COMM_WORLD
@@ -163,15 +163,15 @@ def test_error_within_a_priori_bound(kind, d, basis):
         assert plan.rho <= bound_rho * (1 + 1e-14)
         errors = []
         for p in range(2, 41, 3):
-            if lowrank.truncation_bound(plan.rho, p, kind) > 0.5:
+            if lowrank_bounds.truncation_bound(plan.rho, p, kind) > 0.5:
                 continue  # no bound (Z may even lose positivity)
-            rank = lowrank.basis_rank(d, p, basis)
+            rank = lowrank_bounds.basis_rank(d, p, basis)
             forced = dataclasses.replace(plan, degree=p, rank=rank)
             log_Z, mean = lowrank.lowrank_kernel_sums(targets, sources, masses, A, plans=[forced])
             err_Z = np.max(np.abs(np.expm1(log_Z - ref_log_Z)))
             err_mean = np.max(np.abs(mean - ref_mean))
-            bound = lowrank.plan_bound(plan.rho, p, kind)
-            bound += lowrank.rounding_estimate(plan.rho, rank, basis)
+            bound = lowrank_bounds.plan_bound(plan.rho, p, kind)
+            bound += lowrank_bounds.rounding_estimate(plan.rho, rank, basis)
             assert err_Z <= bound, (c, p, err_Z, bound)
             assert err_mean <= bound, (c, p, err_mean, bound)
             errors.append(max(err_Z, err_mean))
@@ -194,7 +194,7 @@ def test_worst_case_masses_within_bound(basis):
         log_Z, mean = lowrank.lowrank_kernel_sums(targets, sources, masses, A, plans=[plan])
         err = max(np.max(np.abs(np.expm1(log_Z - ref_log_Z))), np.max(np.abs(mean - ref_mean)))
         assert err <= 1e-10, (rho, err)
-        assert err <= plan.bound + lowrank.rounding_estimate(plan.rho, plan.rank, basis)
+        assert err <= plan.bound + lowrank_bounds.rounding_estimate(plan.rho, plan.rank, basis)
 
 
 def test_auto_basis_choice():
@@ -229,37 +229,46 @@ def test_choose_degree_meets_tolerance(kind):
     for d in (2, 3):
         for tol in (1e-4, 1e-8, 1e-10, 1e-12):
             for c in (0.1, 0.5, 1.0, 2.0, 3.0, 4.0):
-                p = lowrank.choose_degree(c, tol, d, kind)
+                p = lowrank_bounds.choose_degree(c, tol, d, kind)
                 if p is None:  # only where the rounding estimate alone nearly exceeds tol
                     assert tol < 1e-11 and c > 2.5, (d, tol, c)
                     continue
-                r = lowrank.expansion_rank(d, p)
-                eps = lowrank.truncation_bound(c, p, kind)
-                assert lowrank.mean_error_bound(eps) + lowrank.rounding_estimate(c, r) <= tol
+                r = lowrank_bounds.expansion_rank(d, p)
+                eps = lowrank_bounds.truncation_bound(c, p, kind)
+                assert (
+                    lowrank_bounds.mean_error_bound(eps) + lowrank_bounds.rounding_estimate(c, r)
+                    <= tol
+                )
                 if p > 0:  # the smallest such degree
-                    eps = lowrank.truncation_bound(c, p - 1, kind)
-                    r = lowrank.expansion_rank(d, p - 1)
-                    assert lowrank.mean_error_bound(eps) + lowrank.rounding_estimate(c, r) > tol
-    assert lowrank.choose_degree(4.0, 1e-10, 3) <= lowrank.choose_degree(4.0, 1e-10, 3, "taylor")
-    assert lowrank.choose_degree(10.0, 1e-10, 3) is None  # beyond the low-rank range
-    assert lowrank.choose_degree(0.0, 1e-10, 3) == 0
+                    eps = lowrank_bounds.truncation_bound(c, p - 1, kind)
+                    r = lowrank_bounds.expansion_rank(d, p - 1)
+                    assert (
+                        lowrank_bounds.mean_error_bound(eps)
+                        + lowrank_bounds.rounding_estimate(c, r)
+                        > tol
+                    )
+    assert lowrank_bounds.choose_degree(4.0, 1e-10, 3) <= lowrank_bounds.choose_degree(
+        4.0, 1e-10, 3, "taylor"
+    )
+    assert lowrank_bounds.choose_degree(10.0, 1e-10, 3) is None  # beyond the low-rank range
+    assert lowrank_bounds.choose_degree(0.0, 1e-10, 3) == 0
 
 
 def test_taylor_bound_formula():
-    assert lowrank.taylor_bound(2.0, 3) == pytest.approx(math.exp(2) * 16 / 24, rel=1e-14)
+    assert lowrank_bounds.taylor_bound(2.0, 3) == pytest.approx(math.exp(2) * 16 / 24, rel=1e-14)
     # the Chebyshev bound beats Taylor by about 2 I_0(rho) 2^-(p+1)
-    assert lowrank.chebyshev_bound(4.0, 20) < 1e-4 * lowrank.taylor_bound(4.0, 20)
+    assert lowrank_bounds.chebyshev_bound(4.0, 20) < 1e-4 * lowrank_bounds.taylor_bound(4.0, 20)
 
 
 def test_monomial_tables():
     for d, p in ((2, 5), (3, 7), (4, 3)):
-        parent, var, coef = lowrank.monomial_table(d, p)
-        assert len(parent) == lowrank.expansion_rank(d, p) == math.comb(p + d, d)
-        assert len(lowrank.nested_coefficients(2 if d == 2 else 3, p, (1.0,) * (p + 1))) == (
-            math.comb(p + (2 if d == 2 else 3), 2 if d == 2 else 3)
-        )
+        parent, var, coef = lowrank_monomial.monomial_table(d, p)
+        assert len(parent) == lowrank_bounds.expansion_rank(d, p) == math.comb(p + d, d)
+        assert len(
+            lowrank_monomial.nested_coefficients(2 if d == 2 else 3, p, (1.0,) * (p + 1))
+        ) == (math.comb(p + (2 if d == 2 else 3), 2 if d == 2 else 3))
         v = np.random.default_rng(0).normal(size=(d, 4))
-        F = lowrank._features_python(v, parent, var, coef)
+        F = lowrank_monomial._features_python(v, parent, var, coef)
         # sum_alpha psi_alpha(a) psi_alpha(b) = sum_k <a, b>^k / k!
         t = v[:, 0] @ v[:, 1]
         expected = sum(t**k / math.factorial(k) for k in range(p + 1))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import special
 
-from solvers import lowrank, lowrank_sphere, sphere_basis
+from solvers import lowrank_bounds, lowrank_sphere, sphere_basis
 
 numba = pytest.importorskip("numba")
 
@@ -124,7 +124,7 @@ def test_coupling_matrix_reproduces_the_kernel_polynomial(d):
     A = rng.normal(size=(d, d))
     A *= 3.0 / np.linalg.norm(A, 2)
     p = 16
-    g = lowrank._degree_coefficients(3.0, p, "chebyshev")
+    g = lowrank_bounds.degree_coefficients(3.0, p, "chebyshev")
     C = lowrank_sphere.coupling_matrix(A, p, g)
     x, y = sphere_points(rng, 40, d), sphere_points(rng, 30, d)
     lhs = sphere_basis.basis_values(x, p).T @ C @ sphere_basis.basis_values(y, p)
@@ -132,7 +132,7 @@ def test_coupling_matrix_reproduces_the_kernel_polynomial(d):
     rhs = sum(gk * t**k for k, gk in enumerate(g))
     np.testing.assert_allclose(lhs, rhs, rtol=1e-13, atol=1e-13 * np.abs(rhs).max())
     # and P_p approximates the kernel within the a-priori relative bound
-    assert np.max(np.abs(rhs / np.exp(t) - 1)) <= lowrank.truncation_bound(3.0, p)
+    assert np.max(np.abs(rhs / np.exp(t) - 1)) <= lowrank_bounds.truncation_bound(3.0, p)
     assert lowrank_sphere.coupling_matrix(A, p, g) is C  # cached per (A, p)
 
 
