@@ -116,7 +116,12 @@ def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
     heads = [Head(Q, K, V) for Q, K, V in head_matrices(cfg)]
     curved = cfg["mesh"]["manifold"] in ("S1", "S2")
     attention = Attention(
-        a["beta"], a["sign"], manifold=curved, backend=a["backend"], tolerance=a["tolerance"]
+        a["beta"],
+        a["sign"],
+        manifold=curved,
+        backend=a["backend"],
+        tolerance=a["tolerance"],
+        frozen_heads=w["dynamics"] == "frozen",
     )
     if w["dynamics"] == "fokker-planck":
         return attention, _weight_measure(w, heads)

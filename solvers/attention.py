@@ -219,8 +219,12 @@ def kernel_sums_with_choice(
     A: np.ndarray,
     backend: str = "auto",
     tolerance: float = DEFAULT_TOLERANCE,
+    frozen_heads: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, tuple[lowrank.HeadChoice, ...]]:
-    """:func:`kernel_sums` plus how each head was evaluated (:class:`lowrank.HeadChoice`)."""
+    """:func:`kernel_sums` plus how each head was evaluated (:class:`lowrank.HeadChoice`).
+
+    ``frozen_heads``: the caller evaluates the same matrices A over and over (constant weights),
+    so the cost model leaves out the set-up that the sphere basis caches per head."""
     name = _resolve_backend(backend)
     tolerance = _check_tolerance(tolerance)
     X = _as_matrix("targets", targets)
@@ -246,7 +250,9 @@ def kernel_sums_with_choice(
             choices = [lowrank.HeadChoice(brute, math.nan, reason="tiny problem")] * H
             plans = None
         else:
-            choices, plans = lowrank.choose_heads(X, Y, A, tolerance, name, brute)
+            choices, plans = lowrank.choose_heads(
+                X, Y, A, tolerance, name, brute, setup_once=frozen_heads
+            )
     else:
         choices, plans = [lowrank.HeadChoice(name, math.nan, reason="requested")] * H, None
     low = [h for h in range(H) if choices[h].method == "lowrank"]
@@ -277,6 +283,9 @@ class Attention:
         :math:`\mathbb{R}^d` (:math:`P_x = I`).
     backend : "auto", "brute", "lowrank", "numba" or "numpy" (see :func:`kernel_sums`).
     tolerance : accuracy of the low-rank expansion (see :func:`kernel_sums`).
+    frozen_heads : the heads are the same at every evaluation (constant weights): the low-rank
+        cost model then amortises the sphere basis's per-head set-up over the run
+        (:func:`kernel_sums_with_choice`). Only the choice of method depends on it.
 
     After each evaluation :attr:`last_choice` tells how every head was evaluated.
     """
@@ -289,6 +298,7 @@ class Attention:
         manifold: bool = True,
         backend: str = "auto",
         tolerance: float = DEFAULT_TOLERANCE,
+        frozen_heads: bool = False,
     ) -> None:
         if isinstance(beta, bool) or not isinstance(beta, int | float | np.number):
             raise ValueError(f"beta must be a real number, got {beta!r}")
@@ -301,6 +311,7 @@ class Attention:
         self._manifold = bool(manifold)
         self._backend = _resolve_backend(backend)
         self._tolerance = _check_tolerance(tolerance)
+        self._frozen_heads = bool(frozen_heads)
         self.last_choice: tuple[lowrank.HeadChoice, ...] | None = None
 
     @property
@@ -350,7 +361,7 @@ class Attention:
         d = X.shape[1]
         A = self.attention_matrices(heads, d)
         log_Z, mean, choice = kernel_sums_with_choice(
-            X, sources, masses, A, self._backend, self._tolerance
+            X, sources, masses, A, self._backend, self._tolerance, self._frozen_heads
         )
         self.last_choice = choice
         V = np.stack([head.V for head in heads])

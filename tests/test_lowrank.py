@@ -224,6 +224,22 @@ def test_auto_basis_choice():
     assert choice[0].method == "lowrank" and choice[0].basis == "sphere"
 
 
+def test_frozen_heads_amortise_the_sphere_setup():
+    """N = 20,000 spread tokens, c = 4: per call the coupling matrix (~6e7 pair-equivalents)
+    makes the monomials cheaper; with frozen heads it is built once and the sphere basis wins.
+    The choice depends on the declaration only, not on what happens to be cached."""
+    rng = np.random.default_rng(14)
+    points = sphere_points(rng, 20_000, 3)
+    masses = np.full(20_000, 1 / 20_000)
+    heads = [Head(np.eye(3), 4.0 * np.eye(3), np.eye(3))]
+    for frozen, basis in ((False, "monomial"), (True, "sphere"), (False, "monomial")):
+        att = Attention(1.0, 1, frozen_heads=frozen)
+        X = att.velocity(points[:200], points, masses, heads)
+        assert att.last_choice[0].method == "lowrank" and att.last_choice[0].basis == basis
+        X_ref = Attention(1.0, 1, backend="brute").velocity(points[:200], points, masses, heads)
+        np.testing.assert_allclose(X, X_ref, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("kind", ["taylor", "chebyshev"])
 def test_choose_degree_meets_tolerance(kind):
     for d in (2, 3):
