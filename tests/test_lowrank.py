@@ -304,6 +304,25 @@ def test_generic_dimension_path():
     assert np.max(np.abs(mean - ref_mean)) <= 1e-10
 
 
+def test_geometry_kernels_match_numpy():
+    """The compiled geometry passes of make_plans (boxes, sphere distance, radii) against the
+    numpy fallbacks."""
+    rng = np.random.default_rng(15)
+    Y = sphere_points(rng, 500, 3) * rng.uniform(0.9, 1.1, (500, 1))
+    A = rng.normal(size=(2, 3, 3))
+    lo, hi, dist = lowrank._geometry(Y, A)
+    lo_np, hi_np, dist_np = lowrank._geometry_numpy(Y, A)
+    np.testing.assert_allclose(lo, lo_np, rtol=1e-15, atol=1e-15)
+    np.testing.assert_allclose(hi, hi_np, rtol=1e-15, atol=1e-15)
+    assert dist == pytest.approx(dist_np, abs=1e-15) and 0.05 < dist <= 0.1
+    centres = rng.normal(size=(3, 3))
+    np.testing.assert_allclose(
+        lowrank._squared_radii(Y, A, centres),
+        lowrank._radii_numpy(Y, A, centres[0], centres[1:]),
+        rtol=1e-14,
+    )
+
+
 def test_plan_depends_on_sources_only_for_inner_targets():
     rng = np.random.default_rng(10)
     sources = sphere_points(rng, 500, 3)
