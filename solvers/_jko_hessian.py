@@ -16,12 +16,13 @@ forming an :math:`N \times N` array:
   - \gamma \mathcal{K}|\cdot|` with :math:`|\cdot|` the cell measures and
   :math:`\gamma = \max(0, \max_L -\delta m_L / |L|)`; :math:`\mathcal{K}|\cdot|` is computed
   once per set of heads. One kernel sum (:math:`O(N^2)`) per product.
-* :class:`ExpansionHessian` - a truncated expansion in an orthonormal basis
-  :math:`(Y_a)` of the polynomials of degree :math:`\le p` on the sphere (real spherical
-  harmonics on :math:`S^2`, Fourier modes on :math:`S^1`):
-  :math:`k(x, y) \approx \sum_{a, b} Y_a(x) C_{ab} Y_b(y)` with
-  :math:`C = \Phi_Q^T W K_{QQ} W \Phi_Q` (Gauss-Legendre x trapezoid product rule
-  :math:`(z_q, w_q)` exact to degree :math:`2p + 1`; :math:`K_{QQ}` the kernel at the nodes).
+* :class:`ExpansionHessian` - a truncated expansion in the orthonormal basis
+  :math:`(Y_a)` of the polynomials of degree :math:`\le p` on the sphere of
+  :mod:`solvers.sphere_basis` (real spherical harmonics on :math:`S^2`, Fourier modes on
+  :math:`S^1`): :math:`k(x, y) \approx \sum_{a, b} Y_a(x) C_{ab} Y_b(y)` with
+  :math:`C = \Phi_Q^T W K_{QQ} W \Phi_Q` (its product quadrature :math:`(q, w)`, exact to
+  degree :math:`2p`; :math:`K_{QQ}` the kernel at the nodes; computed by factorised
+  projections).
   The degree-:math:`l` part of :math:`e^{x^T A y}` decays like
   :math:`(\|A\|/2)^l / l!`, so the truncation error is below the tolerance for modest
   :math:`p` (:math:`p = 20` for :math:`\|A\| = 4`); the error is *measured* on a set of
@@ -34,7 +35,7 @@ evaluates residuals as :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)` (exact
 :math:`\rho^k` only): the solution then differs from the exact-kernel one by at most the
 checked relative error (1e-12) times :math:`|m - m^k|_1 = O(\tau)`, far below the Newton
 tolerance (``tests/test_jko.py`` compares the two to 1e-9). The basis matrix is
-:math:`n_{owned} \times R` (290 MB per rank at 81,920 cells, p = 20, one rank); above
+:math:`R \times n_{owned}` (290 MB per rank at 81,920 cells, p = 20, one rank); above
 ``MAX_BASIS_BYTES`` or ``MAX_DEGREE`` "auto" falls back to kernel sums.
 """
 
@@ -49,36 +50,49 @@ import numpy as np
 import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
+from solvers import sphere_basis
 from solvers.attention import kernel_sums
 from solvers.transport import GlobalSources
 
-__all__ = ["ExpansionHessian", "KernelHessian", "make_hessian", "real_harmonics"]
+__all__ = ["ExpansionHessian", "KernelHessian", "make_hessian"]
 
 try:
     import numba
 
-    @numba.njit(cache=True)
-    def _gemv(M, v, transpose):  # plain loops: threaded BLAS on tiny products thrashes shared cores
-        n, r = M.shape
-        if transpose:
-            out = np.zeros(r)
-            for i in range(n):
-                vi = v[i]
-                for a in range(r):
-                    out[a] += M[i, a] * vi
-            return out
-        out = np.empty(n)
-        for i in range(n):
+    # Loops on the (R, n) basis array, threads over independent outputs (results do not
+    # depend on the thread count); both stream the rows contiguously.
+    @numba.njit(parallel=True, cache=True)
+    def _rows_dot(M, v):  # M (R, n), v (n,) -> M v (R,); each entry summed in order
+        r, n = M.shape
+        out = np.empty(r)
+        for a in numba.prange(r):
             acc = 0.0
+            for i in range(n):
+                acc += M[a, i] * v[i]
+            out[a] = acc
+        return out
+
+    @numba.njit(parallel=True, cache=True)
+    def _rows_combine(M, w):  # M (R, n), w (R,) -> M^T w (n,); each entry summed in order
+        r, n = M.shape
+        out = np.zeros(n)
+        block = 2048
+        for ib in numba.prange((n + block - 1) // block):
+            i0 = ib * block
+            i1 = min(n, i0 + block)
             for a in range(r):
-                acc += M[i, a] * v[a]
-            out[i] = acc
+                wa = w[a]
+                for i in range(i0, i1):
+                    out[i] += M[a, i] * wa
         return out
 
 except ImportError:  # pragma: no cover
 
-    def _gemv(M, v, transpose):
-        return M.T @ v if transpose else M @ v
+    def _rows_dot(M, v):
+        return M @ v
+
+    def _rows_combine(M, w):
+        return M.T @ w
 
 
 Array = npt.NDArray[np.float64]
@@ -126,62 +140,6 @@ class KernelHessian:
         return self._sum(dm + gamma * self._meas_all) - gamma * self._ref
 
 
-def real_harmonics(points: Array, p: int) -> Array:
-    r"""Orthonormal real harmonics of degree <= p at unit points, shape (n, R).
-
-    S^2 (points (n, 3)): :math:`R = (p+1)^2`, :math:`Y_{lm} = \bar P_l^{|m|}(z)
-    \{\sqrt2 \cos m\varphi, 1, \sqrt2 \sin |m|\varphi\}` with the fully normalised associated
-    Legendre functions (three-term recurrence in l). S^1 (points (n, 2)): :math:`R = 2p + 1`,
-    :math:`1/\sqrt{2\pi}, \cos j\theta / \sqrt\pi, \sin j\theta / \sqrt\pi`.
-    """
-    n, d = points.shape
-    if d == 2:
-        theta = np.arctan2(points[:, 1], points[:, 0])
-        cols = [np.full(n, 1.0 / math.sqrt(2 * math.pi))]
-        for j in range(1, p + 1):
-            cols += [np.cos(j * theta) / math.sqrt(math.pi), np.sin(j * theta) / math.sqrt(math.pi)]
-        return np.column_stack(cols)
-    z = np.clip(points[:, 2], -1.0, 1.0)
-    s = np.sqrt(np.maximum(0.0, 1.0 - z * z))
-    phi = np.arctan2(points[:, 1], points[:, 0])
-    out = np.empty((n, (p + 1) ** 2))
-    pmm = np.full(n, 1.0 / math.sqrt(4 * math.pi))
-    for m in range(p + 1):
-        if m > 0:
-            pmm = -math.sqrt((2 * m + 1) / (2 * m)) * s * pmm
-        trig = (
-            (np.ones(n), None)
-            if m == 0
-            else (math.sqrt(2) * np.cos(m * phi), math.sqrt(2) * np.sin(m * phi))
-        )
-        p_prev, p_cur = None, pmm
-        for l in range(m, p + 1):
-            if l == m + 1:
-                p_prev, p_cur = p_cur, math.sqrt(2 * m + 3) * z * p_cur
-            elif l > m + 1:
-                a = math.sqrt((4 * l * l - 1) / (l * l - m * m))
-                b = math.sqrt(((l - 1) ** 2 - m * m) / (4 * (l - 1) ** 2 - 1))
-                p_prev, p_cur = p_cur, a * (z * p_cur - b * p_prev)
-            out[:, l * l + l + m] = p_cur * trig[0]
-            if m > 0:
-                out[:, l * l + l - m] = p_cur * trig[1]
-    return out
-
-
-def _quadrature(d: int, p: int) -> tuple[Array, Array]:
-    """Nodes and weights on S^{d-1} exact for polynomials of degree <= 2 p + 1."""
-    n_phi = 2 * p + 2
-    phi = 2 * math.pi * np.arange(n_phi) / n_phi
-    if d == 2:
-        return np.column_stack([np.cos(phi), np.sin(phi)]), np.full(n_phi, 2 * math.pi / n_phi)
-    z, wz = np.polynomial.legendre.leggauss(p + 1)
-    Z, P = np.meshgrid(z, phi, indexing="ij")
-    S = np.sqrt(1 - Z * Z)
-    nodes = np.column_stack([(S * np.cos(P)).ravel(), (S * np.sin(P)).ravel(), Z.ravel()])
-    weights = (wz[:, None] * np.full(n_phi, 2 * math.pi / n_phi)[None, :]).ravel()
-    return nodes, weights
-
-
 def _kernel(x: Array, y: Array, A: Array, coef: float) -> Array:
     return coef * sum(np.exp((x @ A_r) @ y.T) for A_r in A)
 
@@ -204,7 +162,9 @@ class ExpansionHessian:
         self.degree, self.error, self._comm = degree, error, cv.comm
         C = _coefficients(cv.d, A, coef, degree)
         self._C = 0.5 * (C + C.T) if np.array_equal(A, A.swapaxes(1, 2)) else C
-        self.basis = real_harmonics(points[: cv.n_owned], degree) if basis is None else basis
+        if basis is None:
+            basis = sphere_basis.basis_values(points[: cv.n_owned], degree)
+        self.basis = basis  # (R, n_owned)
         self.products = 0
 
     @property
@@ -215,17 +175,18 @@ class ExpansionHessian:
         """(K dm) at the owned centres (collective: one allreduce of R numbers)."""
         self.products += 1
         dm = np.ascontiguousarray(dm_owned, dtype=np.float64)
-        moments = _gemv(self.basis, dm, True)
+        moments = _rows_dot(self.basis, dm)
         if self._comm.size > 1:
             moments = self._comm.allreduce(moments, op=MPI.SUM)
-        return _gemv(self.basis, _gemv(self._C, moments, False), False)
+        return _rows_combine(self.basis, _rows_dot(self._C, moments))
 
 
 def _coefficients(d: int, A: Array, coef: float, degree: int) -> Array:
-    """C = Phi_Q^T W K_QQ W Phi_Q, the (R, R) expansion coefficients (module docstring)."""
-    nodes, weights = _quadrature(d, degree)
-    Phi_q = real_harmonics(nodes, degree) * weights[:, None]
-    return Phi_q.T @ _kernel(nodes, nodes, A, coef) @ Phi_q
+    """C = Phi_Q^T W K_QQ W Phi_Q, the (R, R) expansion coefficients (module docstring), by
+    the factorised projections of :func:`solvers.sphere_basis.project`."""
+    nodes, _ = sphere_basis.quadrature(d, degree)
+    projected = sphere_basis.project(_kernel(nodes, nodes, A, coef), degree, d)  # in y
+    return np.ascontiguousarray(sphere_basis.project(projected.T, degree, d).T)  # then in x
 
 
 def expansion_error(d: int, A: Array, coef: float, degree: int, n_sample: int = 200) -> float:
@@ -234,9 +195,9 @@ def expansion_error(d: int, A: Array, coef: float, degree: int, n_sample: int = 
     x = rng.normal(size=(n_sample, d))
     x /= np.linalg.norm(x, axis=1)[:, None]
     C = _coefficients(d, A, coef, degree)
-    Y = real_harmonics(x, degree)
+    Y = sphere_basis.basis_values(x, degree)
     exact = _kernel(x, x, A, coef)
-    return float(np.max(np.abs(Y @ C @ Y.T - exact)) / np.max(np.abs(exact)))
+    return float(np.max(np.abs(Y.T @ C @ Y - exact)) / np.max(np.abs(exact)))
 
 
 def make_hessian(

@@ -256,6 +256,21 @@ if HAVE_NUMBA:
                     if d == 3:
                         part[row, 3] += s3
 
+    @numba.njit(parallel=True, cache=True)
+    def _values(V, p, start, a, b, block, out):
+        # out (nbasis, n): the basis at every point, blocks of points in parallel
+        d, n = V.shape
+        nbasis = out.shape[0]
+        for ib in numba.prange((n + block - 1) // block):
+            F = np.empty((nbasis, block))
+            u = np.empty((d, block))
+            j0 = ib * block
+            nb = min(block, n - j0)
+            _fill(F, V, j0, nb, p, start, a, b, u)
+            for row in range(nbasis):
+                for t in range(nb):
+                    out[row, j0 + t] = F[row, t]
+
     @numba.njit(parallel=True, cache=True, fastmath={"contract", "reassoc"})
     def _evaluate(V, T, p, start, a, b, block, out):
         # V (d, m) points, T (nbasis, K); out (K, m) = T^T Y(V[:, i] / |V[:, i]|)
@@ -293,13 +308,7 @@ def basis_values(points: np.ndarray, p: int) -> np.ndarray:
     if not HAVE_NUMBA or n == 0:
         return _fill_python(V / np.linalg.norm(V, axis=0), p)
     F = np.empty((nbasis, n))
-    block = 4096
-    u = np.empty((d, block))
-    for j0 in range(0, n, block):
-        nb = min(block, n - j0)
-        part = np.empty((nbasis, nb))
-        _fill(part, V, j0, nb, p, *_tables(d, p), u)
-        F[:, j0 : j0 + nb] = part
+    _values(V, p, *_tables(d, p), BLOCK, F)
     return F
 
 

@@ -80,6 +80,18 @@ def test_run_outputs(shared_tmp):
         assert np.sort(density) == pytest.approx(np.sort(final["density"]), abs=1e-14)
 
 
+def test_jko_lands_on_t_end_without_a_sliver_step(shared_tmp):
+    """Eight JKO steps of 0.1 sum to 0.7999999999999999: the eighth step must take the sliver
+    along (t_end = 0.8 reached in 8 steps, not a ninth step of 1e-16)."""
+    out = shared_tmp / "jko_sliver"
+    args = ["run", str(ROOT / "configs/demo_s2.toml"), "--out", str(out), *SMALL]
+    args += ["--set", 'time.scheme="jko"', "--set", "time.dt=0.1", "--set", "time.t_end=0.8"]
+    assert main(args) == 0
+    if MPI.COMM_WORLD.rank == 0:
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["steps"] == 8 and summary["t_final"] == 0.8
+
+
 def test_s1_run_and_particles(shared_tmp):
     out = shared_tmp / "s1"
     cfg = _write(
