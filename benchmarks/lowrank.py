@@ -64,7 +64,7 @@ def worker(method: str, n: int, out: str, tol: float = 1e-10) -> None:
     if method in ("monomial", "sphere"):
         for basis in ("monomial", "sphere"):  # compile / load the numba caches
             lowrank.lowrank_kernel_sums(small[0], small[0], small[1], small[2], basis=basis)
-        lowrank_sphere._coupling_cached.cache_clear()
+        lowrank_sphere.clear_coupling_cache()
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         times = []
         for _ in range(3):

@@ -385,7 +385,8 @@ def make_plans(
     lie on the unit sphere, d = 2, 3, and its bound meets ``tol``) or "auto" (the cheaper of the
     two by the cost model, for as many targets as the global number of sources;
     ``setup_once``: the matrices A will not change between calls, so the sphere basis's coupling
-    matrix is built once and its set-up is left out of the comparison, :func:`plan_cost`).
+    matrix is built once and its set-up is left out of the comparison, :func:`plan_cost`, as
+    long as all heads' matrices fit in the cache together).
     """
     if basis not in ("auto", "monomial", "sphere"):
         raise ValueError(f"basis must be 'auto', 'monomial' or 'sphere', got {basis!r}")
@@ -419,15 +420,22 @@ def make_plans(
     ]
     if basis == "monomial" or d not in (2, 3) or delta > lowrank_sphere.SPHERE_TOL:
         return monomial
+    spheres = [
+        plan_sphere_head(np.array(A[h], dtype=np.float64), delta, tol, kind) for h in range(H)
+    ]
+    # the set-up is paid once only if every head's coupling matrix stays in the cache
+    cached = sum(
+        lowrank_sphere.coupling_bytes(d, s.degree) for s in spheres if s.degree is not None
+    )
+    once = setup_once and cached <= lowrank_sphere.COUPLING_CACHE_BYTES
     plans = []
-    for h, mono in enumerate(monomial):
-        sphere = plan_sphere_head(np.array(A[h], dtype=np.float64), delta, tol, kind)
+    for mono, sphere in zip(monomial, spheres, strict=True):
         if sphere.degree is None:
             plans.append(mono)
         elif basis == "sphere" or mono.degree is None:
             plans.append(sphere)
         else:
-            cheaper = plan_cost(sphere, n, n, setup_once) < plan_cost(mono, n, n)
+            cheaper = plan_cost(sphere, n, n, once) < plan_cost(mono, n, n)
             plans.append(sphere if cheaper else mono)
     return plans
 

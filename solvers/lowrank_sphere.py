@@ -36,7 +36,7 @@ perturbation :math:`\eta` of every kernel value that the plan adds to the bound.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from collections import OrderedDict
 
 import numpy as np
 
@@ -50,7 +50,10 @@ except ImportError:  # pragma: no cover
     HAVE_NUMBA = False
 
 __all__ = [
+    "COUPLING_CACHE_BYTES",
     "SPHERE_TOL",
+    "clear_coupling_cache",
+    "coupling_bytes",
     "coupling_matrix",
     "kernel_perturbation",
     "sphere_distance",
@@ -60,6 +63,12 @@ __all__ = [
 
 #: Largest distance | |x| - 1 | of a point from the unit sphere for the sphere basis.
 SPHERE_TOL = 1e-12
+#: Memory of the coupling-matrix cache (least recently used matrices go first). A run whose
+#: heads' matrices do not fit together is not told that the set-up is paid once
+#: (``solvers.lowrank.make_plans``).
+COUPLING_CACHE_BYTES = 256 * 2**20
+
+_CACHE: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
 
 def sphere_distance(points: np.ndarray) -> float:
@@ -103,9 +112,7 @@ def _polynomial(T: np.ndarray, g: tuple[float, ...]) -> np.ndarray:
     return out  # pragma: no cover
 
 
-@lru_cache(maxsize=16)
-def _coupling_cached(A_bytes: bytes, d: int, p: int, g: tuple[float, ...]) -> np.ndarray:
-    A = np.frombuffer(A_bytes, dtype=np.float64).reshape(d, d)
+def _coupling(A: np.ndarray, d: int, p: int, g: tuple[float, ...]) -> np.ndarray:
     q, _ = sphere_basis.quadrature(d, p)
     P = _polynomial(q @ A @ q.T, g)  # P[a, c] = P_p(q_a^T A q_c): a target, c source
     R = sphere_basis.project(P, p, d)  # (Q, b): projected in the source variable
@@ -115,9 +122,29 @@ def _coupling_cached(A_bytes: bytes, d: int, p: int, g: tuple[float, ...]) -> np
 
 
 def coupling_matrix(A: np.ndarray, p: int, g: tuple[float, ...]) -> np.ndarray:
-    """The (b, b) matrix C with K_p(x, y) = Y(x)^T C Y(y) on the sphere (module docstring)."""
+    """The (b, b) matrix C with K_p(x, y) = Y(x)^T C Y(y) on the sphere (module docstring),
+    cached per (A, p, g) within :data:`COUPLING_CACHE_BYTES`."""
     A = np.ascontiguousarray(A, dtype=np.float64)
-    return _coupling_cached(A.tobytes(), A.shape[0], p, tuple(g))
+    key = (A.tobytes(), A.shape[0], p, tuple(g))
+    C = _CACHE.get(key)
+    if C is not None:
+        _CACHE.move_to_end(key)
+        return C
+    C = _coupling(A, A.shape[0], p, tuple(g))
+    _CACHE[key] = C
+    while sum(c.nbytes for c in _CACHE.values()) > COUPLING_CACHE_BYTES and len(_CACHE) > 1:
+        _CACHE.popitem(last=False)
+    return C
+
+
+def coupling_bytes(d: int, p: int) -> int:
+    """Memory of one coupling matrix of degree p."""
+    return 8 * sphere_basis.basis_size(d, p) ** 2
+
+
+def clear_coupling_cache() -> None:
+    """Forget every cached coupling matrix (benchmarks time the cold path with it)."""
+    _CACHE.clear()
 
 
 def sphere_head_sums(sources: np.ndarray, masses: np.ndarray, p: int) -> np.ndarray:

@@ -240,6 +240,29 @@ def test_frozen_heads_amortise_the_sphere_setup():
         np.testing.assert_allclose(X, X_ref, rtol=0, atol=1e-10)
 
 
+def test_frozen_heads_need_room_in_the_coupling_cache(monkeypatch):
+    """When the heads' coupling matrices do not fit in the cache together, every call would
+    rebuild them: frozen heads are then costed like time-dependent ones. The cache stays
+    within its byte budget (least recently used matrices go first)."""
+    rng = np.random.default_rng(16)
+    points = sphere_points(rng, 20_000, 3)
+    A = 4.0 * np.eye(3)[None]
+    (plan,) = lowrank.make_plans(points, points, A, 1e-10, setup_once=True)
+    assert plan.basis == "sphere"
+    budget = lowrank_sphere.coupling_bytes(3, plan.degree)
+    monkeypatch.setattr(lowrank_sphere, "COUPLING_CACHE_BYTES", budget - 1)
+    (plan,) = lowrank.make_plans(points, points, A, 1e-10, setup_once=True)
+    assert plan.basis == "monomial"
+    monkeypatch.setattr(lowrank_sphere, "COUPLING_CACHE_BYTES", 2 * budget)
+    lowrank_sphere.clear_coupling_cache()
+    g = lowrank_bounds.degree_coefficients(4.0, 20, "chebyshev")
+    first = lowrank_sphere.coupling_matrix(4.0 * np.eye(3), 20, g)
+    for scale in (3.0, 2.0):
+        lowrank_sphere.coupling_matrix(scale * np.eye(3), 20, g)
+    assert len(lowrank_sphere._CACHE) == 2
+    assert lowrank_sphere.coupling_matrix(4.0 * np.eye(3), 20, g) is not first  # evicted
+
+
 @pytest.mark.parametrize("kind", ["taylor", "chebyshev"])
 def test_choose_degree_meets_tolerance(kind):
     for d in (2, 3):
