@@ -79,6 +79,12 @@ def quadrature_size(d: int, p: int) -> int:
     return (2 * p + 1) * (p + 1 if d == 3 else 1)
 
 
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """Mark a cached array read-only (the caches hand the same array to every caller)."""
+    array.flags.writeable = False
+    return array
+
+
 @lru_cache(maxsize=32)
 def _legendre_tables(p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start values P^_m^m (p + 1,) and recurrence coefficients a_lm, b_lm ((p + 1)^2 each)."""
@@ -97,7 +103,7 @@ def _legendre_tables(p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 b[l, m] = math.sqrt(
                     (2 * l + 1) * ((l - 1) ** 2 - m * m) / ((2 * l - 3) * (l * l - m * m))
                 )
-    return start, a, b
+    return _frozen(start), _frozen(a), _frozen(b)
 
 
 @lru_cache(maxsize=32)
@@ -108,14 +114,14 @@ def quadrature(d: int, p: int) -> tuple[np.ndarray, np.ndarray]:
     phi = 2.0 * math.pi * np.arange(n_phi) / n_phi
     if d == 2:
         points = np.column_stack([np.cos(phi), np.sin(phi)])
-        return points, np.full(n_phi, 2.0 * math.pi / n_phi)
+        return _frozen(points), _frozen(np.full(n_phi, 2.0 * math.pi / n_phi))
     z, wz = np.polynomial.legendre.leggauss(p + 1)
     s = np.sqrt(1.0 - z * z)
     points = np.column_stack(
         [np.outer(s, np.cos(phi)).ravel(), np.outer(s, np.sin(phi)).ravel(), np.repeat(z, n_phi)]
     )
     weights = np.repeat(wz, n_phi) * (2.0 * math.pi / n_phi)
-    return points, weights
+    return _frozen(points), _frozen(weights)
 
 
 def _fill_python(V: np.ndarray, p: int) -> np.ndarray:
@@ -360,7 +366,7 @@ def _angle_matrix(p: int) -> np.ndarray:
     """(2p + 1, 2 (p + 1)): columns cos(m phi_j), then sin(m phi_j), m = 0..p."""
     phi = 2.0 * math.pi * np.arange(2 * p + 1) / (2 * p + 1)
     m = np.arange(p + 1)
-    return np.hstack([np.cos(np.outer(phi, m)), np.sin(np.outer(phi, m))])
+    return _frozen(np.hstack([np.cos(np.outer(phi, m)), np.sin(np.outer(phi, m))]))
 
 
 @lru_cache(maxsize=16)
@@ -371,7 +377,7 @@ def _projection_tables(
     L[row, a] = w_a (2 pi / M) P^_l^m(z_a) sin^m(theta_a) and, per m, the cosine and sine rows."""
     q, w = quadrature(d, p)
     if d == 2:
-        return basis_values(q, p) * w, []
+        return _frozen(basis_values(q, p) * w), []
     z, wz = np.polynomial.legendre.leggauss(p + 1)
     meridian = np.column_stack([np.sqrt(1.0 - z * z), np.zeros_like(z), z])
     L = basis_values(meridian, p) * (wz * (2.0 * math.pi / (2 * p + 1)))
@@ -388,7 +394,7 @@ def _projection_tables(
             L[sin_rows] = L[cos_rows]  # the sine rows vanish on the meridian phi = 0
             row += 2 * count
         groups.append((m, cos_rows, sin_rows))
-    return L, groups
+    return _frozen(L), groups
 
 
 def project(values: np.ndarray, p: int, d: int = 3) -> np.ndarray:
