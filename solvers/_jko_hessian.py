@@ -154,13 +154,13 @@ class ExpansionHessian:
         cv: ControlVolumes,
         points: Array,
         A: Array,
-        coef: float,
+        C: Array,
         degree: int,
         error: float,
         basis: Array | None = None,
     ) -> None:
+        """C: the checked coefficients of :func:`checked_expansion` for these A and degree."""
         self.degree, self.error, self._comm = degree, error, cv.comm
-        C = _coefficients(cv.d, A, coef, degree)
         self._C = 0.5 * (C + C.T) if np.array_equal(A, A.swapaxes(1, 2)) else C
         if basis is None:
             basis = sphere_basis.basis_values(points[: cv.n_owned], degree)
@@ -189,15 +189,18 @@ def _coefficients(d: int, A: Array, coef: float, degree: int) -> Array:
     return np.ascontiguousarray(sphere_basis.project(projected.T, degree, d).T)  # then in x
 
 
-def expansion_error(d: int, A: Array, coef: float, degree: int, n_sample: int = 200) -> float:
-    """Max |k - k_p| / max |k| over fixed sample pairs (identical on every rank)."""
+def checked_expansion(
+    d: int, A: Array, coef: float, degree: int, n_sample: int = 200
+) -> tuple[float, Array]:
+    """The coefficients C and their error max |k - k_p| / max |k| over fixed sample pairs
+    (identical on every rank)."""
     rng = np.random.default_rng(12345)
     x = rng.normal(size=(n_sample, d))
     x /= np.linalg.norm(x, axis=1)[:, None]
     C = _coefficients(d, A, coef, degree)
     Y = sphere_basis.basis_values(x, degree)
     exact = _kernel(x, x, A, coef)
-    return float(np.max(np.abs(Y.T @ C @ Y - exact)) / np.max(np.abs(exact)))
+    return float(np.max(np.abs(Y.T @ C @ Y - exact)) / np.max(np.abs(exact))), C
 
 
 def make_hessian(
@@ -222,18 +225,17 @@ def make_hessian(
     if kind == "kernel":
         return KernelHessian(cv, points, sources, A, coef, backend)
     if isinstance(previous, ExpansionHessian):
-        error = expansion_error(cv.d, A, coef, previous.degree)
+        error, C = checked_expansion(cv.d, A, coef, previous.degree)
         if error <= tol:
-            return ExpansionHessian(cv, points, A, coef, previous.degree, error, previous.basis)
+            return ExpansionHessian(cv, points, A, C, previous.degree, error, previous.basis)
     n_max = cv.comm.allreduce(cv.n_owned, op=MPI.MAX)
     error, degree = math.inf, 0
     for degree in range(8, MAX_DEGREE + 1, 4):
-        R = 2 * degree + 1 if cv.d == 2 else (degree + 1) ** 2
-        if n_max * R * 8 > MAX_BASIS_BYTES:
+        if n_max * sphere_basis.basis_size(cv.d, degree) * 8 > MAX_BASIS_BYTES:
             break
-        error = expansion_error(cv.d, A, coef, degree)
+        error, C = checked_expansion(cv.d, A, coef, degree)
         if error <= tol:
-            return ExpansionHessian(cv, points, A, coef, degree, error)
+            return ExpansionHessian(cv, points, A, C, degree, error)
     if kind == "auto":
         return KernelHessian(cv, points, sources, A, coef, backend)
     raise ValueError(

@@ -346,13 +346,12 @@ def _head_targets(
     targets: np.ndarray, S: np.ndarray, plan: LowRankPlan
 ) -> tuple[np.ndarray, np.ndarray]:
     """log Z (m,) and mean (m, d) of one head from its feature sums S (r, d + 1)."""
-    scale = math.sqrt(plan.r_u / plan.r_x) if plan.r_x > 0 and plan.r_u > 0 else 1.0
-    d = targets.shape[1]
     if plan.basis == "sphere":
         g = degree_coefficients(plan.rho, plan.degree, plan.kind)
         out = lowrank_sphere.sphere_head_targets(targets, S, plan.A, plan.degree, g)
     else:
-        out = target_eval(((targets - plan.x0) * scale).T, S, d, plan.degree)
+        scale = math.sqrt(plan.r_u / plan.r_x) if plan.r_x > 0 and plan.r_u > 0 else 1.0
+        out = target_eval(((targets - plan.x0) * scale).T, S, targets.shape[1], plan.degree)
     Zt = out[0]
     if np.any(Zt <= 0) or not np.all(np.isfinite(out)):
         raise FloatingPointError(
@@ -531,11 +530,6 @@ def lowrank_sums_distributed(
 
 
 # ----------------------------------------------------------------------------- cost model
-
-
-def lowrank_cost(n_targets: int, n_sources: int, rank: int) -> float:
-    """Modelled cost of one head's monomial expansion, in brute-force kernel pairs."""
-    return COST_RATIO * (n_targets + n_sources) * rank + COST_OVERHEAD
 
 
 def sphere_setup_cost(d: int, p: int) -> float:

@@ -105,7 +105,7 @@ def rounding_estimate(rho: float, rank: int, basis: str = "monomial") -> float:
 
     For the sphere basis :math:`u (\sqrt{b} e^{2\rho} + 10 b e^{\rho})`: besides the
     cancellation term, the coupling matrix and the basis recurrences add a floor that grows with
-    the basis size (measured between :math:`0.1 u b` and :math:`3.3 u b` for
+    the basis size (measured between :math:`0.2 u b` and :math:`8.3 u b` for
     :math:`\rho \le 1`, :math:`p \le 60`, and never above the estimate in the sweeps of
     ``tests/test_lowrank.py``, which include masses concentrated where the kernel is smallest).
     An estimate, not a bound."""
