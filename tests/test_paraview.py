@@ -2,7 +2,8 @@
 
 Optional (marker ``paraview``; skipped with the reason when ``pvbatch`` is not installed):
 Debian's ``paraview`` package (5.11) plus ``xvfb`` (its pvbatch needs an X display; the
-Debian build aborts under ``--force-offscreen-rendering`` without one), about 2 minutes and
+Debian build aborts under ``--force-offscreen-rendering`` without one; the test starts its
+own ``Xvfb -displayfd`` server per pvbatch run), about 2 minutes and
 1.5 GB to install with ``apt-get install -y paraview xvfb``. The test runs a small S^2 and
 S^1 case in-process, then a pvbatch script that opens each ``density.xdmf`` with the
 ``Xdmf3ReaderT`` reader (falling back to ``XDMFReader``), checks the number of time steps
@@ -12,11 +13,15 @@ screenshot, which must not be blank.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import shutil
 import subprocess
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import dolfinx_solver  # noqa: F401
@@ -34,6 +39,9 @@ pytestmark = [pytest.mark.paraview, pytest.mark.serial]
 BLANK_STD = 3.0
 #: seconds pvbatch may take (measured: 3-5 s, most of it starting ParaView)
 PVBATCH_TIMEOUT = 180
+#: seconds Xvfb may take to accept connections, and how many fresh servers to try
+XVFB_START_TIMEOUT = 30
+X_ATTEMPTS = 3
 
 PVBATCH_SCRIPT = textwrap.dedent(
     """
@@ -103,33 +111,99 @@ PVBATCH_SCRIPT = textwrap.dedent(
 )
 
 
-def _pvbatch() -> list[str]:
-    """The pvbatch command line, or skip with the reason."""
+def _pvbatch() -> str:
+    """The pvbatch executable, or skip with the reason."""
     pvbatch = shutil.which("pvbatch")
     if pvbatch is None:
         pytest.skip("pvbatch not on PATH (apt-get install -y paraview xvfb)")
-    if shutil.which("xvfb-run"):
-        return ["xvfb-run", "-a", "-s", "-screen 0 1024x768x24", pvbatch]
-    if os.environ.get("DISPLAY"):
-        return [pvbatch]
-    pytest.skip("pvbatch needs an X display here: install xvfb (xvfb-run) or set DISPLAY")
+    if shutil.which("Xvfb") is None and not os.environ.get("DISPLAY"):
+        pytest.skip("pvbatch needs an X display here: install xvfb or set DISPLAY")
+    return pvbatch
+
+
+@contextlib.contextmanager
+def _x_display(log: Path) -> Iterator[str]:
+    """A private Xvfb server for one pvbatch run; yields its DISPLAY.
+
+    ``Xvfb -displayfd`` picks a display whose sockets it can bind itself and reports the number
+    once it accepts connections. ``xvfb-run -a`` instead guesses a free number from the
+    /tmp/.X*-lock files, and on a CI machine with a stale lock and another server's sockets
+    it handed pvbatch a display that was not its own ("bad X server connection", SIGABRT).
+    Without ``-auth`` the server admits local clients only; ``-nolisten tcp`` closes TCP.
+    Falls back to an existing DISPLAY when Xvfb is not installed.
+    """
+    if shutil.which("Xvfb") is None:
+        yield os.environ["DISPLAY"]
+        return
+    read_end, write_end = os.pipe()
+    with open(log, "ab") as err:
+        server = subprocess.Popen(
+            ["Xvfb", "-displayfd", str(write_end), "-screen", "0", "1024x768x24"]
+            + ["-nolisten", "tcp"],
+            pass_fds=(write_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+        )
+    os.close(write_end)
+    try:
+        number = b""
+        deadline = time.monotonic() + XVFB_START_TIMEOUT
+        while not number.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([read_end], [], [], max(left, 0.0))
+            chunk = os.read(read_end, 16) if ready else b""
+            if not chunk:  # timed out, or Xvfb exited before it was ready
+                raise XServerError(f"Xvfb did not start (see {log})")
+            number += chunk
+        yield f":{int(number)}"
+    finally:
+        os.close(read_end)
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+class XServerError(RuntimeError):
+    """The X display could not be set up (not a fault of the files under test)."""
+
+
+#: pvbatch's messages when its X connection, not the data, is at fault
+X_FAILURES = ("bad X server connection", "cannot open display", "Could not open display")
 
 
 def _open_in_paraview(out: Path, tmp: Path) -> tuple[dict, np.ndarray]:
-    cmd = _pvbatch()
+    pvbatch = _pvbatch()
     script = tmp / "open_density.py"
     script.write_text(PVBATCH_SCRIPT)
     png, report = tmp / f"{out.name}.png", tmp / f"{out.name}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    proc = subprocess.run(
-        [*cmd, str(script), str(out / "density.xdmf"), str(png), str(report)],
-        capture_output=True,
-        text=True,
-        timeout=PVBATCH_TIMEOUT,
-        env=env,
-        cwd=tmp,
-    )
-    (tmp / "pvbatch.log").write_text(proc.stdout + proc.stderr)
+    env.pop("XAUTHORITY", None)
+    log, failures = tmp / "pvbatch.log", []
+    for _ in range(X_ATTEMPTS):  # a fresh server each time; only X set-up failures retry
+        try:
+            with _x_display(tmp / "xvfb.log") as display:
+                proc = subprocess.run(
+                    [pvbatch, str(script), str(out / "density.xdmf"), str(png), str(report)],
+                    capture_output=True,
+                    text=True,
+                    timeout=PVBATCH_TIMEOUT,
+                    env={**env, "DISPLAY": display},
+                    cwd=tmp,
+                )
+        except XServerError as exc:
+            failures.append(str(exc))
+            continue
+        log.write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0 and any(m in proc.stdout + proc.stderr for m in X_FAILURES):
+            failures.append(f"pvbatch could not use display {display}")
+            continue
+        break
+    else:
+        pytest.skip(f"no usable X display for pvbatch after {X_ATTEMPTS} tries: {failures}")
     assert proc.returncode == 0 and report.is_file(), proc.stdout + proc.stderr
     from PIL import Image
 
