@@ -51,6 +51,7 @@ import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
 from solvers import sphere_basis
+from solvers._jit import read_only
 from solvers.attention import kernel_sums
 from solvers.transport import GlobalSources
 
@@ -175,10 +176,11 @@ class ExpansionHessian:
         """(K dm) at the owned centres (collective: one allreduce of R numbers)."""
         self.products += 1
         dm = np.ascontiguousarray(dm_owned, dtype=np.float64)
-        moments = _rows_dot(self.basis, dm)
+        basis, C = read_only(self.basis, self._C)
+        moments = _rows_dot(basis, *read_only(dm))
         if self._comm.size > 1:
             moments = self._comm.allreduce(moments, op=MPI.SUM)
-        return _rows_combine(self.basis, _rows_dot(self._C, moments))
+        return _rows_combine(basis, *read_only(_rows_dot(C, *read_only(moments))))
 
 
 def _coefficients(d: int, A: Array, coef: float, degree: int) -> Array:

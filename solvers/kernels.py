@@ -45,6 +45,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from solvers._jit import read_only
+
 try:
     import numba
     from llvmlite import ir as llvm_ir
@@ -443,7 +445,7 @@ def kernel_sums_numba(
     log_Z = np.empty((H, m))
     mean = np.empty((H, m, d))
     if m > 0:
-        _kernel_sums_parallel(X, B, Yt, logm, b_norm, log_Z, mean)
+        _kernel_sums_parallel(*read_only(X, B, Yt, logm, b_norm), log_Z, mean)
     return log_Z, mean
 
 

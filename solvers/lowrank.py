@@ -110,6 +110,7 @@ from typing import Any
 import numpy as np
 
 from solvers import lowrank_sphere, sphere_basis
+from solvers._jit import read_only
 from solvers.lowrank_bounds import (
     MAX_DEGREE,
     choose_degree,
@@ -305,7 +306,7 @@ def _geometry(Y: np.ndarray, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, flo
         return np.full((H + 1, d), np.inf), np.full((H + 1, d), -np.inf), 0.0
     if HAVE_NUMBA:
         lo, hi = np.empty((H + 1, d)), np.empty((H + 1, d))
-        dist = _geometry_numba(np.ascontiguousarray(Y), np.ascontiguousarray(A), lo, hi)
+        dist = _geometry_numba(*read_only(np.ascontiguousarray(Y), np.ascontiguousarray(A)), lo, hi)
         return lo, hi, float(dist)
     return _geometry_numpy(Y, A)  # pragma: no cover
 
@@ -316,7 +317,8 @@ def _squared_radii(Y: np.ndarray, A: np.ndarray, centres: np.ndarray) -> np.ndar
     if len(Y) == 0:
         return out
     if HAVE_NUMBA:
-        _radii_numba(np.ascontiguousarray(Y), np.ascontiguousarray(A), centres, out)
+        Y, A, centres = read_only(np.ascontiguousarray(Y), np.ascontiguousarray(A), centres)
+        _radii_numba(Y, A, centres, out)
         return out
     return _radii_numpy(Y, A, centres[0], centres[1:])  # pragma: no cover
 

@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from solvers._jit import read_only
 from solvers.lowrank_bounds import expansion_rank
 
 try:
@@ -324,24 +325,17 @@ def source_sums(V: np.ndarray, W: np.ndarray, d: int, p: int, g: tuple[float, ..
     if nested:
         nchunks = max(1, min(SOURCE_CHUNKS, -(-n // NESTED_BLOCK)))
         out = np.empty((nchunks, r, K))
-        _nested_source_sums(
-            np.ascontiguousarray(V), np.ascontiguousarray(W), p, nchunks, NESTED_BLOCK, out
-        )
+        V, W = read_only(np.ascontiguousarray(V), np.ascontiguousarray(W))
+        _nested_source_sums(V, W, p, nchunks, NESTED_BLOCK, out)
         return out.sum(axis=0) * nested_coefficients(d, p, g)[:, None]
     parent, var, coef = monomial_table(d, p)
     if HAVE_NUMBA:
         nchunks = max(1, min(SOURCE_CHUNKS, -(-n // BLOCK)))
         out = np.empty((nchunks, r, K))
-        _source_sums_numba(
-            np.ascontiguousarray(V),
-            np.ascontiguousarray(W),
-            parent,
-            var,
-            coef,
-            nchunks,
-            BLOCK,
-            out,
+        V, W, parent, var, coef = read_only(
+            np.ascontiguousarray(V), np.ascontiguousarray(W), parent, var, coef
         )
+        _source_sums_numba(V, W, parent, var, coef, nchunks, BLOCK, out)
         return out.sum(axis=0) * _table_coefficients(d, p, g)[:, None]
     S = np.zeros((r, K))  # pragma: no cover
     for j0 in range(0, n, 1024):  # pragma: no cover
@@ -356,11 +350,12 @@ def target_eval(V: np.ndarray, S: np.ndarray, d: int, p: int) -> np.ndarray:
     if m == 0:
         return out
     if HAVE_NUMBA and d in (2, 3):
-        _nested_target_eval(np.ascontiguousarray(V), S, p, NESTED_BLOCK, out)
+        _nested_target_eval(*read_only(np.ascontiguousarray(V), S), p, NESTED_BLOCK, out)
         return out
     parent, var, coef = monomial_table(d, p)
     if HAVE_NUMBA:
-        _target_eval_numba(np.ascontiguousarray(V), S, parent, var, coef, BLOCK, out)
+        V, S, parent, var, coef = read_only(np.ascontiguousarray(V), S, parent, var, coef)
+        _target_eval_numba(V, S, parent, var, coef, BLOCK, out)
         return out
     for i0 in range(0, m, 1024):  # pragma: no cover
         out[:, i0 : i0 + 1024] = S.T @ _features_python(V[:, i0 : i0 + 1024], parent, var, coef)

@@ -41,6 +41,7 @@ from collections import OrderedDict
 import numpy as np
 
 from solvers import sphere_basis
+from solvers._jit import read_only
 
 try:
     import numba
@@ -103,7 +104,7 @@ def _polynomial(T: np.ndarray, g: tuple[float, ...]) -> np.ndarray:
     coeffs = np.asarray(g, dtype=np.float64)
     if HAVE_NUMBA:
         out = np.empty_like(T)
-        _horner(np.ascontiguousarray(T), coeffs, out)
+        _horner(*read_only(np.ascontiguousarray(T), coeffs), out)
         return out
     out = np.full_like(T, coeffs[-1])  # pragma: no cover
     for c in coeffs[-2::-1]:  # pragma: no cover

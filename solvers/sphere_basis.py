@@ -41,6 +41,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from solvers._jit import read_only
+
 try:
     import numba
 
@@ -301,9 +303,10 @@ if HAVE_NUMBA:
 
 
 def _tables(d: int, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernels' Legendre tables (placeholders on S^1), read-only like every kernel input."""
     if d == 3:
-        return _legendre_tables(p)
-    return np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1))
+        return read_only(*_legendre_tables(p))
+    return read_only(np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
 
 
 def basis_values(points: np.ndarray, p: int) -> np.ndarray:
@@ -314,7 +317,7 @@ def basis_values(points: np.ndarray, p: int) -> np.ndarray:
     if not HAVE_NUMBA or n == 0:
         return _fill_python(V / np.linalg.norm(V, axis=0), p)
     F = np.empty((nbasis, n))
-    _values(V, p, *_tables(d, p), BLOCK, F)
+    _values(*read_only(V), p, *_tables(d, p), BLOCK, F)
     return F
 
 
@@ -339,7 +342,7 @@ def basis_moments(points: np.ndarray, masses: np.ndarray, p: int) -> np.ndarray:
         return out
     nchunks = max(1, min(SOURCE_CHUNKS, -(-n // BLOCK)))
     out = np.empty((nchunks, nbasis, d + 1))
-    _moments(V, mass, p, *_tables(d, p), nbasis, nchunks, BLOCK, out)
+    _moments(*read_only(V, mass), p, *_tables(d, p), nbasis, nchunks, BLOCK, out)
     return out.sum(axis=0)
 
 
@@ -357,7 +360,7 @@ def basis_evaluate(points: np.ndarray, T: np.ndarray, p: int) -> np.ndarray:
             Vb = V[:, i0 : i0 + 1024]
             out[:, i0 : i0 + 1024] = T.T @ _fill_python(Vb / np.linalg.norm(Vb, axis=0), p)
         return out
-    _evaluate(V, T, p, *_tables(d, p), BLOCK, out)
+    _evaluate(*read_only(V, T), p, *_tables(d, p), BLOCK, out)
     return out
 
 
