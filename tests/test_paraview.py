@@ -181,7 +181,8 @@ def _open_in_paraview(out: Path, tmp: Path) -> tuple[dict, np.ndarray]:
     script.write_text(PVBATCH_SCRIPT)
     png, report = tmp / f"{out.name}.png", tmp / f"{out.name}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.pop("XAUTHORITY", None)
+    if shutil.which("Xvfb"):  # our own server has no cookie; a user's DISPLAY keeps theirs
+        env.pop("XAUTHORITY", None)
     log, failures = tmp / "pvbatch.log", []
     for _ in range(X_ATTEMPTS):  # a fresh server each time; only X set-up failures retry
         try:
