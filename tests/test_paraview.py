@@ -127,8 +127,8 @@ def _x_display(log: Path) -> Iterator[str]:
 
     ``Xvfb -displayfd`` picks a display whose sockets it can bind itself and reports the number
     once it accepts connections. ``xvfb-run -a`` instead guesses a free number from the
-    /tmp/.X*-lock files, and on a CI machine with a stale lock and another server's sockets
-    it handed pvbatch a display that was not its own ("bad X server connection", SIGABRT).
+    /tmp/.X*-lock files; on a CI machine (where :99 was locked) it handed pvbatch a display
+    that pvbatch could not use ("bad X server connection. DISPLAY=:100", SIGABRT).
     Without ``-auth`` the server admits local clients only; ``-nolisten tcp`` closes TCP.
     Falls back to an existing DISPLAY when Xvfb is not installed.
     """
