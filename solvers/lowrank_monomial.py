@@ -254,7 +254,7 @@ if HAVE_NUMBA:
                 x = V[0, j0:j1]
                 y = V[1, j0:j1]
                 w = np.ascontiguousarray(W[:, j0:j1])
-                idx = 0
+                idx = np.int64(0)  # not a literal: one specialisation of the helpers
                 xa[:nb] = 1.0
                 for a in range(p + 1):
                     if a > 0:
@@ -288,7 +288,7 @@ if HAVE_NUMBA:
             acc = np.zeros((K, nb))
             xa = np.ones(nb)
             mon = np.empty(nb)
-            idx = 0
+            idx = np.int64(0)
             for a in range(p + 1):
                 if a > 0:
                     xa *= x

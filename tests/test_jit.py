@@ -57,3 +57,11 @@ def test_one_specialisation_for_writeable_and_read_only_inputs():
     }
     counts = {name: len(f.signatures) for name, f in entry_points.items()}
     assert all(n == 1 for n in counts.values()), counts
+    # helpers called from compiled code (compiled here only when the cache is cold): at most one
+    helpers = {
+        "lowrank_monomial._sum_innermost": lowrank_monomial._sum_innermost,
+        "lowrank_monomial._eval_innermost": lowrank_monomial._eval_innermost,
+        "sphere_basis._fill": sphere_basis._fill,
+    }
+    counts = {name: len(f.signatures) for name, f in helpers.items()}
+    assert all(n <= 1 for n in counts.values()), counts
