@@ -162,10 +162,10 @@ class ExpansionHessian:
     ) -> None:
         """C: the checked coefficients of :func:`checked_expansion` for these A and degree."""
         self.degree, self.error, self._comm = degree, error, cv.comm
-        self._C = 0.5 * (C + C.T) if np.array_equal(A, A.swapaxes(1, 2)) else C
+        (self._C,) = read_only(0.5 * (C + C.T) if np.array_equal(A, A.swapaxes(1, 2)) else C)
         if basis is None:
             basis = sphere_basis.basis_values(points[: cv.n_owned], degree)
-        self.basis = basis  # (R, n_owned)
+        (self.basis,) = read_only(basis)  # (R, n_owned); read-only: one compiled product
         self.products = 0
 
     @property
@@ -176,11 +176,10 @@ class ExpansionHessian:
         """(K dm) at the owned centres (collective: one allreduce of R numbers)."""
         self.products += 1
         dm = np.ascontiguousarray(dm_owned, dtype=np.float64)
-        basis, C = read_only(self.basis, self._C)
-        moments = _rows_dot(basis, *read_only(dm))
+        moments = _rows_dot(self.basis, *read_only(dm))
         if self._comm.size > 1:
             moments = self._comm.allreduce(moments, op=MPI.SUM)
-        return _rows_combine(basis, *read_only(_rows_dot(C, *read_only(moments))))
+        return _rows_combine(self.basis, *read_only(_rows_dot(self._C, *read_only(moments))))
 
 
 def _coefficients(d: int, A: Array, coef: float, degree: int) -> Array:
