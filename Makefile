@@ -1,6 +1,7 @@
 # transformer-pde: the two commands of the README, plus helpers.
 #   make demo   set up .venv (Python 3.12, pinned), run the default S^2 experiment on 2 ranks
-#   make test   set up .venv, run the test suite serially and under mpiexec -n 2
+#   make test   set up .venv, check lint and format (ruff), run the test suite serially and
+#               under mpiexec -n 2
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ NP ?= 2
 OUT ?= results/demo
 TEST_TIMEOUT ?= 900
 
-.PHONY: demo test test-serial test-mpi venv paraview lint bench clean
+.PHONY: demo test test-serial test-mpi venv paraview lint format bench clean
 
 venv:
 	@VENV=$(VENV) bash docker/install.sh
@@ -19,7 +20,7 @@ demo: venv
 	@echo "results in $(OUT): density.xdmf (ParaView), metrics.csv, final.npz, summary.json, density.png"
 
 test: venv paraview
-	$(MAKE) test-serial test-mpi
+	$(MAKE) lint test-serial test-mpi
 
 # Debian's ParaView and xvfb for tests/test_paraview.py (pvbatch opens our density.xdmf).
 # Best effort: only as root with apt-get, skipped with PARAVIEW=0; without them the test skips.
@@ -37,8 +38,15 @@ test-serial:
 test-mpi:
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -q -m "not serial" tests
 
+# ruff lint and format check (configured in pyproject.toml); `make format` rewrites the files
+LINTED := solvers meshes drivers tests benchmarks
 lint: venv
-	$(VENV)/bin/ruff check solvers meshes drivers tests benchmarks
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+format: venv
+	$(VENV)/bin/ruff check --fix $(LINTED)
+	$(VENV)/bin/ruff format $(LINTED)
 
 bench: venv
 	$(PY) benchmarks/velocity.py

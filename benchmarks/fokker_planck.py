@@ -32,21 +32,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
 
-import dolfinx_solver  # noqa: E402, F401
-from mpi4py import MPI  # noqa: E402
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from meshes.box import box, box_control_volumes  # noqa: E402
-from solvers import fokker_planck as fp  # noqa: E402
+from meshes.box import box, box_control_volumes
+from solvers import weights as fp
+from solvers.threads import configure_threads
 
 CONFIGS = {
     "gamg": ({}, True),
@@ -73,27 +68,37 @@ def run(comm: MPI.Comm, p: int, n_cells: float, config: str, steps: int, dt: flo
     cv = box_control_volumes(box(comm, [nx] * p, [-4.0] * p, [4.0] * p))
     t_mesh = time.perf_counter() - t0
     solver = fp.FokkerPlanckSolver(
-        cv, drift_for(p, periodic), 0.5,
+        cv,
+        drift_for(p, periodic),
+        0.5,
         density=fp.gaussian_density(cv, np.full(p, 0.5), 0.3 * np.eye(p)),
-        scheme="bdf2", petsc_options_prefix=f"bench_{config.replace('-', '_')}_",
+        scheme="bdf2",
+        petsc_options_prefix=f"bench_{config.replace('-', '_')}_",
         petsc_options=options,
-    )  # fmt: skip
-    first = solver.step(dt)  # implicit Euler start (and the first preconditioner set-up)
+        dt=dt,
+    )
+    first = solver.step()  # implicit Euler start (and the first preconditioner set-up)
     times, its, schemes = [], [], []
     for _ in range(steps):
         comm.barrier()
         t1 = time.perf_counter()
-        r = solver.step(dt)
+        r = solver.step()
         times.append(comm.allreduce(time.perf_counter() - t1, op=MPI.MAX))
         its.append(r.iterations)
         schemes.append(r.scheme)
     total = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
     solver.destroy()
     return {
-        "cells": nx**p, "h": 8.0 / nx, "mesh": comm.allreduce(t_mesh, op=MPI.MAX),
-        "first_its": first.iterations, "step": float(np.mean(times)), "its": its,
-        "bdf2": schemes.count("bdf2"), "total": total, "mass_err": abs(r.mass - 1.0),
-    }  # fmt: skip
+        "cells": nx**p,
+        "h": 8.0 / nx,
+        "mesh": comm.allreduce(t_mesh, op=MPI.MAX),
+        "first_its": first.iterations,
+        "step": float(np.mean(times)),
+        "its": its,
+        "bdf2": schemes.count("bdf2"),
+        "total": total,
+        "mass_err": abs(r.mass - 1.0),
+    }
 
 
 def main() -> None:
@@ -105,14 +110,17 @@ def main() -> None:
     parser.add_argument("--dt", type=float, default=0.05)
     parser.add_argument("--limit", type=float, default=60.0, help="seconds per size")
     args = parser.parse_args()
+    configure_threads()
     comm = MPI.COMM_WORLD
 
     def say(line: str) -> None:
         if comm.rank == 0:
             print(line, flush=True)
 
-    say(f"Fokker-Planck implicit steps: {comm.size} rank(s), load average "
-        f"{os.getloadavg()[0]:.1f}, dt = {args.dt}, {args.steps} BDF2 steps after 1 Euler step")  # fmt: skip
+    say(
+        f"Fokker-Planck implicit steps: {comm.size} rank(s), load average "
+        f"{os.getloadavg()[0]:.1f}, dt = {args.dt}, {args.steps} BDF2 steps after 1 Euler step"
+    )
     head = f"{'p':>2} {'config':<11} {'cells':>9} {'h':>8} {'mesh s':>7} {'step s':>8}"
     head += f" {'KSP its (Euler | BDF2)':<24} {'bdf2':>4} {'|mass-1|':>9}"
     say(head)
@@ -121,8 +129,10 @@ def main() -> None:
             for n in args.sizes:
                 r = run(comm, p, n, config, args.steps, args.dt)
                 its = f"{r['first_its']} | {' '.join(str(i) for i in r['its'])}"
-                say(f"{p:>2} {config:<11} {r['cells']:>9d} {r['h']:>8.4f} {r['mesh']:>7.2f} "
-                    f"{r['step']:>8.3f} {its:<24} {r['bdf2']:>4d} {r['mass_err']:>9.1e}")  # fmt: skip
+                say(
+                    f"{p:>2} {config:<11} {r['cells']:>9d} {r['h']:>8.4f} {r['mesh']:>7.2f} "
+                    f"{r['step']:>8.3f} {its:<24} {r['bdf2']:>4d} {r['mass_err']:>9.1e}"
+                )
                 if r["total"] > args.limit:
                     say(f"   (stopping {config} in {p}D: this size took {r['total']:.0f} s)")
                     break

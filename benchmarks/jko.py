@@ -32,23 +32,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from meshes import control_volumes, icosphere  # noqa: E402
-from solvers.attention import Attention, Head  # noqa: E402
-from solvers.initial import initial_density  # noqa: E402
-from solvers.jko import JKOSolver  # noqa: E402
-from solvers.transport import TransportSolver  # noqa: E402
-from solvers.weights import make_weights  # noqa: E402
+from meshes import control_volumes, icosphere
+from solvers.attention import Attention, Head
+from solvers.threads import configure_threads
+from solvers.transport import JKOSolver, TransportSolver, initial_density
+from solvers.weights import make_weights
 
 DENSITY = "exp(2 * x[2]) + 0.5 * exp(2 * x[0])"
 
@@ -73,8 +66,16 @@ def run_level(comm: MPI.Comm, level: int, args: argparse.Namespace) -> dict:
     row["tau/dt_cfl"] = args.tau * fv.cfl_rate(u)
     comm.barrier()
     t0 = time.perf_counter()
-    s = JKOSolver(cv, attn, weights, rho0, tau=args.tau, petsc_options_prefix="bench_jko_",
-                  variant=args.variant, hessian=args.hessian)  # fmt: skip
+    s = JKOSolver(
+        cv,
+        attn,
+        weights,
+        rho0,
+        tau=args.tau,
+        petsc_options_prefix="bench_jko_",
+        variant=args.variant,
+        hessian=args.hessian,
+    )
     row["setup"] = _max_time(comm, t0)
     row["steps"] = []
     for _ in range(args.steps if level < 6 else args.steps_level6):
@@ -83,12 +84,18 @@ def run_level(comm: MPI.Comm, level: int, args: argparse.Namespace) -> dict:
         comm.barrier()
         t0 = time.perf_counter()
         r = s.step()
-        row["steps"].append({
-            "time": _max_time(comm, t0), "newton": r.newton_its, "ksp": r.ksp_its,
-            "sums": s.kernel_evaluations - sums0, "halvings": r.halvings,
-            "products": s.hessian.products - prod0 if s.hessian is not None else 0,
-            "mass_err": abs(r.mass - 1.0), "energy": r.energy,
-        })  # fmt: skip
+        row["steps"].append(
+            {
+                "time": _max_time(comm, t0),
+                "newton": r.newton_its,
+                "ksp": r.ksp_its,
+                "sums": s.kernel_evaluations - sums0,
+                "halvings": r.halvings,
+                "products": s.hessian.products - prod0 if s.hessian is not None else 0,
+                "mass_err": abs(r.mass - 1.0),
+                "energy": r.energy,
+            }
+        )
     h = s.hessian
     if h is None:
         row["hessian"] = "none (sparse Jacobian)"
@@ -108,24 +115,31 @@ def main() -> None:
     parser.add_argument("--variant", default="implicit")
     parser.add_argument("--hessian", default="auto")
     args = parser.parse_args()
+    configure_threads()
     comm = MPI.COMM_WORLD
     rows = [run_level(comm, level, args) for level in args.levels]
     if comm.rank != 0:
         return
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"# JKO step, variant={args.variant}, tau={args.tau}, beta={args.beta}, s=-1, "
-          f"{comm.size} rank(s), load average {load:.2f}")  # fmt: skip
-    head = (f"{'level':>5} {'cells':>7} {'setup s':>8} {'step':>4} {'time s':>8} {'Newton':>6} "
-            f"{'GMRES':>6} {'GMRES/N':>7} {'sums':>4} {'Hv':>4} {'halv':>4} {'|mass-1|':>8} "
-            f"{'FV eval s':>9} {'tau/dtCFL':>9}  hessian")  # fmt: skip
+    print(
+        f"# JKO step, variant={args.variant}, tau={args.tau}, beta={args.beta}, s=-1, "
+        f"{comm.size} rank(s), load average {load:.2f}"
+    )
+    head = (
+        f"{'level':>5} {'cells':>7} {'setup s':>8} {'step':>4} {'time s':>8} {'Newton':>6} "
+        f"{'GMRES':>6} {'GMRES/N':>7} {'sums':>4} {'Hv':>4} {'halv':>4} {'|mass-1|':>8} "
+        f"{'FV eval s':>9} {'tau/dtCFL':>9}  hessian"
+    )
     print(head)
     for row in rows:
         for k, st in enumerate(row["steps"]):
-            print(f"{row['level']:>5} {row['cells']:>7} {row['setup']:>8.2f} {k + 1:>4} "
-                  f"{st['time']:>8.2f} {st['newton']:>6} {st['ksp']:>6} "
-                  f"{st['ksp'] / max(st['newton'], 1):>7.1f} {st['sums']:>4} {st['products']:>4} {st['halvings']:>4} "
-                  f"{st['mass_err']:>8.1e} {row['fv_eval']:>9.2f} {row['tau/dt_cfl']:>9.2f}  "
-                  f"{row['hessian']}")  # fmt: skip
+            print(
+                f"{row['level']:>5} {row['cells']:>7} {row['setup']:>8.2f} {k + 1:>4} "
+                f"{st['time']:>8.2f} {st['newton']:>6} {st['ksp']:>6} "
+                f"{st['ksp'] / max(st['newton'], 1):>7.1f} {st['sums']:>4} {st['products']:>4} {st['halvings']:>4} "
+                f"{st['mass_err']:>8.1e} {row['fv_eval']:>9.2f} {row['tau/dt_cfl']:>9.2f}  "
+                f"{row['hessian']}"
+            )
 
 
 if __name__ == "__main__":

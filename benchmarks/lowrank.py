@@ -2,18 +2,18 @@ r"""Low-rank attention sums against our numba brute force, on S^2 with beta ||Q^
 
 For N random points on S^2 (targets = sources, masses 1/N) and one non-symmetric head with
 :math:`c = \beta \|Q^T K\|_2 = 4`, the kernel sums :math:`\log Z(x_i)` and the softmax means
-:math:`\bar y(x_i)` are computed by the Chebyshev expansion of :mod:`solvers.lowrank` in both
-bases (centred monomials, and the orthonormal sphere basis of :mod:`solvers.lowrank_sphere`)
-at tolerances 1e-10 and 1e-8 (``--tolerance``), N = 1e5 and 1e6, and by the numba brute-force
-kernel at N = 1e5, each in a fresh worker process (peak RSS of that run alone; the numba
-caches are warmed by a first small call, not timed). Each low-rank time includes the plan
-(bounding boxes, radii, degree). "cold" is the first call, which for the sphere basis builds
-the head's coupling matrix; "warm" the best of the next two calls (the matrix cached: frozen
-weights in a time-stepping run). Reported: both times, the degree and rank, the error against
+:math:`\bar y(x_i)` are computed by the Chebyshev expansion of :mod:`solvers.attention._lowrank` in
+both bases (centred monomials, and the orthonormal sphere basis of
+:mod:`solvers.attention._lowrank_sphere`) at tolerances 1e-10 and 1e-8 (``--tolerance``), N = 1e5
+and 1e6, and by the numba brute-force kernel at N = 1e5, each in a fresh worker process (peak RSS of
+that run alone; the numba caches are warmed by a first small call, not timed). Each low-rank time
+includes the plan (bounding boxes, radii, degree). "cold" is the first call, which for the sphere
+basis builds the head's coupling matrix; "warm" the best of the next two calls (the matrix cached:
+frozen weights in a time-stepping run). Reported: both times, the degree and rank, the error against
 brute force at N = 1e5 (max over targets of :math:`|\log \tilde Z - \log Z|` and
-:math:`|\tilde{\bar y} - \bar y|`), the time ratio N = 1e6 / 1e5 (linear growth: 10), the
-speed-ups over brute force, and the load average (``os.getloadavg``): the machine is shared,
-so timings are noisy.
+:math:`|\tilde{\bar y} - \bar y|`), the time ratio N = 1e6 / 1e5 (linear growth: 10), the speed-ups
+over brute force, and the load average (``os.getloadavg``): the machine is shared, so timings are
+noisy.
 
 Optionally (``--mpi``) the strong scaling of brute force at N = 1e5: ``mpiexec -n 1`` and
 ``-n 2``, one numba thread per rank (each rank evaluates its share of the targets against all
@@ -57,8 +57,12 @@ def problem(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def worker(method: str, n: int, out: str, tol: float = 1e-10) -> None:
     import dolfinx_solver  # noqa: F401
 
-    from solvers import kernels, lowrank, lowrank_sphere
+    from solvers.attention import _kernels as kernels
+    from solvers.attention import _lowrank as lowrank
+    from solvers.attention import _lowrank_sphere as lowrank_sphere
+    from solvers.threads import configure_threads
 
+    configure_threads()  # numba threads per rank, one BLAS thread (as the CLI does)
     small = problem(2000, 1)
     points, masses, A = problem(n)
     if method in ("monomial", "sphere"):
@@ -100,8 +104,10 @@ def mpi_worker(n: int) -> None:
     import dolfinx_solver  # noqa: F401
     from mpi4py import MPI
 
-    from solvers import kernels
+    from solvers.attention import _kernels as kernels
+    from solvers.threads import configure_threads
 
+    configure_threads()
     comm = MPI.COMM_WORLD
     points, masses, A = problem(n)
     mine = np.array_split(np.arange(n), comm.size)[comm.rank]
@@ -126,8 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mpi", action="store_true", help="also brute-force strong scaling")
     parser.add_argument("--worker", nargs=4, metavar=("METHOD", "N", "OUT", "TOL"))
-    parser.add_argument("--tolerance", type=float, nargs="+", default=[1e-10, 1e-8],
-                        help="low-rank tolerances to time (default 1e-10 1e-8)")  # fmt: skip
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        nargs="+",
+        default=[1e-10, 1e-8],
+        help="low-rank tolerances to time (default 1e-10 1e-8)",
+    )
     parser.add_argument("--mpi-worker", type=int, metavar="N")
     args = parser.parse_args(argv)
     if args.worker:

@@ -87,9 +87,11 @@ def worker(backend: str, n: int, repeat: int, beta: float, seed: int, out: str) 
     if backend == "numba":
         import numba
 
-        from solvers import kernels
         from solvers.attention import Attention, Head
+        from solvers.attention import _kernels as kernels
+        from solvers.threads import configure_threads
 
+        configure_threads()  # numba threads per rank, one BLAS thread (as the CLI does)
         heads = [Head.identity(3)]
         attention = Attention(beta, 1, backend="numba")
         small = sphere_points(64, seed + 1)

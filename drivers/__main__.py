@@ -2,6 +2,6 @@
 
 import sys
 
-from drivers.cli import main
+from drivers.engine import main
 
 sys.exit(main())

@@ -43,13 +43,23 @@ Outputs in ``--out`` (default results/clustering_s2): density.xdmf (+ .h5, the d
 series for ParaView), metrics.csv (t, mass, energy, min/max density, G2, dissipation, number
 of clusters), metrics.png, density.png (final log10 density, front and back), clusters.png
 (the whole sphere in longitude-latitude, clusters marked with their masses) and final.npz.
+
+Things to try:
+
+- Raise beta (``--beta 16 --refinement 5``): more clusters, and they live longer before
+  merging (metastability, [G23]); lower it (``--beta 1``): one cluster quickly.
+- Run longer (``--t-end 40``): clusters merge pairwise, and the energy gain jumps at each
+  merger.
+- Check the energy identity: refine (``--refinement 5``) and watch |gain - int G2 dt| shrink.
+- Compare with the particle system (``solvers.transport.ParticleSystem`` started at the cell
+  centres with the cell masses): the same clusters, without the numerical diffusion that keeps
+  a finite-volume cluster a few cells wide; or set ``sign = -1`` in ``main`` (tokens descend
+  the energy): the density spreads out towards the uniform one.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -57,16 +67,12 @@ from pathlib import Path
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
-import numba
 import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from meshes import control_volumes, icosphere, mesh_quality
-from solvers.attention import Attention, Head
-from solvers.errors import SolverError
-from solvers.initial import initial_density
-from solvers.io import (
+from drivers._experiment import Experiment
+from drivers.engine import (
     DensityWriter,
     GatheredCells,
     MetricsWriter,
@@ -74,99 +80,63 @@ from solvers.io import (
     render_density,
     write_final,
 )
-from solvers.transport import TransportSolver
+from meshes import control_volumes, icosphere, mesh_quality
+from solvers.attention import Attention, Head
+from solvers.errors import SolverError
+from solvers.transport import TransportSolver, initial_density
 from solvers.weights import make_weights
 
 comm = MPI.COMM_WORLD
 
+#: Columns of metrics.csv, one row per output time.
+COLUMNS = [
+    *("t", "step", "dt", "mass", "energy", "min_density", "max_density", "G2"),
+    *("dissipation", "n_clusters", "wall"),
+]
 
-def log(message: str) -> None:
-    """Print on rank 0 only."""
-    if comm.rank == 0:
-        print(f"[clustering_s2 {comm.size} rank(s)] {message}", flush=True)
+Clusters = list[tuple[float, np.ndarray]]
 
 
-# %% Parameters
-# -------------
-# beta is the inverse temperature of the softmax: the kernel e^{beta <x, y>} sees a cap of
-# angular radius about 1/sqrt(beta), so larger beta gives more (and longer-lived) clusters.
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--tiny", action="store_true", help="a very small problem (seconds)")
-parser.add_argument("--out", type=Path, default=Path("results") / "clustering_s2")
-parser.add_argument("--refinement", type=int, default=None, help="icosphere level (default 4)")
-parser.add_argument("--t-end", type=float, default=None, help="final time (default 12)")
-parser.add_argument("--beta", type=float, default=9.0, help="inverse temperature (default 9)")
-parser.add_argument("--seed", type=int, default=1, help="seed of the initial bumps")
-args = parser.parse_args()
+def bumps_expression(rng: np.random.Generator, n_bumps: int, kappa: float) -> str:
+    """A uniform density plus von Mises-Fisher bumps, as a DOLFINx expression in x.
 
-refinement = args.refinement if args.refinement is not None else (2 if args.tiny else 4)
-t_end = args.t_end if args.t_end is not None else (1.0 if args.tiny else 12.0)
-beta = args.beta
-sign = +1  # tokens ascend the energy: the attention ODE of [G23]
-n_outputs = 10 if args.tiny else 40  # output times, equally spaced in [0, t_end]
-cfl = 0.4  # MUSCL keeps rho >= 0 up to 0.5
-cluster_factor = 3.0  # a cluster: a connected set of cells with rho > 3 / (4 pi)
-out = args.out
+    Args:
+        rng: draws the centres c_k (uniform on S^2) and then the heights a_k in [0.3, 1].
+        n_bumps: the number K of bumps.
+        kappa: their concentration: bump k is a_k e^{kappa (<x, c_k> - 1)}.
 
-# Several MPI ranks on one node share its cores: give each rank's numba kernels its share of
-# threads (set NUMBA_NUM_THREADS to override).
-if "NUMBA_NUM_THREADS" not in os.environ:
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    numba.set_num_threads(max(1, numba.config.NUMBA_NUM_THREADS // node.size))
-    node.Free()
-
-# %% Mesh
-# -------
-# The icosahedron refined `refinement` times (20 4^refinement triangles), distributed by
-# DOLFINx with shared-facet ghosts; the control volumes are the spherical triangles.
-wall0 = time.perf_counter()
-cv = control_volumes(icosphere(comm, refinement))
-quality = mesh_quality(cv)
-log(
-    f"S^2 icosphere level {refinement}: {quality.n_cells} cells, h = {quality.h:.3g}, "
-    f"cell area ratio {quality.area_ratio:.2f}"
-)
-
-# %% Initial condition
-# --------------------
-# A uniform density plus K von Mises-Fisher bumps e^{kappa (<x, c_k> - 1)} with random
-# centres c_k and heights a_k (the same on every rank: one seed), normalised to mass 1.
-rng = np.random.default_rng(args.seed)
-n_bumps, kappa = 8, 6.0
-centres = rng.standard_normal((n_bumps, 3))
-centres /= np.linalg.norm(centres, axis=1)[:, None]
-heights = rng.uniform(0.3, 1.0, n_bumps)
-expression = "1.0 + " + " + ".join(
-    f"{a:.3f} * exp({kappa} * ({c[0]:.4f} * x[0] + {c[1]:.4f} * x[1] + {c[2]:.4f} * x[2] - 1))"
-    for a, c in zip(heights, centres, strict=True)
-)
-rho0 = initial_density(cv, expression)
-
-# %% Problem
-# ----------
-# One identity head, frozen in time, sign +1 (DESIGN M1 with H = 1).
-heads = [Head.identity(3)]
-weights = make_weights("frozen", heads)
-attention = Attention(beta, sign, manifold=True)
-
-# %% Solver
-# ---------
-solver = TransportSolver(cv, attention, weights, rho0, reconstruction="muscl", rk="ssp3", cfl=cfl)
+    Returns:
+        ``"1.0 + a_1 * exp(...) + ..."`` (not normalised).
+    """
+    centres = rng.standard_normal((n_bumps, 3))
+    centres /= np.linalg.norm(centres, axis=1)[:, None]
+    heights = rng.uniform(0.3, 1.0, n_bumps)
+    return "1.0 + " + " + ".join(
+        f"{a:.3f} * exp({kappa} * ({c[0]:.4f} * x[0] + {c[1]:.4f} * x[1] + {c[2]:.4f} * x[2] - 1))"
+        for a, c in zip(heights, centres, strict=True)
+    )
 
 
 def find_clusters(
-    vertices: np.ndarray, points: np.ndarray, areas: np.ndarray, rho: np.ndarray
-) -> list[tuple[float, np.ndarray]]:
+    vertices: np.ndarray, points: np.ndarray, areas: np.ndarray, rho: np.ndarray, factor: float
+) -> Clusters:
     """Clusters of a cell density on S^2 (rank 0, gathered arrays).
 
     A cluster is a connected component (cells sharing a vertex) of the cells where
-    rho > cluster_factor / (4 pi), the uniform density times ``cluster_factor``.
+    rho > factor / (4 pi), the uniform density times ``factor``.
+
+    Args:
+        vertices: the (n, 3, 3) triangle vertices of the cells.
+        points: the (n, 3) cell centres.
+        areas: the n cell areas.
+        rho: the n cell densities.
+        factor: the threshold, in units of the uniform density 1 / (4 pi).
 
     Returns:
         (mass, centre) of each cluster, largest first; centre is the normalised mass-weighted
         mean of its cell centres.
     """
-    hot = np.flatnonzero(rho > cluster_factor / (4.0 * math.pi))
+    hot = np.flatnonzero(rho > factor / (4.0 * math.pi))
     if len(hot) == 0:
         return []
     _, vertex_id = np.unique(np.round(vertices[hot].reshape(-1, 3), 9), axis=0, return_inverse=True)
@@ -186,10 +156,69 @@ def find_clusters(
     return [(float(masses[i]), sums[i]) for i in order]
 
 
+def output(
+    solver: TransportSolver,
+    gathered: GatheredCells,
+    writer: DensityWriter,
+    metrics: MetricsWriter,
+    dt: float,
+    factor: float,
+    wall0: float,
+) -> Clusters:
+    """Write the density and one metrics row (collective).
+
+    Args:
+        solver: the transport solver, at an output time.
+        gathered: the cells of the mesh on rank 0.
+        writer: the density time series.
+        metrics: the metrics table (columns :data:`COLUMNS`).
+        dt: the last time step.
+        factor: the cluster threshold of :func:`find_clusters`.
+        wall0: the start of the wall clock.
+
+    Returns:
+        The clusters of the current density, on every rank.
+    """
+    rho = solver.density
+    diag = solver.diagnostics()
+    rho_all = gathered.gather(rho)
+    clusters = None
+    if comm.rank == 0:
+        clusters = find_clusters(
+            gathered.vertices, gathered.points, gathered.weights, rho_all, factor
+        )
+    clusters = comm.bcast(clusters, root=0)
+    writer.write(solver.t, rho)
+    metrics.write(
+        {
+            "t": solver.t,
+            "step": solver.steps,
+            "dt": dt,
+            "mass": diag.mass,
+            "energy": diag.energy,
+            "min_density": comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
+            "max_density": comm.allreduce(float(rho.max(initial=-np.inf)), op=MPI.MAX),
+            "G2": diag.G2,
+            "dissipation": diag.dissipation,
+            "n_clusters": len(clusters),
+            "wall": time.perf_counter() - wall0,
+        }
+    )
+    return clusters
+
+
 def plot_clusters(
-    path: Path, points: np.ndarray, log_rho: np.ndarray, clusters: list, t: float
+    path: Path, points: np.ndarray, log_rho: np.ndarray, clusters: Clusters, t: float
 ) -> None:
-    """The whole sphere in longitude-latitude: log10 rho at the cell centres, clusters marked."""
+    """The whole sphere in longitude-latitude: log10 rho at the cell centres, clusters marked.
+
+    Args:
+        path: the PNG file.
+        points: the (n, 3) cell centres.
+        log_rho: log10 of the cell densities.
+        clusters: the clusters of :func:`find_clusters`, labelled with their masses.
+        t: the time, for the title.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -203,117 +232,166 @@ def plot_clusters(
     sc = ax.scatter(lon[order], lat[order], c=log_rho[order], s=size, cmap="viridis")
     for i, (m, c) in enumerate(clusters):
         clon, clat = np.degrees(np.arctan2(c[1], c[0])), np.degrees(np.arcsin(np.clip(c[2], -1, 1)))
-        ax.annotate(f"{i + 1}: mass {m:.2f}", (clon, clat), xytext=(8, 8), fontsize=9,
-                    textcoords="offset points", color="red")  # fmt: skip
+        ax.annotate(
+            f"{i + 1}: mass {m:.2f}",
+            (clon, clat),
+            xytext=(8, 8),
+            fontsize=9,
+            textcoords="offset points",
+            color="red",
+        )
     fig.colorbar(sc, ax=ax, label="log10 density")
-    ax.set(xlim=(-180, 180), ylim=(-90, 90), xlabel="longitude (deg)", ylabel="latitude (deg)",
-           title=f"t = {t:.3g}: {len(clusters)} cluster(s)")  # fmt: skip
+    ax.set(
+        xlim=(-180, 180),
+        ylim=(-90, 90),
+        xlabel="longitude (deg)",
+        ylabel="latitude (deg)",
+        title=f"t = {t:.3g}: {len(clusters)} cluster(s)",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-# %% Output
-# ---------
-# density.xdmf: DG0 time series (collective); metrics.csv: one row per output time (rank 0).
-if comm.rank == 0:
-    out.mkdir(parents=True, exist_ok=True)
-comm.barrier()
-gathered = GatheredCells(cv)
-writer = DensityWriter(cv, out / "density.xdmf")
-columns = ["t", "step", "dt", "mass", "energy", "min_density", "max_density", "G2",
-           "dissipation", "n_clusters", "wall"]  # fmt: skip
-metrics = MetricsWriter(comm, out / "metrics.csv", columns)
-last = {"dt": 0.0, "clusters": [], "t": 0.0, "rho": rho0}
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
 
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
 
-def output() -> None:
-    """Write the density and one metrics row (collective)."""
-    rho = solver.density
-    diag = solver.diagnostics()
-    rho_all = gathered.gather(rho)
-    clusters = None
-    if comm.rank == 0:
-        clusters = find_clusters(gathered.vertices, gathered.points, gathered.weights, rho_all)
-    last["clusters"] = clusters = comm.bcast(clusters, root=0)
-    last["t"], last["rho"] = solver.t, rho
-    writer.write(solver.t, rho)
-    metrics.write({
-        "t": solver.t, "step": solver.steps, "dt": last["dt"], "mass": diag.mass,
-        "energy": diag.energy,
-        "min_density": comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
-        "max_density": comm.allreduce(float(rho.max(initial=-np.inf)), op=MPI.MAX),
-        "G2": diag.G2, "dissipation": diag.dissipation, "n_clusters": len(clusters),
-        "wall": time.perf_counter() - wall0,
-    })  # fmt: skip
+    Returns:
+        0, or 3 if the solver stopped early (NaN or blow-up), like the CLI.
+    """
+    # %% Parameters
+    # -------------
+    # beta is the inverse temperature of the softmax: the kernel e^{beta <x, y>} sees a cap of
+    # angular radius about 1/sqrt(beta), so larger beta gives more (and longer-lived) clusters.
+    experiment = Experiment(__file__, __doc__)
+    parser = experiment.parser()
+    parser.add_argument("--refinement", type=int, default=None, help="icosphere level (default 4)")
+    parser.add_argument("--t-end", type=float, default=None, help="final time (default 12)")
+    parser.add_argument("--beta", type=float, default=9.0, help="inverse temperature (default 9)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the initial bumps")
+    args = experiment.start(parser, argv)
+    log = experiment.log
 
+    refinement = args.refinement if args.refinement is not None else (2 if args.tiny else 4)
+    t_end = args.t_end if args.t_end is not None else (1.0 if args.tiny else 12.0)
+    beta = args.beta
+    sign = +1  # tokens ascend the energy: the attention ODE of [G23]
+    n_outputs = 10 if args.tiny else 40  # output times, equally spaced in [0, t_end]
+    cfl = 0.4  # MUSCL keeps rho >= 0 up to 0.5
+    cluster_factor = 3.0  # a cluster: a connected set of cells with rho > 3 / (4 pi)
+    out = args.out
 
-# %% Main loop
-# ------------
-# Steps of adaptive size, landing exactly on the output times.
-log(f"beta = {beta:g}, sign = {sign:+d}, t_end = {t_end:g}, {n_outputs} outputs -> {out}")
-output()
-status = 0
-try:
-    for k in range(1, n_outputs + 1):
-        t_out = t_end * k / n_outputs
-        while solver.t < t_out:
-            last["dt"] = solver.step(t_out).dt
-        output()
-        row = metrics.rows[-1]
-        log(
-            f"t = {row['t']:6.3f}  step {solver.steps:5d}  dt = {last['dt']:.2e}  "
-            f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  max rho = {row['max_density']:.3g}  "
-            f"clusters {row['n_clusters']}"
-        )
-except SolverError as exc:  # NaN or blow-up: keep what was computed, exit 3 like the CLI
-    log(f"stopped at t = {solver.t:.4g}: {exc}")
-    status = 3
-
-# The last output state (the last good one if the run stopped early), gathered on rank 0.
-rows = metrics.rows
-final = gathered.gather(last["rho"])
-if comm.rank == 0:
-    write_final(out / "final.npz", gathered.points, gathered.weights, final, last["t"])
-    # Clusters are a few cells wide and the rest is almost empty: show log10 rho, cut at
-    # 1e-4 of the maximum.
-    log_rho = np.log10(np.maximum(final, 1e-4 * final.max()))
-    render_density(
-        out / "density.png", gathered.vertices, log_rho, title=f"log10 rho t={last['t']:.3g}"
+    # %% Mesh
+    # -------
+    # The icosahedron refined `refinement` times (20 4^refinement triangles), distributed by
+    # DOLFINx with shared-facet ghosts; the control volumes are the spherical triangles.
+    wall0 = time.perf_counter()
+    cv = control_volumes(icosphere(comm, refinement))
+    quality = mesh_quality(cv)
+    log(
+        f"S^2 icosphere level {refinement}: {quality.n_cells} cells, h = {quality.h:.3g}, "
+        f"cell area ratio {quality.area_ratio:.2f}"
     )
-    plot_clusters(out / "clusters.png", gathered.points, log_rho, last["clusters"], last["t"])
-    plot_metrics(out / "metrics.png", rows, ["energy", "G2", "max_density", "n_clusters"])
-writer.close()
-metrics.close()
 
-# Summary: growth of the maximum density, energy gain against the time integral of G^2
-# (equal for the exact flow, dE/dt = G^2; trapezoidal rule on the output times) and clusters.
-t = np.array([r["t"] for r in rows])
-G2 = np.array([r["G2"] for r in rows])
-gain = rows[-1]["energy"] - rows[0]["energy"]
-integral = float(np.sum(0.5 * (G2[1:] + G2[:-1]) * np.diff(t)))
-log(
-    f"max density {rows[0]['max_density']:.3g} -> {rows[-1]['max_density']:.3g} "
-    f"(x{rows[-1]['max_density'] / rows[0]['max_density']:.1f}); mass {rows[-1]['mass']:.15f}"
-)
-log(f"energy {rows[0]['energy']:.6f} -> {rows[-1]['energy']:.6f}: gain {gain:.3e}, "
-    f"int G2 dt = {integral:.3e}")  # fmt: skip
-clusters = last["clusters"]
-log(f"{len(clusters)} cluster(s) with rho > {cluster_factor:g} / (4 pi) at t = {last['t']:.3g}, "
-    f"holding {sum(m for m, _ in clusters):.1%} of the mass:")  # fmt: skip
-for i, (m, c) in enumerate(clusters):
-    lat, lon = np.degrees(np.arcsin(np.clip(c[2], -1, 1))), np.degrees(np.arctan2(c[1], c[0]))
-    log(f"  cluster {i + 1}: mass {m:.3f} at (lat {lat:+6.1f}, lon {lon:+7.1f}) deg")
-log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
-sys.exit(status)
+    # %% Initial condition
+    # --------------------
+    # A uniform density plus K von Mises-Fisher bumps e^{kappa (<x, c_k> - 1)} with random
+    # centres c_k and heights a_k (the same on every rank: one seed), normalised to mass 1.
+    rng = np.random.default_rng(args.seed)
+    rho0 = initial_density(cv, bumps_expression(rng, n_bumps=8, kappa=6.0))
 
-# %% Things to try
-# ----------------
-# - Raise beta (--beta 16, --refinement 5): more clusters, and they live longer before
-#   merging (metastability, [G23]); lower it (--beta 1): one cluster quickly.
-# - Run longer (--t-end 40): clusters merge pairwise, and the energy gain jumps at each merger.
-# - Compare with the particle system (solvers.particles.ParticleSystem started at the cell
-#   centres with the cell masses): same clusters, without the numerical diffusion that keeps
-#   a finite-volume cluster a few cells wide.
-# - sign = -1 (tokens descend the energy): the density spreads out towards the uniform one.
-# - Check the energy identity: refine (--refinement 5) and watch |gain - int G2 dt| shrink.
+    # %% Problem
+    # ----------
+    # One identity head, frozen in time, sign +1 (DESIGN M1 with H = 1).
+    heads = [Head.identity(3)]
+    weights = make_weights("frozen", heads)
+    attention = Attention(beta, sign, manifold=True)
+
+    # %% Solver
+    # ---------
+    solver = TransportSolver(
+        cv, attention, weights, rho0, reconstruction="muscl", rk="ssp3", cfl=cfl
+    )
+
+    # %% Output
+    # ---------
+    # density.xdmf: DG0 time series (collective); metrics.csv: one row per output time (rank 0).
+    gathered = GatheredCells(cv)
+    writer = DensityWriter(cv, out / "density.xdmf")
+    metrics = MetricsWriter(comm, out / "metrics.csv", COLUMNS)
+
+    # %% Main loop
+    # ------------
+    # Steps of adaptive size, landing exactly on the output times.
+    log(f"beta = {beta:g}, sign = {sign:+d}, t_end = {t_end:g}, {n_outputs} outputs -> {out}")
+    dt = 0.0
+    clusters = output(solver, gathered, writer, metrics, dt, cluster_factor, wall0)
+    t_last, rho_last = solver.t, solver.density
+    status = 0
+    try:
+        for k in range(1, n_outputs + 1):
+            t_out = t_end * k / n_outputs
+            while solver.t < t_out:
+                dt = solver.step(t_out).dt
+            clusters = output(solver, gathered, writer, metrics, dt, cluster_factor, wall0)
+            t_last, rho_last = solver.t, solver.density
+            row = metrics.rows[-1]
+            log(
+                f"t = {row['t']:6.3f}  step {solver.steps:5d}  dt = {dt:.2e}  "
+                f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  max rho = {row['max_density']:.3g}  "
+                f"clusters {row['n_clusters']}"
+            )
+    except SolverError as exc:  # NaN or blow-up: keep what was computed, exit 3 like the CLI
+        log(f"stopped at t = {solver.t:.4g}: {exc}")
+        status = 3
+
+    # %% Summary
+    # ----------
+    # Growth of the maximum density, energy gain against the time integral of G^2 (equal for
+    # the exact flow, dE/dt = G^2; trapezoidal rule on the output times) and clusters.
+    rows = metrics.rows
+    t = np.array([r["t"] for r in rows])
+    G2 = np.array([r["G2"] for r in rows])
+    gain = rows[-1]["energy"] - rows[0]["energy"]
+    integral = float(np.sum(0.5 * (G2[1:] + G2[:-1]) * np.diff(t)))
+    log(
+        f"max density {rows[0]['max_density']:.3g} -> {rows[-1]['max_density']:.3g} "
+        f"(x{rows[-1]['max_density'] / rows[0]['max_density']:.1f}); mass {rows[-1]['mass']:.15f}"
+    )
+    log(
+        f"energy {rows[0]['energy']:.6f} -> {rows[-1]['energy']:.6f}: gain {gain:.3e}, "
+        f"int G2 dt = {integral:.3e}"
+    )
+    log(
+        f"{len(clusters)} cluster(s) with rho > {cluster_factor:g} / (4 pi) at t = {t_last:.3g}, "
+        f"holding {sum(m for m, _ in clusters):.1%} of the mass:"
+    )
+    for i, (m, c) in enumerate(clusters):
+        lat, lon = np.degrees(np.arcsin(np.clip(c[2], -1, 1))), np.degrees(np.arctan2(c[1], c[0]))
+        log(f"  cluster {i + 1}: mass {m:.3f} at (lat {lat:+6.1f}, lon {lon:+7.1f}) deg")
+
+    # %% Pictures
+    # -----------
+    # The last output state (the last good one if the run stopped early), gathered on rank 0.
+    final = gathered.gather(rho_last)
+    if comm.rank == 0:
+        write_final(out / "final.npz", gathered.points, gathered.weights, final, t_last)
+        # Clusters are a few cells wide and the rest is almost empty: show log10 rho, cut at
+        # 1e-4 of the maximum.
+        log_rho = np.log10(np.maximum(final, 1e-4 * final.max()))
+        render_density(
+            out / "density.png", gathered.vertices, log_rho, title=f"log10 rho t={t_last:.3g}"
+        )
+        plot_clusters(out / "clusters.png", gathered.points, log_rho, clusters, t_last)
+        plot_metrics(out / "metrics.png", rows, ["energy", "G2", "max_density", "n_clusters"])
+    writer.close()
+    metrics.close()
+    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,8 +16,8 @@ A^T P_inf + P_inf A = -v (B + B^T) (stable equilibrium); the mean then obeys m' 
 K = A + V + V S_inf B, Hurwitz here, so m -> -K^{-1} b (with V = +I, B < 0 the covariance has
 the same limit but K is not Hurwitz and the mean runs off exponentially, dragging the
 particles into an extreme-tilt regime). For equal definiteness (V = I, B > 0) P leaves the
-positive-definite cone at a finite t*, where S blows up. We solve the moment ODE (adaptive DOP853, blow-up detection with
-a bracket), compute t* independently to 1e-10 from P, run the particle system (N tokens
+positive-definite cone at a finite t*, where S blows up. We solve the moment ODE (adaptive
+DOP853, blow-up detection with a bracket), compute t* independently to 1e-10 from P, run the particle system (N tokens
 sampled from mu_0, RK4; the attention sums of solvers.attention), and solve the Eulerian PDE
 on a box of R^2 with the finite-volume solver (solvers.transport, 48 x 48 cells, outflow
 boundaries; the blow-up run only to 0.8 t*, its spreading Gaussian leaves any box), all on
@@ -36,20 +36,32 @@ Transformer dynamics, arXiv 2606.07600 (2026), eq. (1.1) and the stability/blow-
 Run (default N = 4000 tokens and the 48^2 mesh: about 110 s on 2 shared cores; --tiny: a few
 seconds):
 
+    mpiexec -n 4 python drivers/gaussian_regimes.py
     mpiexec -n 2 python drivers/gaussian_regimes.py
     python drivers/gaussian_regimes.py --tiny --out results/gaussian_regimes_tiny
 
 Outputs in --out (default results/gaussian_regimes): regimes.png (covariance eigenvalues of
-the ODE, the particles and the mesh solver, S_inf and t* marked), moments.csv (t, regime, source, m, S,
-eigenvalues), summary.json (classification, t* with brackets, discrepancies), final.npz
+the ODE, the particles and the mesh solver, S_inf and t* marked), moments.csv (t, regime,
+source, m, S, eigenvalues), summary.json (classification, t* with brackets, discrepancies), final.npz
 (the particles of the blow-up run at its last time).
+
+Things to try:
+
+- Raise ``--n`` (``--n 16000``): the particle discrepancy drops like N^{-1/2} for moderate
+  tilts; near t* it stays large (exponentially many particles are needed to resolve the
+  tilted softmax mean). Another sample: ``--seed 1``.
+- Make B indefinite (``Bp = diag(1, -1)`` in ``main``): classify() says "undetermined";
+  blowup_time_vI still decides for the given S0 (the sign of lambda_min(P) along the linear
+  P flow).
+- Take A Hurwitz (``A = -I + skew``) with B > 0: blow-up only above the threshold
+  lambda_max(S0^1/2 W_inf S0^1/2) = 1 (classify(...).W_inf); scale S0 across it.
+- V not a multiple of I (``V = diag(1, 3)``): no linear P equation any more; the ODE still
+  detects the blow-up, and classify() bounds t* by the trace comparison.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import os
 import sys
 import time
 from pathlib import Path
@@ -57,106 +69,50 @@ from pathlib import Path
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
-import numba
 import numpy as np
 
-from solvers.gaussian import (
-    Controls,
-    GaussianParticles,
-    blowup_time_vI,
-    classify,
-    solve_moments,
-)
-from solvers.io import write_final, write_json
+from drivers._experiment import Experiment
+from drivers.engine import write_final, write_json
+from meshes.box import box
+from meshes.control_volumes import flat_control_volumes
+from solvers.attention import Attention, Head
+from solvers.gaussian import Controls, GaussianParticles, blowup_time_vI, classify, solve_moments
+from solvers.transport import TransportSolver, cell_averages
+from solvers.weights import make_weights
 
 comm = MPI.COMM_WORLD
 
 
-def log(message: str) -> None:
-    """Print on rank 0 only."""
-    if comm.rank == 0:
-        print(f"[gaussian_regimes {comm.size} rank(s)] {message}", flush=True)
+def mesh_solver_moments(
+    controls: Controls,
+    m0: np.ndarray,
+    S0: np.ndarray,
+    times: np.ndarray,
+    t_stop: float,
+    half: float,
+    n: int,
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Covariances of the Eulerian PDE on a box of R^2 (collective).
 
+    The PDE d/dt mu + div(mu X[mu]) = 0 is solved by solvers.transport with the attention head
+    exp(<B x, y>) = exp(<Q x, K y>) for Q = B, K = I, and the affine layer A x + b as a
+    background velocity (MUSCL + SSP-RK3), started from the cell averages of N(m0, S0).
 
-# %% Parameters
-# -------------
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--tiny", action="store_true", help="a very small problem (seconds)")
-parser.add_argument("--out", type=Path, default=Path("results") / "gaussian_regimes")
-parser.add_argument("--n", type=int, default=None, help="number of particles (default 4000)")
-parser.add_argument("--seed", type=int, default=0, help="seed of the initial particles")
-args = parser.parse_args()
+    Args:
+        controls: the constant controls (A, B, V, b).
+        m0: the initial mean.
+        S0: the initial covariance.
+        times: the candidate output times, increasing.
+        t_stop: the last output time: ``times`` beyond it are skipped.
+        half: the box is [-half, half]^2.
+        n: cells per side.
 
-n_particles = args.n if args.n is not None else (300 if args.tiny else 4000)
-n_outputs = 12 if args.tiny else 40  # particle output times per regime
-steps_per_output = 2 if args.tiny else 4  # RK4 steps between outputs
-out = args.out
-wall0 = time.perf_counter()
-
-if "NUMBA_NUM_THREADS" not in os.environ:  # share the node's cores between the ranks
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    numba.set_num_threads(max(1, numba.config.NUMBA_NUM_THREADS // node.size))
-    node.Free()
-
-# A has eigenvalues 0.35 +- 0.5i (positive real parts); Bp is positive definite; V = I.
-A = np.array([[0.4, 0.5], [-0.5, 0.3]])
-Bp = np.array([[1.0, 0.3], [0.3, 0.6]])
-V = np.eye(2)
-b = np.array([0.2, 0.0])
-m0 = np.array([0.5, -0.3])
-S0 = np.array([[0.5, 0.1], [0.1, 0.3]])
-
-# %% Problem
-# ----------
-# bounded: V = -I, B = +Bp (opposite definiteness); blowup: V = I, B = +Bp (equal).
-regimes = {
-    "bounded": Controls.constant(A, Bp, -V, b),
-    "blowup": Controls.constant(A, Bp, V, b),
-}
-classes = {name: classify(c.at(0.0).A, c.at(0.0).B, c.at(0.0).V, S0) for name, c in regimes.items()}
-for name, cl in classes.items():
-    log(f"{name}: classify -> {cl.regime} ({cl.condition})")
-
-# %% Solver
-# ---------
-# The exact blow-up time from P = S^{-1} (bisection on lambda_min to 1e-10), and the moment ODE
-# (which must find it by itself). The bounded run lasts 8 time units, the blow-up run until t*.
-exact = blowup_time_vI(regimes["blowup"], S0, 20.0)
-t_star = exact.t_star
-t_end = {"bounded": 8.0, "blowup": t_star}
-ode = {}
-for name, ctr in regimes.items():
-    ode[name] = solve_moments(ctr, m0, S0, 1.5 * t_end[name] if name == "blowup" else t_end[name])
-bu = ode["blowup"].blowup
-log(f"t* from P = S^-1: {t_star:.12f}, bracket [{exact.t_lo:.12f}, {exact.t_hi:.12f}]")
-log(f"t* from the ODE:  {bu.t_star:.12f}, bracket [{bu.t_lo:.12f}, {bu.t_hi:.12f}] ({bu.reason})")
-
-# The particles: the same N samples on every rank, each rank keeps its block.
-x_all = (
-    m0
-    + np.random.default_rng(args.seed).standard_normal((n_particles, 2)) @ np.linalg.cholesky(S0).T
-)
-lo, hi = n_particles * comm.rank // comm.size, n_particles * (comm.rank + 1) // comm.size
-
-
-# %% Mesh solver
-# -------------------------------------------------------------
-# The Eulerian PDE d/dt mu + div(mu X[mu]) = 0 on a box of R^2 (solvers.transport with the
-# attention head exp(<B x, y>) = exp(<Q x, K y>) for Q = B, K = I, and the affine layer A x + b
-# as a background velocity; MUSCL + SSP-RK3), started from the cell averages of N(m0, S0).
-# The blow-up run spreads the Gaussian without bound, so it is followed to 0.8 t* only, on a
-# larger box, and its outflow is reported.
-def mesh_solver_moments(name: str, times: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    from meshes.box import box
-    from meshes.control_volumes import flat_control_volumes
-    from solvers.attention import Attention, Head
-    from solvers.initial import cell_averages
-    from solvers.transport import TransportSolver
-    from solvers.weights import make_weights
-
-    c = regimes[name].at(0.0)
-    half = 4.0 if name == "bounded" else 7.0
-    n = 16 if args.tiny else 48
+    Returns:
+        The output times, the covariances there (the cell masses' covariance plus the
+        within-cell variance) and a summary of the run (cells, box, t_end, outflow, relative
+        covariance error against the moment ODE at t_end).
+    """
+    c = controls.at(0.0)
     cv = flat_control_volumes(box(comm, [n, n], [-half, -half], [half, half]))
     P0 = np.linalg.inv(S0)
 
@@ -168,14 +124,18 @@ def mesh_solver_moments(name: str, times: np.ndarray) -> tuple[np.ndarray, np.nd
     rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
     heads = make_weights("frozen", [Head(np.asarray(c.B), np.eye(2), np.asarray(c.V))])
     solver = TransportSolver(
-        cv, Attention(1.0, 1, manifold=False), heads, rho, cfl=0.4,
+        cv,
+        Attention(1.0, 1, manifold=False),
+        heads,
+        rho,
+        cfl=0.4,
         background=lambda x, t: x @ np.asarray(c.A).T + np.asarray(c.b),
-    )  # fmt: skip
-    t_stop = times[times <= (times[-1] if name == "bounded" else 0.8 * t_star)]
+    )
+    stops = times[times <= t_stop]
     x = cv.centres[: cv.n_owned]
     h2 = (2 * half / n) ** 2 / 12  # within-cell variance of the cell masses
     out_t, out_S = [], []
-    for t in t_stop:
+    for t in stops:
         while solver.t < t:
             solver.step(t)
         m = solver.masses
@@ -184,41 +144,66 @@ def mesh_solver_moments(name: str, times: np.ndarray) -> tuple[np.ndarray, np.nd
         second = comm.allreduce(np.einsum("i,ij,ik->jk", m, x, x), op=MPI.SUM) / mass
         out_t.append(t)
         out_S.append(second - np.outer(mean, mean) + h2 * np.eye(2))
-    summary.setdefault("mesh", {})[name] = {
-        "cells": cv.n_global, "box": [-half, half], "t_end": float(t_stop[-1]),
+    S_ode = solve_moments(controls, m0, S0, stops[-1]).S[-1]
+    info = {
+        "cells": cv.n_global,
+        "box": [-half, half],
+        "t_end": float(stops[-1]),
         "outflow": solver.outflow,
         "relative_S_error_end": float(
-            np.linalg.norm(out_S[-1] - ode_at(name, t_stop[-1])) / np.linalg.norm(out_S[-1])
+            np.linalg.norm(out_S[-1] - S_ode) / np.linalg.norm(out_S[-1])
         ),
-    }  # fmt: skip
-    return np.array(out_t), np.array(out_S)
+    }
+    return np.array(out_t), np.array(out_S), info
 
 
-def ode_at(name: str, t: float) -> np.ndarray:
-    return solve_moments(regimes[name], m0, S0, t).S[-1]
+def moments_row(name: str, source: str, t: float, m: np.ndarray, S: np.ndarray) -> dict:
+    """One row of moments.csv.
 
+    Args:
+        name: the regime ("bounded" or "blowup").
+        source: "ode", "particles" or "mesh".
+        t: the time.
+        m: the mean (nan for the mesh).
+        S: the covariance.
 
-# %% Output
-# ---------
-rows: list[dict] = []
-
-
-def record(name: str, source: str, t: float, m: np.ndarray, S: np.ndarray) -> None:
+    Returns:
+        regime, source, t, the mean, the covariance and its extreme eigenvalues.
+    """
     ev = np.linalg.eigvalsh(S)
-    rows.append({
-        "regime": name, "source": source, "t": float(t), "m1": m[0], "m2": m[1],
-        "S11": S[0, 0], "S12": S[0, 1], "S22": S[1, 1], "lam_min": ev[0], "lam_max": ev[-1],
-    })  # fmt: skip
+    return {
+        "regime": name,
+        "source": source,
+        "t": float(t),
+        "m1": m[0],
+        "m2": m[1],
+        "S11": S[0, 0],
+        "S12": S[0, 1],
+        "S22": S[1, 1],
+        "lam_min": ev[0],
+        "lam_max": ev[-1],
+    }
 
 
-def plot(path: Path, summary: dict) -> None:
+def plot(
+    path: Path, rows: list[dict], equilibrium: np.ndarray, t_star: float, n_particles: int
+) -> None:
+    """Covariance eigenvalues of every source against t, one panel per regime (rank 0).
+
+    Args:
+        path: the PNG file.
+        rows: the rows of moments.csv.
+        equilibrium: S_inf of the bounded regime (dotted lines).
+        t_star: the blow-up time (dashed line).
+        n_particles: the number of particles, for the legend.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
-    for ax, name in zip(axes, regimes, strict=True):
+    for ax, name in zip(axes, ("bounded", "blowup"), strict=True):
         for source, style in (("ode", "-"), ("particles", "o"), ("mesh", "s")):
             sel = [r for r in rows if r["regime"] == name and r["source"] == source]
             if not sel:
@@ -230,7 +215,7 @@ def plot(path: Path, summary: dict) -> None:
                 kw = {"ms": 3, "mfc": "none"} if style != "-" else {}
                 ax.plot(t, y, style, color=color, label=label, **kw)
         if name == "bounded":
-            for lam in np.linalg.eigvalsh(classes[name].equilibrium):
+            for lam in np.linalg.eigvalsh(equilibrium):
                 ax.axhline(lam, color="gray", ls=":", lw=1)
             ax.set_title("V = -I, B > 0: S -> S_inf (dotted)")
         else:
@@ -245,74 +230,153 @@ def plot(path: Path, summary: dict) -> None:
     plt.close(fig)
 
 
-# %% Main loop
-# ------------
-summary: dict = {
-    "n_particles": n_particles,
-    "t_star_P": t_star,
-    "t_star_P_bracket": [exact.t_lo, exact.t_hi],
-    "t_star_ode": bu.t_star,
-    "t_star_ode_bracket": [bu.t_lo, bu.t_hi],
-    "blowup_reason": bu.reason,
-    "classification": {k: c.regime for k, c in classes.items()},
-    "S_inf": classes["bounded"].equilibrium,
-    "mean_limit": -np.linalg.solve(classes["bounded"].mean_matrix, b),
-    "discrepancy": {},
-}
-final_points = np.zeros((0, 2))
-for name, ctr in regimes.items():
-    sol = ode[name]
-    for t, m, S in zip(sol.t, sol.m, sol.S, strict=True):
-        if t <= t_end[name]:
-            record(name, "ode", t, m, S)
-    # particles up to t_end (0.97 t* for the blow-up run), compared with the ODE
-    T = t_end[name] if name == "bounded" else 0.97 * t_star
-    gp = GaussianParticles(ctr, x_all[lo:hi], comm=comm)
-    ref = solve_moments(ctr, m0, S0, T, t_eval=np.linspace(0.0, T, n_outputs + 1))
-    errors = []
-    for k in range(n_outputs + 1):
-        if k:
-            gp.advance(ref.t[k - 1], ref.t[k], steps_per_output)
-        m, S = gp.moments()
-        record(name, "particles", ref.t[k], m, S)
-        errors.append(
-            float(np.linalg.norm(S - ref.S[k]) / np.linalg.norm(ref.S[k]))
-        )  # relative covariance discrepancy
-    summary["discrepancy"][name] = {"t": ref.t, "relative_S_error": errors}
-    mesh = mesh_solver_moments(name, ref.t)
-    if mesh is not None:
-        for t, S in zip(*mesh, strict=True):
-            record(name, "mesh", t, np.full(2, np.nan), S)
-    log(
-        f"{name}: particles vs ODE, relative covariance error {errors[n_outputs // 4]:.3e} at "
-        f"t = {ref.t[n_outputs // 4]:.3g}, {errors[-1]:.3e} at t = {ref.t[-1]:.4g}"
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
+    # %% Parameters
+    # -------------
+    experiment = Experiment(__file__, __doc__)
+    parser = experiment.parser()
+    parser.add_argument("--n", type=int, default=None, help="number of particles (default 4000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial particles")
+    args = experiment.start(parser, argv)
+    log = experiment.log
+
+    n_particles = args.n if args.n is not None else (300 if args.tiny else 4000)
+    n_outputs = 12 if args.tiny else 40  # particle output times per regime
+    steps_per_output = 2 if args.tiny else 4  # RK4 steps between outputs
+    n_mesh = 16 if args.tiny else 48  # mesh cells per side of the box
+    out = args.out
+    wall0 = time.perf_counter()
+    # A has eigenvalues 0.35 +- 0.5i (positive real parts); Bp is positive definite; V = I.
+    A = np.array([[0.4, 0.5], [-0.5, 0.3]])
+    Bp = np.array([[1.0, 0.3], [0.3, 0.6]])
+    V = np.eye(2)
+    b = np.array([0.2, 0.0])
+
+    # %% Initial condition
+    # --------------------
+    # mu_0 = N(m0, S0); the particles: the same N samples on every rank, each rank keeps its
+    # block.
+    m0 = np.array([0.5, -0.3])
+    S0 = np.array([[0.5, 0.1], [0.1, 0.3]])
+    x_all = (
+        m0
+        + np.random.default_rng(args.seed).standard_normal((n_particles, 2))
+        @ np.linalg.cholesky(S0).T
     )
-    if name == "blowup":
-        gathered = comm.gather(gp.points, root=0)
-        if comm.rank == 0:
-            final_points = np.concatenate(gathered)
-summary["wall_s"] = time.perf_counter() - wall0
+    lo, hi = n_particles * comm.rank // comm.size, n_particles * (comm.rank + 1) // comm.size
 
-if comm.rank == 0:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "moments.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    write_json(out / "summary.json", summary)
-    density = np.concatenate([ode["bounded"].S[-1].ravel(), ode["blowup"].S[-1].ravel()])
-    write_final(out / "final.npz", final_points, np.ones(len(final_points)), density, 0.97 * t_star)
-    plot(out / "regimes.png", summary)
-log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
-sys.exit(0)
+    # %% Problem
+    # ----------
+    # bounded: V = -I, B = +Bp (opposite definiteness); blowup: V = I, B = +Bp (equal).
+    regimes = {
+        "bounded": Controls.constant(A, Bp, -V, b),
+        "blowup": Controls.constant(A, Bp, V, b),
+    }
+    classes = {
+        name: classify(c.at(0.0).A, c.at(0.0).B, c.at(0.0).V, S0) for name, c in regimes.items()
+    }
+    for name, cl in classes.items():
+        log(f"{name}: classify -> {cl.regime} ({cl.condition})")
 
-# %% Things to try
-# ----------------
-# - Make B indefinite (B = diag(1, -1)): classify() says "undetermined"; blowup_time_vI still
-#   decides for the given S0 (the sign of lambda_min(P) along the linear P flow).
-# - Take A Hurwitz (A = -I + skew) with B > 0: blow-up only above the threshold
-#   lambda_max(S0^1/2 W_inf S0^1/2) = 1 (classify(...).W_inf); scale S0 across it.
-# - V not a multiple of I (V = diag(1, 3)): no linear P equation any more; the ODE still
-#   detects the blow-up, and classify() bounds t* by the trace comparison.
-# - Raise --n: the particle discrepancy drops like N^{-1/2} for moderate tilts; near t* it
-#   stays large (exponentially many particles needed to resolve the tilted softmax mean).
+    # %% Solver
+    # ---------
+    # The exact blow-up time from P = S^{-1} (bisection on lambda_min to 1e-10), and the moment
+    # ODE (which must find it by itself). The bounded run lasts 8 time units, the blow-up run
+    # until t*. The mesh solver (mesh_solver_moments) runs the blow-up case to 0.8 t* only, on
+    # a larger box (its spreading Gaussian leaves any box), and reports its outflow.
+    exact = blowup_time_vI(regimes["blowup"], S0, 20.0)
+    t_star = exact.t_star
+    t_end = {"bounded": 8.0, "blowup": t_star}
+    ode = {}
+    for name, ctr in regimes.items():
+        ode[name] = solve_moments(
+            ctr, m0, S0, 1.5 * t_end[name] if name == "blowup" else t_end[name]
+        )
+    bu = ode["blowup"].blowup
+    log(f"t* from P = S^-1: {t_star:.12f}, bracket [{exact.t_lo:.12f}, {exact.t_hi:.12f}]")
+    log(
+        f"t* from the ODE:  {bu.t_star:.12f}, bracket [{bu.t_lo:.12f}, {bu.t_hi:.12f}] ({bu.reason})"
+    )
+
+    # %% Output
+    # ---------
+    # moments.csv: one row per regime, source and time; summary.json.
+    rows: list[dict] = []
+    summary: dict = {
+        "n_particles": n_particles,
+        "t_star_P": t_star,
+        "t_star_P_bracket": [exact.t_lo, exact.t_hi],
+        "t_star_ode": bu.t_star,
+        "t_star_ode_bracket": [bu.t_lo, bu.t_hi],
+        "blowup_reason": bu.reason,
+        "classification": {k: c.regime for k, c in classes.items()},
+        "S_inf": classes["bounded"].equilibrium,
+        "mean_limit": -np.linalg.solve(classes["bounded"].mean_matrix, b),
+        "discrepancy": {},
+    }
+
+    # %% Main loop
+    # ------------
+    # For each regime: the ODE, the particles (compared with the ODE) and the mesh solver.
+    final_points = np.zeros((0, 2))
+    for name, ctr in regimes.items():
+        sol = ode[name]
+        for t, m, S in zip(sol.t, sol.m, sol.S, strict=True):
+            if t <= t_end[name]:
+                rows.append(moments_row(name, "ode", t, m, S))
+        # particles up to t_end (0.97 t* for the blow-up run), compared with the ODE
+        T = t_end[name] if name == "bounded" else 0.97 * t_star
+        gp = GaussianParticles(ctr, x_all[lo:hi], comm=comm)
+        ref = solve_moments(ctr, m0, S0, T, t_eval=np.linspace(0.0, T, n_outputs + 1))
+        errors = []
+        for k in range(n_outputs + 1):
+            if k:
+                gp.advance(ref.t[k - 1], ref.t[k], steps_per_output)
+            m, S = gp.moments()
+            rows.append(moments_row(name, "particles", ref.t[k], m, S))
+            # relative covariance discrepancy
+            errors.append(float(np.linalg.norm(S - ref.S[k]) / np.linalg.norm(ref.S[k])))
+        summary["discrepancy"][name] = {"t": ref.t, "relative_S_error": errors}
+        half = 4.0 if name == "bounded" else 7.0
+        t_stop = ref.t[-1] if name == "bounded" else 0.8 * t_star
+        mesh_t, mesh_S, info = mesh_solver_moments(ctr, m0, S0, ref.t, t_stop, half, n_mesh)
+        summary.setdefault("mesh", {})[name] = info
+        for t, S in zip(mesh_t, mesh_S, strict=True):
+            rows.append(moments_row(name, "mesh", t, np.full(2, np.nan), S))
+        log(
+            f"{name}: particles vs ODE, relative covariance error {errors[n_outputs // 4]:.3e} at "
+            f"t = {ref.t[n_outputs // 4]:.3g}, {errors[-1]:.3e} at t = {ref.t[-1]:.4g}"
+        )
+        if name == "blowup":
+            gathered = comm.gather(gp.points, root=0)
+            if comm.rank == 0:
+                final_points = np.concatenate(gathered)
+    summary["wall_s"] = time.perf_counter() - wall0
+
+    # %% Pictures
+    # -----------
+    if comm.rank == 0:
+        with open(out / "moments.csv", "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        write_json(out / "summary.json", summary)
+        density = np.concatenate([ode["bounded"].S[-1].ravel(), ode["blowup"].S[-1].ravel()])
+        write_final(
+            out / "final.npz", final_points, np.ones(len(final_points)), density, 0.97 * t_star
+        )
+        plot(out / "regimes.png", rows, classes["bounded"].equilibrium, t_star, n_particles)
+    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

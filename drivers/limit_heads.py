@@ -25,8 +25,8 @@ over the seeds, and the t-interval of the least-squares slope); it fits err / sq
 
 Set-up as drivers/weights_fokker_planck_s2.py (same B_k, the same library functions): rho is
 a Gaussian N(m, s^2 I) projected onto the cells of a box mesh in R^p
-(solvers.fokker_planck.gaussian_density on a FokkerPlanckSolver at t = 0), the quadrature is
-solvers.weight_measure.FokkerPlanckWeights (head_weights_at), the samples its
+(solvers.weights.gaussian_density on a FokkerPlanckSolver at t = 0), the quadrature is
+solvers.weights.FokkerPlanckWeights (head_weights_at), the samples its
 ``sample_parameters`` (a cell with probability w_i, then uniform in it: iid from the
 piecewise-constant density, whose velocity differs from the midpoint rule by O(h^2), far below
 the H = 1024 error). For each seed one sample of H_max heads is drawn and its prefixes of
@@ -42,7 +42,7 @@ Transformers: head limit).
 Run (default: 1,280 token cells, 256 parameter cells, H = 4 ... 1024, 32 seeds; about 3
 minutes on 2 cores):
 
-    mpiexec -n 2 python drivers/limit_heads.py
+    mpiexec -n 4 python drivers/limit_heads.py
     mpiexec -n 2 python drivers/limit_heads.py --tiny         # H = 4 ... 64, seconds
     python drivers/limit_heads.py --p 2 --seeds 32
 
@@ -50,11 +50,20 @@ Outputs in ``--out`` (default results/limit_heads): table.csv (H, seed, sup_erro
 limit_heads.png (log-log, with H^-1/2 and H^-1/2 sqrt(log H) guides), summary.json (exponents
 with intervals, sizes, seeds, wall time) and final.npz (token points, weights, density, t, the
 quadrature velocity and the error table).
+
+Things to try:
+
+- ``--p 2``: a two-parameter family of heads; the exponent stays -1/2 (Monte Carlo does not
+  see the dimension of the parameter space).
+- ``--beta 4``: sharper softmax heads vary more with theta; the constant grows, not the rate.
+- ``--seeds 8`` against ``--seeds 64``: the nested-prefix errors of one seed are correlated
+  across H, so few seeds give a fragile slope (drivers/README.md).
+- Compare with the RMS error of drivers/weights_fokker_planck_s2.py (velocity_vs_H.png): the
+  sup is a constant factor above it at every H.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import sys
@@ -66,14 +75,20 @@ from mpi4py import MPI
 
 import numpy as np
 
+from drivers._experiment import Experiment
+from drivers.engine import GatheredCells, write_final, write_json
 from meshes import control_volumes, icosphere
 from meshes.box import box
 from solvers.attention import Attention, gather_measure
-from solvers.distances import PowerLawFit, fit_power_law
-from solvers.fokker_planck import FokkerPlanckSolver, gaussian_density, ou_drift
-from solvers.initial import initial_density
-from solvers.io import GatheredCells, write_final, write_json
-from solvers.weight_measure import FokkerPlanckWeights, ParameterisedHeads
+from solvers.diagnostics import PowerLawFit, fit_power_law
+from solvers.transport import initial_density
+from solvers.weights import (
+    FokkerPlanckSolver,
+    FokkerPlanckWeights,
+    ParameterisedHeads,
+    gaussian_density,
+    ou_drift,
+)
 
 comm = MPI.COMM_WORLD
 
@@ -84,20 +99,30 @@ B_ALL = np.array(
         [[0.0, 0.5, 0.2], [0.5, 0.3, 0.0], [0.2, 0.0, -0.6]],
     ]
 )
+#: The (frozen) token density.
 TOKENS = "exp(3 * x[2]) + 0.5 * exp(3 * x[0])"
 
 
-def log(message: str) -> None:
-    """Print on rank 0 only."""
-    if comm.rank == 0:
-        print(f"[limit_heads {comm.size} rank(s)] {message}", flush=True)
-
-
 def weight_measure(p: int, cells: int, mean: float, std: float) -> FokkerPlanckWeights:
-    """rho = N(mean, std^2 I) on the cells of a box [-3, 3]^p (every rank: COMM_SELF)."""
+    """rho = N(mean, std^2 I) on the cells of a box [-3, 3]^p (every rank: COMM_SELF).
+
+    Args:
+        p: the parameter dimension.
+        cells: cells per side of the box.
+        mean: the mean of every coordinate.
+        std: the standard deviation of every coordinate.
+
+    Returns:
+        The quadrature over the cells, heads D(theta) = I + sum_k theta_k B_k.
+    """
     mesh = box(MPI.COMM_SELF, [cells] * p, [-3.0] * p, [3.0] * p)
-    fp = FokkerPlanckSolver(mesh, ou_drift(1.0, np.zeros(p)), 0.5, petsc_options_prefix="rho_",
-                            density=lambda c: np.ones(len(c)))  # fmt: skip
+    fp = FokkerPlanckSolver(
+        mesh,
+        ou_drift(1.0, np.zeros(p)),
+        0.5,
+        petsc_options_prefix="rho_",
+        density=lambda c: np.ones(len(c)),
+    )
     fp.set_density(gaussian_density(fp.cv, np.full(p, mean), std**2 * np.eye(p)))
     return FokkerPlanckWeights(fp, ParameterisedHeads(np.eye(3), B_ALL[:p]), dt=1.0)
 
@@ -112,13 +137,24 @@ def head_errors(
     heads: list[int],
     seeds: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """sup_x |X_H - X_rho| and the RMS (weights target_masses) for every H and seed.
+    """sup_x |X_H - X_rho| and the RMS for every H and seed (collective).
 
-    ``targets`` are this rank's; heads must be increasing. Collective. Returns
-    (sup (len(heads), seeds), rms (len(heads), seeds), X_rho at the local targets).
+    Args:
+        measure: the weight measure rho (its quadrature and its sampler).
+        attention: the attention (beta, sign).
+        targets: this rank's target points.
+        target_masses: their masses (the weights of the RMS).
+        sources: the token measure's points, all ranks.
+        masses: their masses.
+        heads: the head numbers H, increasing.
+        seeds: the number of seeds.
+
+    Returns:
+        sup (len(heads), seeds), rms (len(heads), seeds) and X_rho at the local targets.
     """
-    X = attention.velocity(targets, sources, masses, measure.heads_at(0.0),
-                           measure.head_weights_at(0.0))  # fmt: skip
+    X = attention.velocity(
+        targets, sources, masses, measure.heads_at(0.0), measure.head_weights_at(0.0)
+    )
     total = comm.allreduce(float(target_masses.sum()), op=MPI.SUM)
     sup = np.empty((len(heads), seeds))
     rms = np.empty((len(heads), seeds))
@@ -148,7 +184,23 @@ def study(
     mean: float = 0.5,
     std: float = 0.6,
 ) -> dict:
-    """The whole measurement (collective): errors, fits and the data for the outputs."""  # fmt: skip
+    """The whole measurement (collective): errors, fits and the data for the outputs.
+
+    Args:
+        level: the icosphere level of the tokens.
+        heads: the head numbers H, increasing.
+        seeds: the number of seeds.
+        p: the parameter dimension.
+        cells: parameter cells per side.
+        beta: the inverse temperature.
+        mean: the mean of rho in every coordinate.
+        std: its standard deviation.
+
+    Returns:
+        ``sup`` and ``rms`` (len(heads), seeds), ``fits`` (sup, rms, sup_over_sqrt_logH),
+        ``cv``, ``gathered``, ``density`` and ``velocity`` (gathered on rank 0), ``n_cells``
+        and ``n_heads_quadrature``.
+    """
     cv = control_volumes(icosphere(comm, level))
     n = cv.n_owned
     rho = initial_density(cv, TOKENS)
@@ -156,8 +208,9 @@ def study(
     sources, masses = gather_measure(comm, cv.centres[:n], m_local)
     measure = weight_measure(p, cells, mean, std)
     attention = Attention(beta, -1, manifold=True)
-    sup, rms, X = head_errors(measure, attention, cv.centres[:n], m_local, sources, masses,
-                              heads, seeds)  # fmt: skip
+    sup, rms, X = head_errors(
+        measure, attention, cv.centres[:n], m_local, sources, masses, heads, seeds
+    )
     logH = np.log(np.asarray(heads, dtype=float))
     fits = {
         "sup": fit_power_law(heads, list(sup)),
@@ -165,14 +218,33 @@ def study(
         "sup_over_sqrt_logH": fit_power_law(heads, list(sup / np.sqrt(logH)[:, None])),
     }
     gathered = GatheredCells(cv)
-    result = {"sup": sup, "rms": rms, "fits": fits, "cv": cv, "gathered": gathered,
-              "density": gathered.gather(rho), "velocity": gathered.gather(X),
-              "n_cells": cv.n_global, "n_heads_quadrature": measure.n_heads}  # fmt: skip
+    result = {
+        "sup": sup,
+        "rms": rms,
+        "fits": fits,
+        "cv": cv,
+        "gathered": gathered,
+        "density": gathered.gather(rho),
+        "velocity": gathered.gather(X),
+        "n_cells": cv.n_global,
+        "n_heads_quadrature": measure.n_heads,
+    }
     measure.solver.destroy()
     return result
 
 
-def plot(path: Path, heads: list[int], sup: np.ndarray, rms: np.ndarray, fits) -> None:
+def plot(
+    path: Path, heads: list[int], sup: np.ndarray, rms: np.ndarray, fits: dict[str, PowerLawFit]
+) -> None:
+    """The errors against H, log-log, with H^-1/2 and H^-1/2 sqrt(log H) guides (rank 0).
+
+    Args:
+        path: the PNG file.
+        heads: the head numbers H.
+        sup: the sup errors (len(heads), seeds).
+        rms: the RMS errors (len(heads), seeds).
+        fits: the fits of :func:`study`.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,13 +255,13 @@ def plot(path: Path, heads: list[int], sup: np.ndarray, rms: np.ndarray, fits) -
     for data, name, c in ((sup, "sup", "C0"), (rms, "rms", "C1")):
         for k in range(len(H)):
             ax.plot([H[k]] * data.shape[1], data[k], ".", color=c, alpha=0.2, ms=3)
-        f: PowerLawFit = fits[name]
-        ax.loglog(H, data.mean(axis=1), "o-", color=c,
-                  label=f"{name} |X_H - X_rho|: slope {f.slope:.3f} [{f.ci_low:.3f}, {f.ci_high:.3f}]")  # fmt: skip
+        f = fits[name]
+        slope = f"slope {f.slope:.3f} [{f.ci_low:.3f}, {f.ci_high:.3f}]"
+        ax.loglog(H, data.mean(axis=1), "o-", color=c, label=f"{name} |X_H - X_rho|: {slope}")
     e0 = sup.mean(axis=1)[0]
     ax.loglog(H, e0 * (H / H[0]) ** -0.5, "k--", lw=0.8, label="H^-1/2")
-    ax.loglog(H, e0 * np.sqrt(np.log(H) / np.log(H[0])) * (H / H[0]) ** -0.5, "k:", lw=0.8,
-              label="H^-1/2 sqrt(log H)")  # fmt: skip
+    guide = e0 * np.sqrt(np.log(H) / np.log(H[0])) * (H / H[0]) ** -0.5
+    ax.loglog(H, guide, "k:", lw=0.8, label="H^-1/2 sqrt(log H)")
     ax.set(xlabel="H heads", ylabel="velocity error", title="head limit")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -198,17 +270,26 @@ def plot(path: Path, heads: list[int], sup: np.ndarray, rms: np.ndarray, fits) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
     # %% Parameters
     # -------------
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="a very small problem (seconds)")
-    parser.add_argument("--out", type=Path, default=Path("results") / "limit_heads")
+    experiment = Experiment(__file__, __doc__)
+    parser = experiment.parser()
     parser.add_argument("--p", type=int, choices=(1, 2), default=1, help="parameter dimension")
     parser.add_argument("--level", type=int, default=None, help="token icosphere level (3)")
     parser.add_argument("--max-heads", type=int, default=None, help="largest H (default 1024)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds (default 32)")
     parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature")
-    args = parser.parse_args(argv)
+    args = experiment.start(parser, argv)
+    log = experiment.log
+
     level = args.level if args.level is not None else (2 if args.tiny else 3)
     h_max = args.max_heads or (64 if args.tiny else 1024)
     heads = [int(h) for h in 2 ** np.arange(2, int(math.log2(h_max)) + 1)]
@@ -217,53 +298,70 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out
     wall0 = time.perf_counter()
 
-    # %% Problem, solver, main loop
-    # ------------------------------
-    log(f"p = {args.p}, {cells}^{args.p} parameter cells, token level {level}, H = {heads}, "
-        f"{seeds} seeds")  # fmt: skip
+    # %% Main loop
+    # ------------
+    # study(): the token mesh and density (frozen), the weight measure rho, and the errors
+    # of H sampled heads for every H and seed, with their power-law fits.
+    log(
+        f"p = {args.p}, {cells}^{args.p} parameter cells, token level {level}, H = {heads}, "
+        f"{seeds} seeds"
+    )
     r = study(level, heads, seeds, p=args.p, cells=cells, beta=args.beta)
     for k, H in enumerate(heads):
         log(f"H = {H:5d}: sup {r['sup'][k].mean():.4e}  rms {r['rms'][k].mean():.4e}")
     for name, f in r["fits"].items():
-        log(f"{name}: slope {f.slope:+.3f}, 95% bootstrap [{f.ci_low:+.3f}, {f.ci_high:+.3f}], "
-            f"t-interval [{f.t_low:+.3f}, {f.t_high:+.3f}]")  # fmt: skip
+        log(
+            f"{name}: slope {f.slope:+.3f}, 95% bootstrap [{f.ci_low:+.3f}, {f.ci_high:+.3f}], "
+            f"t-interval [{f.t_low:+.3f}, {f.t_high:+.3f}]"
+        )
     wall = time.perf_counter() - wall0
 
-    # %% Output
-    # ---------
+    # %% Pictures
+    # -----------
+    # table.csv, summary.json, limit_heads.png and final.npz (rank 0).
     if comm.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
         with open(out / "table.csv", "w", newline="") as fh:
             writer = csv.writer(fh)
             writer.writerow(["H", "seed", "sup_error", "rms_error"])
             for k, H in enumerate(heads):
                 for s in range(seeds):
                     writer.writerow([H, s, r["sup"][k, s], r["rms"][k, s]])
-        write_json(out / "summary.json", {
-            "driver": "limit_heads", "ranks": comm.size, "wall_time": wall, "p": args.p,
-            "parameter_cells": cells, "token_level": level, "token_cells": r["n_cells"],
-            "heads": heads, "seeds": seeds, "beta": args.beta, "sign": -1,
-            "rho": {"mean": 0.5, "std": 0.6}, "tokens": TOKENS,
+        summary = {
+            "driver": "limit_heads",
+            "ranks": comm.size,
+            "wall_time": wall,
+            "p": args.p,
+            "parameter_cells": cells,
+            "token_level": level,
+            "token_cells": r["n_cells"],
+            "heads": heads,
+            "seeds": seeds,
+            "beta": args.beta,
+            "sign": -1,
+            "rho": {"mean": 0.5, "std": 0.6},
+            "tokens": TOKENS,
             "fits": {k: f.as_dict() for k, f in r["fits"].items()},
-            "mean_sup": r["sup"].mean(axis=1), "mean_rms": r["rms"].mean(axis=1),
+            "mean_sup": r["sup"].mean(axis=1),
+            "mean_rms": r["rms"].mean(axis=1),
             "theory": "E sup_x |X_H - X_rho| = O(H^-1/2 sqrt(log H)) ([P2])",
-        })  # fmt: skip
+        }
+        write_json(out / "summary.json", summary)
         plot(out / "limit_heads.png", heads, r["sup"], r["rms"], r["fits"])
         g = r["gathered"]
-        write_final(out / "final.npz", g.points, g.weights, r["density"], 0.0,
-                    velocity=r["velocity"], heads=np.array(heads), sup_error=r["sup"],
-                    rms_error=r["rms"])  # fmt: skip
+        write_final(
+            out / "final.npz",
+            g.points,
+            g.weights,
+            r["density"],
+            0.0,
+            velocity=r["velocity"],
+            heads=np.array(heads),
+            sup_error=r["sup"],
+            rms_error=r["rms"],
+        )
     log(f"wall time {wall:.1f} s; results in {out}")
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-# %% Things to try
-# ----------------
-# - --p 2: a two-parameter family of heads; the exponent stays -1/2 (Monte Carlo does not see
-#   the dimension of the parameter space).
-# - --beta 4: sharper softmax heads vary more with theta; the constant grows, not the rate.
-# - Compare with the RMS error of drivers/weights_fokker_planck_s2.py (velocity_vs_H.png): the
-#   sup is a constant factor above it at every H.

@@ -57,12 +57,22 @@ Outputs in ``--out`` (default results/multihead_s2): one folder per dynamics, ``
 ``oscillating/``, each with density.xdmf (+ .h5, for ParaView), metrics.csv (t, mass, energy,
 min/max density, G2, dissipation, mean |D_h|), density.png and final.npz; and g2.png, G^2(t) of
 each dynamics on a log scale.
+
+Things to try:
+
+- The head limit of [P1]: ``--dynamics ou --heads 1``, 2, 4, 8, 16 and compare the late-time
+  mean of G^2 printed at the end: it falls roughly like 1/H.
+- ``--dynamics oscillating --heads 1`` (or 2): the forcing no longer cancels in the head
+  average and G^2 oscillates with the period 2 pi of F without decaying; compare H = 3, 4.
+- Hotter or colder attention: ``--beta 0.5`` or ``--beta 4`` (smaller cells needed,
+  ``--refinement 4``).
+- Less noise: ``sigma = 0.5`` (or 0) in ``main``: the OU heads settle to D = I, s = -1
+  spreads the tokens towards the uniform density, and G^2 decays to zero. Watch the density
+  move: open ou/density.xdmf in ParaView ("Xdmf3 Reader T") and play.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -70,115 +80,74 @@ from pathlib import Path
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
-import numba
 import numpy as np
 
+from drivers._experiment import Experiment
+from drivers.engine import DensityWriter, GatheredCells, MetricsWriter, render_density, write_final
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head
 from solvers.errors import SolverError
-from solvers.initial import initial_density
-from solvers.io import DensityWriter, GatheredCells, MetricsWriter, render_density, write_final
-from solvers.transport import TransportSolver
+from solvers.transport import TransportSolver, initial_density
 from solvers.weights import WeightDynamics, make_weights
 
 comm = MPI.COMM_WORLD
 
-
-def log(message: str) -> None:
-    """Print on rank 0 only."""
-    if comm.rank == 0:
-        print(f"[multihead_s2 {comm.size} rank(s)] {message}", flush=True)
-
-
-# %% Parameters
-# -------------
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--tiny", action="store_true", help="a very small problem (seconds)")
-parser.add_argument("--out", type=Path, default=Path("results") / "multihead_s2")
-parser.add_argument("--refinement", type=int, default=None, help="icosphere level (default 3)")
-parser.add_argument("--t-end", type=float, default=None, help="final time (default 20)")
-parser.add_argument("--dynamics", choices=("ou", "oscillating", "both"), default="both")
-parser.add_argument("--heads", type=int, default=4, help="number of heads H (default 4)")
-parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature (default 1)")
-parser.add_argument("--seed", type=int, default=0, help="seed of D_h(0) and of the OU noise")
-args = parser.parse_args()
-
-refinement = args.refinement if args.refinement is not None else (1 if args.tiny else 3)
-t_end = args.t_end if args.t_end is not None else (0.5 if args.tiny else 20.0)
-dynamics_list = ["ou", "oscillating"] if args.dynamics == "both" else [args.dynamics]
-n_heads = args.heads
-beta = args.beta  # [P1] takes beta = 1
-sign = -1  # tokens descend the energy, as in [P1]
-sigma = np.sqrt(2.0)  # OU noise amplitude, sigma^2 = 2 in [P1]
-n_outputs = 10 if args.tiny else 200  # output times, equally spaced in [0, t_end]
-cfl = 0.4
-out = args.out
-
-# Several MPI ranks on one node share its cores: give each rank's numba kernels its share of
-# threads (set NUMBA_NUM_THREADS to override).
-if "NUMBA_NUM_THREADS" not in os.environ:
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    numba.set_num_threads(max(1, numba.config.NUMBA_NUM_THREADS // node.size))
-    node.Free()
-
-# %% Mesh
-# -------
-wall0 = time.perf_counter()
-cv = control_volumes(icosphere(comm, refinement))
-quality = mesh_quality(cv)
-gathered = GatheredCells(cv)
-log(f"S^2 icosphere level {refinement}: {quality.n_cells} cells, h = {quality.h:.3g}")
-
-# %% Initial condition
-# --------------------
-# Two overlapping caps, around the north pole and around e_1, normalised to mass 1.
-rho0 = initial_density(cv, "exp(3 * x[2]) + 0.5 * exp(3 * x[0])")
-
-
-# %% Problem
-# ----------
-# H heads (I, D_h, D_h); make_weights(init="random") draws D_h(0) = Z + Z^T with the seed, so
-# both dynamics start from the same heads.
-def make_problem(dynamics: str) -> tuple[Attention, WeightDynamics]:
-    """Attention (beta, s = -1) and the weight dynamics ``dynamics`` ("ou" | "oscillating")."""
-    heads = [Head.identity(3)] * n_heads
-    weights = make_weights(dynamics, heads, init="random", seed=args.seed, sigma=sigma)
-    return Attention(beta, sign, manifold=True), weights
+#: Columns of metrics.csv, one row per output time.
+COLUMNS = [
+    *("t", "step", "dt", "mass", "energy", "min_density", "max_density", "G2"),
+    *("dissipation", "D_norm", "wall"),
+]
 
 
 def mean_weight_norm(weights: WeightDynamics, t: float) -> float:
-    """(1/H) sum_h |D_h(t)|_F, the size of the heads (identical on every rank)."""
+    """(1/H) sum_h |D_h(t)|_F, the size of the heads (identical on every rank).
+
+    Args:
+        weights: the weight dynamics.
+        t: the time.
+
+    Returns:
+        The mean Frobenius norm of the value matrices V = D_h(t).
+    """
     return float(np.mean([np.linalg.norm(h.V) for h in weights.heads_at(t)]))
 
 
-# %% Solver
-# ---------
-def make_solver(attention: Attention, weights: WeightDynamics) -> TransportSolver:
-    return TransportSolver(cv, attention, weights, rho0, reconstruction="muscl", rk="ssp3", cfl=cfl)
+def metrics_row(solver: TransportSolver, rho: np.ndarray, dt: float, wall0: float) -> dict:
+    """Diagnostics of the current state (collective; identical on every rank).
 
+    Args:
+        solver: the transport solver.
+        rho: its owned cell densities.
+        dt: the last time step.
+        wall0: the start of the wall clock.
 
-# %% Output
-# ---------
-# One folder per dynamics: density.xdmf (collective), metrics.csv (rank 0), density.png.
-columns = ["t", "step", "dt", "mass", "energy", "min_density", "max_density", "G2",
-           "dissipation", "D_norm", "wall"]  # fmt: skip
-
-
-def metrics_row(solver: TransportSolver, rho: np.ndarray, dt: float) -> dict[str, float]:
-    """Diagnostics of the current state (collective; identical on every rank)."""
+    Returns:
+        One row of metrics.csv (:data:`COLUMNS`).
+    """
     diag = solver.diagnostics()
     return {
-        "t": solver.t, "step": solver.steps, "dt": dt, "mass": diag.mass,
+        "t": solver.t,
+        "step": solver.steps,
+        "dt": dt,
+        "mass": diag.mass,
         "energy": diag.energy,
         "min_density": comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
         "max_density": comm.allreduce(float(rho.max(initial=-np.inf)), op=MPI.MAX),
-        "G2": diag.G2, "dissipation": diag.dissipation,
-        "D_norm": mean_weight_norm(solver.weights, solver.t), "wall": time.perf_counter() - wall0,
-    }  # fmt: skip
+        "G2": diag.G2,
+        "dissipation": diag.dissipation,
+        "D_norm": mean_weight_norm(solver.weights, solver.t),
+        "wall": time.perf_counter() - wall0,
+    }
 
 
-def plot_g2(path: Path, histories: dict[str, list[dict[str, float]]]) -> None:
-    """G^2(t) of each dynamics on a log scale, with the mean |D_h| below (rank 0)."""
+def plot_g2(path: Path, histories: dict[str, list[dict[str, float]]], title: str) -> None:
+    """G^2(t) of each dynamics on a log scale, with the mean |D_h| below (rank 0).
+
+    Args:
+        path: the PNG file.
+        histories: the metrics rows of each dynamics.
+        title: the title of the upper panel.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,7 +159,7 @@ def plot_g2(path: Path, histories: dict[str, list[dict[str, float]]]) -> None:
         ax.semilogy(t, [max(r["G2"], 1e-300) for r in rows], label=name)
         bx.plot(t, [r["D_norm"] for r in rows], label=name)
     ax.set_ylabel("G$^2(t)$")
-    ax.set_title(f"H = {n_heads} heads, beta = {beta:g}, s = {sign:+d}, {quality.n_cells} cells")
+    ax.set_title(title)
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     bx.set_xlabel("t")
@@ -201,84 +170,157 @@ def plot_g2(path: Path, histories: dict[str, list[dict[str, float]]]) -> None:
     plt.close(fig)
 
 
-# %% Main loop
-# ------------
-# For each dynamics: steps of adaptive size landing on the output times, one metrics row
-# (and one XDMF step) per output time.
-log(
-    f"H = {n_heads}, beta = {beta:g}, s = {sign:+d}, weights {' and '.join(dynamics_list)} "
-    f"(random D_h(0), seed {args.seed}), t_end = {t_end:g} -> {out}"
-)
-histories: dict[str, list[dict[str, float]]] = {}
-status = 0
-for dynamics in dynamics_list:
-    folder = out / dynamics
-    if comm.rank == 0:
-        folder.mkdir(parents=True, exist_ok=True)
-    comm.barrier()
-    attention, weights = make_problem(dynamics)
-    solver = make_solver(attention, weights)
-    writer = DensityWriter(cv, folder / "density.xdmf")
-    metrics = MetricsWriter(comm, folder / "metrics.csv", columns)
-    rho, dt = solver.density, 0.0
-    writer.write(solver.t, rho)
-    metrics.write(metrics_row(solver, rho, dt))
-    try:
-        for k in range(1, n_outputs + 1):
-            t_out = t_end * k / n_outputs
-            while solver.t < t_out:
-                dt = solver.step(t_out).dt
-            rho = solver.density
-            writer.write(solver.t, rho)
-            metrics.write(metrics_row(solver, rho, dt))
-            if k % max(1, n_outputs // 10) == 0:
-                row = metrics.rows[-1]
-                log(
-                    f"{dynamics:>11s}  t = {row['t']:6.3f}  step {row['step']:5d}  "
-                    f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  "
-                    f"max rho = {row['max_density']:.3g}  |D| = {row['D_norm']:.2f}"
-                )
-    except SolverError as exc:  # NaN or blow-up: keep what was computed, exit 3 like the CLI
-        log(f"{dynamics}: stopped at t = {solver.t:.4g}: {exc}")
-        rho, status = solver.density, 3  # the last good state was written above
-    final = gathered.gather(rho)
-    t_final = metrics.rows[-1]["t"]
-    if comm.rank == 0:
-        write_final(folder / "final.npz", gathered.points, gathered.weights, final, t_final)
-        render_density(
-            folder / "density.png", gathered.vertices, final,
-            title=f"density ({dynamics}) t={t_final:.3g}",
-        )  # fmt: skip
-    writer.close()
-    metrics.close()
-    histories[dynamics] = metrics.rows
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
 
-if comm.rank == 0:
-    plot_g2(out / "g2.png", histories)
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
 
-# Summary: the late-time level of G^2 (mean over the last third of [0, t_end]).
-for dynamics, rows in histories.items():
-    t = np.array([r["t"] for r in rows])
-    G2 = np.array([r["G2"] for r in rows])
-    late = t >= t[-1] * 2 / 3
+    Returns:
+        0, or 3 if a solver stopped early (NaN or blow-up), like the CLI.
+    """
+    # %% Parameters
+    # -------------
+    experiment = Experiment(__file__, __doc__)
+    parser = experiment.parser()
+    parser.add_argument("--refinement", type=int, default=None, help="icosphere level (default 3)")
+    parser.add_argument("--t-end", type=float, default=None, help="final time (default 20)")
+    parser.add_argument("--dynamics", choices=("ou", "oscillating", "both"), default="both")
+    parser.add_argument("--heads", type=int, default=4, help="number of heads H (default 4)")
+    parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of D_h(0) and of the OU noise")
+    args = experiment.start(parser, argv)
+    log = experiment.log
+
+    refinement = args.refinement if args.refinement is not None else (1 if args.tiny else 3)
+    t_end = args.t_end if args.t_end is not None else (0.5 if args.tiny else 20.0)
+    dynamics_list = ["ou", "oscillating"] if args.dynamics == "both" else [args.dynamics]
+    n_heads = args.heads
+    beta = args.beta  # [P1] takes beta = 1
+    sign = -1  # tokens descend the energy, as in [P1]
+    sigma = np.sqrt(2.0)  # OU noise amplitude, sigma^2 = 2 in [P1]
+    n_outputs = 10 if args.tiny else 200  # output times, equally spaced in [0, t_end]
+    cfl = 0.4
+    out = args.out
+
+    # %% Mesh
+    # -------
+    wall0 = time.perf_counter()
+    cv = control_volumes(icosphere(comm, refinement))
+    quality = mesh_quality(cv)
+    gathered = GatheredCells(cv)
+    log(f"S^2 icosphere level {refinement}: {quality.n_cells} cells, h = {quality.h:.3g}")
+
+    # %% Initial condition
+    # --------------------
+    # Two overlapping caps, around the north pole and around e_1, normalised to mass 1.
+    rho0 = initial_density(cv, "exp(3 * x[2]) + 0.5 * exp(3 * x[0])")
+
+    # %% Problem
+    # ----------
+    # H heads (I, D_h, D_h); make_weights(init="random") draws D_h(0) = Z + Z^T with the seed,
+    # so both dynamics start from the same heads.
+    heads = [Head.identity(3)] * n_heads
+    weights = {
+        dynamics: make_weights(dynamics, heads, init="random", seed=args.seed, sigma=sigma)
+        for dynamics in dynamics_list
+    }
+
+    # %% Solver
+    # ---------
+    # One solver per dynamics, each with its attention (beta, s = -1), from the same rho0.
+    solvers = {
+        dynamics: TransportSolver(
+            cv,
+            Attention(beta, sign, manifold=True),
+            weights[dynamics],
+            rho0,
+            reconstruction="muscl",
+            rk="ssp3",
+            cfl=cfl,
+        )
+        for dynamics in dynamics_list
+    }
+
+    # %% Output
+    # ---------
+    # One folder per dynamics: density.xdmf (collective), metrics.csv (rank 0), density.png;
+    # and g2.png for all of them.
+    writers = {d: DensityWriter(cv, experiment.folder(out / d) / "density.xdmf") for d in solvers}
+    tables = {d: MetricsWriter(comm, out / d / "metrics.csv", COLUMNS) for d in solvers}
+
+    # %% Main loop
+    # ------------
+    # For each dynamics: steps of adaptive size landing on the output times, one metrics row
+    # (and one XDMF step) per output time.
     log(
-        f"{dynamics:>11s}: G2(0) = {G2[0]:.3e}, mean G2 over t in [{t[-1] * 2 / 3:.3g}, "
-        f"{t[-1]:.3g}] = {G2[late].mean():.3e} "
-        f"(min {G2[late].min():.3e}, max {G2[late].max():.3e}); "
-        f"energy {rows[0]['energy']:.4f} -> {rows[-1]['energy']:.4f}; mass {rows[-1]['mass']:.15f}"
+        f"H = {n_heads}, beta = {beta:g}, s = {sign:+d}, weights {' and '.join(dynamics_list)} "
+        f"(random D_h(0), seed {args.seed}), t_end = {t_end:g} -> {out}"
     )
-log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out} (g2.png, */density.xdmf)")
-sys.exit(status)
+    histories: dict[str, list[dict[str, float]]] = {}
+    status = 0
+    for dynamics, solver in solvers.items():
+        writer, metrics = writers[dynamics], tables[dynamics]
+        rho, dt = solver.density, 0.0
+        writer.write(solver.t, rho)
+        metrics.write(metrics_row(solver, rho, dt, wall0))
+        try:
+            for k in range(1, n_outputs + 1):
+                t_out = t_end * k / n_outputs
+                while solver.t < t_out:
+                    dt = solver.step(t_out).dt
+                rho = solver.density
+                writer.write(solver.t, rho)
+                metrics.write(metrics_row(solver, rho, dt, wall0))
+                if k % max(1, n_outputs // 10) == 0:
+                    row = metrics.rows[-1]
+                    log(
+                        f"{dynamics:>11s}  t = {row['t']:6.3f}  step {row['step']:5d}  "
+                        f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  "
+                        f"max rho = {row['max_density']:.3g}  |D| = {row['D_norm']:.2f}"
+                    )
+        except SolverError as exc:  # NaN or blow-up: keep what was computed, exit 3 like the CLI
+            log(f"{dynamics}: stopped at t = {solver.t:.4g}: {exc}")
+            rho, status = solver.density, 3  # the last good state was written above
+        final = gathered.gather(rho)
+        t_final = metrics.rows[-1]["t"]
+        if comm.rank == 0:
+            write_final(
+                out / dynamics / "final.npz", gathered.points, gathered.weights, final, t_final
+            )
+            render_density(
+                out / dynamics / "density.png",
+                gathered.vertices,
+                final,
+                title=f"density ({dynamics}) t={t_final:.3g}",
+            )
+        writer.close()
+        metrics.close()
+        histories[dynamics] = metrics.rows
 
-# %% Things to try
-# ----------------
-# - The head limit of [P1]: --dynamics ou --heads 1, 2, 4, 8, 16 and compare the late-time
-#   mean of G^2 printed at the end: it falls roughly like 1/H.
-# - --dynamics oscillating --heads 1 (or 2): the forcing no longer cancels in the head average
-#   and G^2 oscillates with the period 2 pi of F without decaying; compare H = 3, 4.
-# - Less noise: make_weights(..., sigma=0.5) (or 0): the OU heads settle to D = I, s = -1
-#   spreads the tokens towards the uniform density, and G^2 decays to zero.
-# - Hotter or colder attention: --beta 0.5 or --beta 4 (smaller cells needed, --refinement 4).
-# - Frozen random heads (make_weights("frozen", heads, init="random")): an autonomous gradient
-#   flow; the energy then decreases monotonically at the rate given by `dissipation`.
-# - Watch the density move: open ou/density.xdmf in ParaView ("Xdmf3 Reader T") and play.
+    # %% Summary
+    # ----------
+    # The late-time level of G^2 (mean over the last third of [0, t_end]).
+    for dynamics, rows in histories.items():
+        t = np.array([r["t"] for r in rows])
+        G2 = np.array([r["G2"] for r in rows])
+        late = t >= t[-1] * 2 / 3
+        log(
+            f"{dynamics:>11s}: G2(0) = {G2[0]:.3e}, mean G2 over t in [{t[-1] * 2 / 3:.3g}, "
+            f"{t[-1]:.3g}] = {G2[late].mean():.3e} "
+            f"(min {G2[late].min():.3e}, max {G2[late].max():.3e}); "
+            f"energy {rows[0]['energy']:.4f} -> {rows[-1]['energy']:.4f}; "
+            f"mass {rows[-1]['mass']:.15f}"
+        )
+
+    # %% Pictures
+    # -----------
+    if comm.rank == 0:
+        title = f"H = {n_heads} heads, beta = {beta:g}, s = {sign:+d}, {quality.n_cells} cells"
+        plot_g2(out / "g2.png", histories, title)
+    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out} (g2.png, */density.xdmf)")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

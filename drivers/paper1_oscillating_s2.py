@@ -26,7 +26,8 @@ quickly with H here, unlike [P1]'s report. Measured (drivers/README.md): for H >
 decays steadily in time with no oscillation left; the [T/2, T] average falls from 0.37 (H = 1)
 to 1.5e-4 and 1.0e-4 (H = 10, 100), fitted exponent -1.8 (particles), -3.3 (mesh).
 
-Two discretisations, as in drivers/paper1_ou_s2.py (whose engine this script imports): RK4
+Two discretisations, as in drivers/paper1_ou_s2.py (the engine both share is
+drivers/_paper1.py): RK4
 particles with dt = 5e-3, H in {1, 10, 100}, T = 20 (one draw of D_h(0) per H by default);
 and finite volumes on an icosphere (level 3, 1,280 cells) from six caps exp(10 x.(+-e_k)),
 H in {1, 3, 10}, T = 10, with the CFL step capped by the record spacing 0.02.
@@ -38,6 +39,7 @@ Sources:
 
 Run (defaults; 12 minutes of one core, measured):
 
+    mpiexec -n 4 python drivers/paper1_oscillating_s2.py
     mpiexec -n 2 python drivers/paper1_oscillating_s2.py
     python drivers/paper1_oscillating_s2.py --tiny                  # seconds
     python drivers/paper1_oscillating_s2.py --heads 1 2 3 4 10 --mesh-heads
@@ -45,26 +47,49 @@ Run (defaults; 12 minutes of one core, measured):
 Outputs in ``--out`` (default results/paper1_oscillating_s2): the same files as
 drivers/paper1_ou_s2.py (snapshots_*.png, g2.png, g2_vs_H.png, budget_*.png, particles.csv,
 mesh.csv, summary.csv, summary.json, final.npz).
+
+Things to try:
+
+- ``--heads 1 2 3 4 6 10``: H = 1 and 2 keep the harmonics of F in the head average (G^2
+  keeps oscillating); from H = 3 on only the nonlinearity of the softmax feels the
+  oscillation.
+- ``--paths 4``: other draws of D_h(0); they are forgotten after t ~ 5 (relaxation rate 1).
+- ``--integrator euler`` and look at budget_particles_H1.png: the residual grows like dt.
+- Random phases instead of 2 pi h / H (set ``phases`` of the OscillatingWeights in
+  ``oscillating_weights``): the head average then converges like H^{-1/2} (Monte Carlo), and
+  G^2 like H^{-1}.
 """
 
 from __future__ import annotations
 
+import sys
+import time
+
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 
-from drivers.paper1_ou_s2 import Setup, WeightsFactory, main, parse_setup
+from drivers._experiment import Experiment
+from drivers._paper1 import (
+    Setup,
+    WeightsFactory,
+    mesh_study,
+    parse_setup,
+    particle_study,
+    report,
+)
 from solvers.weights import OscillatingWeights, WeightDynamics, random_symmetric
 
-# %% Parameters
-# -------------
-# Those of drivers/paper1_ou_s2.py (n = 200, H in {1, 10, 100}, T = 20, dt = 5e-3, beta = 1,
-# s = -1; mesh level 3, H in {1, 3, 10}, T = 10, kappa = 10); one draw of D_h(0) per H.
-# The command line is the same; --paths N draws N independent D_h(0).
+TITLE = "[P1] sec. 6, oscillating weights"
 
 
-# %% Problem
-# ----------
 def oscillating_weights(setup: Setup) -> WeightsFactory:
-    """Oscillating heads for (H, path): D_h(0) = Z + Z^T seeded by (seed, H, path)."""
+    """Oscillating heads for (H, path): D_h(0) = Z + Z^T seeded by (seed, H, path).
+
+    Args:
+        setup: the setup (its seed).
+
+    Returns:
+        (H, path) -> the oscillating weight dynamics of H heads, phases 2 pi h / H.
+    """
 
     def factory(H: int, path: int) -> WeightDynamics:
         return OscillatingWeights(random_symmetric(H, 3, [setup.seed, H, path]))
@@ -72,23 +97,47 @@ def oscillating_weights(setup: Setup) -> WeightsFactory:
     return factory
 
 
-# %% Mesh, Initial condition, Solver, Output
-# ------------------------------------------
-# drivers/paper1_ou_s2.py: octahedron_tokens, caps_expression, run_particles, run_mesh and the
-# figures. The mesh run steps with the CFL number 0.4 up to every record time (every 0.02).
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
+    # %% Parameters
+    # -------------
+    # Those of drivers/paper1_ou_s2.py (n = 200, H in {1, 10, 100}, T = 20, dt = 5e-3,
+    # beta = 1, s = -1; mesh level 3, H in {1, 3, 10}, T = 10, kappa = 10), but one draw of
+    # D_h(0) per H; --paths N draws N independent D_h(0).
+    experiment = Experiment(__file__, __doc__)
+    setup = parse_setup(experiment, "oscillating", (1,), argv)
+    wall0 = time.perf_counter()
+    experiment.log(setup.describe())
+
+    # %% Problem
+    # ----------
+    # dD_h/dt = F(t + 2 pi h / H) - D_h, in closed form.
+    factory = oscillating_weights(setup)
+
+    # %% Main loop
+    # ------------
+    # Particles for every (H, path), then the mean-field density for every mesh H (Mesh,
+    # Initial condition and Solver: drivers/_paper1.py; the mesh run steps with the CFL number
+    # 0.4 up to every record time, every 0.02). A scheme with no head counts is skipped and
+    # its data in --out reused.
+    particle_study(experiment, setup, factory)
+    mesh_study(experiment, setup, factory)
+
+    # %% Summary
+    # ----------
+    # Figures, summary.csv, summary.json and final.npz (rank 0).
+    if experiment.comm.rank == 0:
+        report(setup, TITLE, experiment.log)
+    experiment.log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {setup.out}")
+    return 0
 
 
-# %% Main loop
-# ------------
 if __name__ == "__main__":
-    setup = parse_setup("paper1_oscillating_s2", "oscillating", (1,), __doc__.splitlines()[0])
-    main(setup, oscillating_weights(setup), "[P1] sec. 6, oscillating weights")
-
-# %% Things to try
-# ----------------
-# - --heads 1 2 3 4 6 10: H = 1 and 2 keep the harmonics of F in the head average (G^2 keeps
-#   oscillating); from H = 3 on only the nonlinearity of the softmax feels the oscillation.
-# - Random phases instead of 2 pi h / H (edit OscillatingWeights.phases after construction):
-#   the head average then converges like H^{-1/2} (Monte Carlo), and G^2 like H^{-1}.
-# - --paths 4: other draws of D_h(0); they are forgotten after t ~ 5 (relaxation rate 1).
-# - --integrator euler and look at budget_particles_H1.png: the residual grows like dt.
+    sys.exit(main())

@@ -17,11 +17,11 @@ Training is the mean-field Langevin equation
     dL/drho(theta) = int_0^T int grad p . v(x; theta, mu_t) dmu_t dt + lambda |theta|^2 / 2,
 
 with the adjoint p solving the backward transport equation with its nonlocal term. Discretised:
-tokens by upwind finite volumes and forward Euler in depth (solvers.adjoint: the gradient is
-the exact discrete adjoint), rho by Scharfetter-Gummel finite volumes with a linearly implicit
-Euler step in s (solvers.training). Side by side, the discrete counterpart: N tokens and H
-heads as particles, Euler in depth, Euler-Maruyama Langevin for the heads with complex-step
-gradients (solvers.training_particles).
+tokens by upwind finite volumes and forward Euler in depth (solvers.training.TokenTransportModel:
+the gradient is the exact discrete adjoint), rho by Scharfetter-Gummel finite volumes with a
+linearly implicit Euler step in s (solvers.training.MeanFieldTraining). Side by side, the
+discrete counterpart: N tokens and H heads as particles, Euler in depth, Euler-Maruyama
+Langevin for the heads with complex-step gradients (solvers.training.ParticleTraining).
 
 Two experiments:
   one layer: tokens in R^1 (box [0, 4], every velocity > 0), one Euler step: rho -> mu_T is
@@ -40,6 +40,7 @@ fluctuates around the mean-field loss (Monte Carlo and Langevin noise).
 
 Run (default: about 45 s on 2 cores; --tiny: about 2 s plus start-up):
 
+    mpiexec -n 4 python drivers/train_mean_field.py
     mpiexec -n 2 python drivers/train_mean_field.py
     python drivers/train_mean_field.py --tiny
 
@@ -49,11 +50,22 @@ training time, both experiments, and the particle heads), summary.json (paramete
 checks, fitted rate, timings, memory), final.npz (points: the parameter cell centres, weights:
 their volumes, density: final rho of the deep model, t: the final s; plus one_layer_density,
 particle_theta).
+
+Things to try:
+
+- ``--kappa 0.002``: less entropy, the deep law concentrates (slower convergence, larger CFL).
+- ``--particles 64 32``: the particle loss approaches the mean-field loss (Monte Carlo in N,
+  H); ``--seed 1`` draws another Langevin noise.
+- ``--steps 200``: the deep free energy reaches its local minimiser; the fitted rate of the
+  decrements stays at about 0.8 per unit s.
+- ``checkpoint_every`` in MeanFieldTraining: trade memory (ceil(N/K) + K states) for one more
+  forward pass; summary.json reports the bytes. A linear readout
+  (``solvers.training.PotentialLoss``) in the one-layer model: the decay rate is then
+  2 log(1 + ds gamma) / ds with gamma the spectral gap (tests/test_training.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -63,265 +75,499 @@ from mpi4py import MPI
 
 import numpy as np
 
+from drivers._experiment import Experiment
+from drivers.engine import MetricsWriter, write_final, write_json
 from meshes import circle, control_volumes
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
-from solvers.attention import Attention
+from solvers.attention import Attention, GlobalSources
 from solvers.errors import SolverError
-from solvers.initial import initial_density
-from solvers.io import MetricsWriter, write_final, write_json
-from solvers.losses import MMDLoss
-from solvers.training import MeanFieldTraining, fit_exponential_rate
-from solvers.training_particles import ParticleTraining
-from solvers.weight_measure import ParameterisedHeads
+from solvers.training import MeanFieldTraining, MMDLoss, ParticleTraining, fit_exponential_rate
+from solvers.transport import initial_density
+from solvers.weights import ParameterisedHeads
 
 comm = MPI.COMM_WORLD
 
+#: Columns of one_layer.csv and deep.csv (mean field), and of particles.csv.
+COLUMNS = [
+    *("s", "step", "readout", "regulariser", "loss", "entropy", "free_energy", "theta_mean"),
+    *("theta_var", "gradient_norm", "max_cfl", "fp_iterations", "wall"),
+]
+PARTICLE_COLUMNS = [
+    *("s", "step", "readout", "regulariser", "loss", "theta_mean", "theta_var"),
+    *("gradient_norm", "wall"),
+]
 
-def log(message: str) -> None:
-    """Print on rank 0 only."""
-    if comm.rank == 0:
-        print(f"[train_mean_field {comm.size} rank(s)] {message}", flush=True)
 
+def init_theta(c: np.ndarray) -> np.ndarray:
+    """The initial head law rho_0(theta), a Gaussian of width 0.4 (not normalised).
 
-# %% Parameters
-# -------------
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--tiny", action="store_true", help="a very small problem (seconds)")
-parser.add_argument("--out", type=Path, default=Path("results") / "train_mean_field")
-parser.add_argument("--steps", type=int, default=None, help="training steps (default 60)")
-parser.add_argument("--kappa", type=float, default=0.01, help="entropy weight, deep model")
-parser.add_argument("--particles", type=int, nargs=2, default=None, metavar=("N", "H"),
-                    help="tokens and heads of the particle model (default 32 16)")  # fmt: skip
-parser.add_argument("--seed", type=int, default=0, help="seed of the particle Langevin noise")
-args = parser.parse_args()
+    Args:
+        c: the (n, 1) parameter cell centres.
 
-tiny = args.tiny
-steps = args.steps if args.steps is not None else (15 if tiny else 60)
-N_tokens, H_heads = args.particles if args.particles else ((12, 6) if tiny else (32, 16))
-theta_cells = 12 if tiny else 24
-one = dict(cells=32 if tiny else 64, t_end=0.06 if tiny else 0.03, kappa=1e-3, decay=0.01,
-           ds=20.0, target=1.3)  # fmt: skip
-deep = dict(refinement=1 if tiny else 2, t_end=1.5, n_steps=12 if tiny else 24,
-            kappa=args.kappa, decay=0.05, ds=1.0, checkpoint=6)  # fmt: skip
-heads_r1 = ParameterisedHeads(np.eye(1), np.array([[[0.5]]]))
-heads_s1 = ParameterisedHeads(np.array([[1.0, 0.2], [0.2, 0.5]]), np.array([[[1.0, 0.3], [0.3, -0.5]]]))  # fmt: skip
-init_theta = lambda c: np.exp(-0.5 * (c[:, 0] / 0.4) ** 2)  # noqa: E731
-out = args.out
-wall0 = time.perf_counter()
-
-# %% Mesh
-# -------
-# Tokens distributed over the ranks; the parameter box on every rank (MPI.COMM_SELF).
-cv1 = flat_control_volumes(box(comm, [one["cells"]], [0.0], [4.0]))
-cv2 = control_volumes(circle(comm, deep["refinement"]))
-log(f"one layer: R^1, {cv1.n_global} cells; deep: S^1, {cv2.n_global} cells, "
-    f"{deep['n_steps']} steps; parameters: {theta_cells} cells on [-1, 1]")  # fmt: skip
-
-# %% Initial condition
-# --------------------
-rho1 = initial_density(cv1, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
-rho1 /= comm.allreduce(float(rho1 @ cv1.measures[: cv1.n_owned]), op=MPI.SUM)
-rho2 = initial_density(cv2, "exp(2*x[0]) + 0.5*exp(3*x[1])")
-rho2 /= comm.allreduce(float(rho2 @ cv2.measures[: cv2.n_owned]), op=MPI.SUM)
-
-# %% Problem
-# ----------
-loss1 = MMDLoss(np.array([[one["target"]]]), [1.0], 0.5)
-loss2 = MMDLoss(np.array([[0.0, 1.0]]), [1.0], 0.7)
-train1 = MeanFieldTraining(
-    cv1, Attention(1.0, 1, manifold=False), rho1, heads_r1,
-    box(MPI.COMM_SELF, [theta_cells], [-1.0], [1.0]), t_end=one["t_end"], n_steps=1,
-    loss=loss1, kappa=one["kappa"], weight_decay=one["decay"], ds=one["ds"],
-    density=init_theta, petsc_options_prefix="one_layer_",
-)  # fmt: skip
-train2 = MeanFieldTraining(
-    cv2, Attention(1.0, 1), rho2, heads_s1, box(MPI.COMM_SELF, [theta_cells], [-1.0], [1.0]),
-    t_end=deep["t_end"], n_steps=deep["n_steps"], loss=loss2, kappa=deep["kappa"],
-    weight_decay=deep["decay"], ds=deep["ds"], density=init_theta,
-    petsc_options_prefix="deep_", checkpoint_every=deep["checkpoint"],
-)  # fmt: skip
+    Returns:
+        The n density values.
+    """
+    return np.exp(-0.5 * (c[:, 0] / 0.4) ** 2)
 
 
 def quantiles(values: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
-    """n points by inverse CDF at (k + 1/2)/n of a discrete law (deterministic sampling)."""
+    """n points by inverse CDF at (k + 1/2)/n of a discrete law (deterministic sampling).
+
+    Args:
+        values: the atoms of the law.
+        weights: their masses.
+        n: the number of points.
+
+    Returns:
+        The n points (atoms, repeated by their mass).
+    """
     cdf = np.cumsum(weights) / np.sum(weights)
     return values[np.minimum(np.searchsorted(cdf, (np.arange(n) + 0.5) / n), len(values) - 1)]
 
 
-# the particle model starts from the same laws: tokens and heads by quantiles
-angles = np.arctan2(train2.model.sources[:, 1], train2.model.sources[:, 0])
-masses2 = train2.model._sources.masses(train2.model.m0[: cv2.n_owned])
-phi = quantiles(angles, masses2, N_tokens)
-particles = ParticleTraining(
-    comm, np.column_stack([np.cos(phi), np.sin(phi)]), Attention(1.0, 1), heads_s1,
-    quantiles(train2.theta, train2.weights, H_heads), t_end=deep["t_end"],
-    n_steps=deep["n_steps"], loss=loss2, kappa=deep["kappa"], weight_decay=deep["decay"],
-    ds=deep["ds"], lower=[-1.0], upper=[1.0], seed=args.seed,
-)  # fmt: skip
+def gradient_check(training: MeanFieldTraining, rng: np.random.Generator) -> float:
+    """The adjoint gradient against a central finite difference of L (collective).
 
-# %% Solver: gradient check against finite differences of L
-# -----------------------------------------------------------
-checks = {}
-rng = np.random.default_rng(1)
-for name, tr in (("one_layer", train1), ("deep", train2)):
-    w, g = tr.weights, tr.state.adjoint.gradient
+    Args:
+        training: the training, at its initial law.
+        rng: draws the (mass-preserving) direction of the difference.
+
+    Returns:
+        The relative error |FD - <grad, dw>| / |<grad, dw>| for eps = 1e-5.
+    """
+    w, g = training.weights, training.state.adjoint.gradient
     dw = rng.standard_normal(len(w))
     dw -= dw.mean()
     eps = 1e-5
-    fd = (tr.model.forward(w + eps * dw, tr.loss).loss - tr.model.forward(w - eps * dw, tr.loss).loss) / (2 * eps)  # fmt: skip
-    checks[name] = abs(fd - g @ dw) / abs(g @ dw)
-    log(f"{name}: adjoint gradient vs finite differences, relative error {checks[name]:.2e}; "
-        f"trajectory {tr.state.adjoint.trajectory_bytes} bytes/rank "
-        f"({tr.state.adjoint.stored_states} states)")  # fmt: skip
-
-# %% Output
-# ---------
-if comm.rank == 0:
-    out.mkdir(parents=True, exist_ok=True)
-comm.barrier()
-cols = ["s", "step", "readout", "regulariser", "loss", "entropy", "free_energy", "theta_mean",
-        "theta_var", "gradient_norm", "max_cfl", "fp_iterations", "wall"]  # fmt: skip
-writers = {n: MetricsWriter(comm, out / f"{n}.csv", cols) for n in ("one_layer", "deep")}
-pcols = ["s", "step", "readout", "regulariser", "loss", "theta_mean", "theta_var", "gradient_norm", "wall"]  # fmt: skip
-pwriter = MetricsWriter(comm, out / "particles.csv", pcols)
-history = {"one_layer": [train1.density], "deep": [train2.density], "particles": [particles.theta[:, 0].copy()]}  # fmt: skip
+    forward = training.model.forward
+    fd = (forward(w + eps * dw, training.loss).loss - forward(w - eps * dw, training.loss).loss) / (
+        2 * eps
+    )
+    return abs(fd - g @ dw) / abs(g @ dw)
 
 
-def record(name: str, st) -> None:
-    row = {"s": st.s, "step": st.step, "readout": st.readout, "regulariser": st.regulariser,
-           "loss": st.loss, "theta_mean": float(st.mean[0]), "theta_var": float(st.cov[0, 0]),
-           "gradient_norm": st.gradient_norm, "wall": time.perf_counter() - wall0}  # fmt: skip
+def record(
+    name: str, st, writers: dict[str, MetricsWriter], pwriter: MetricsWriter, wall0: float
+) -> None:
+    """Write one training state as a row of its CSV file (rank 0 writes).
+
+    Args:
+        name: "one_layer", "deep" or "particles".
+        st: the state (TrainingState, or ParticleState for the particles).
+        writers: the writers of the mean-field models.
+        pwriter: the writer of the particle model.
+        wall0: the start of the wall clock.
+    """
+    row = {
+        "s": st.s,
+        "step": st.step,
+        "readout": st.readout,
+        "regulariser": st.regulariser,
+        "loss": st.loss,
+        "theta_mean": float(st.mean[0]),
+        "theta_var": float(st.cov[0, 0]),
+        "gradient_norm": st.gradient_norm,
+        "wall": time.perf_counter() - wall0,
+    }
     if name == "particles":
         pwriter.write(row)
         return
-    row.update(entropy=st.entropy, free_energy=st.free_energy, max_cfl=st.max_cfl,
-               fp_iterations=st.fp_iterations)  # fmt: skip
+    row.update(
+        entropy=st.entropy,
+        free_energy=st.free_energy,
+        max_cfl=st.max_cfl,
+        fp_iterations=st.fp_iterations,
+    )
     writers[name].write(row)
 
 
-record("one_layer", train1.state)
-record("deep", train2.state)
-record("particles", particles.state)
+def plot_loss(
+    path: Path, writers: dict[str, MetricsWriter], pwriter: MetricsWriter, label: str
+) -> None:
+    """The loss L over the training time, mean field and particles (rank 0).
 
-# %% Main loop
-# ------------
-status = 0
-timing = {"one_layer": 0.0, "deep": 0.0, "particles": 0.0}
-try:
-    for k in range(1, steps + 1):
-        for name, tr in (("one_layer", train1), ("deep", train2), ("particles", particles)):
-            t0 = time.perf_counter()
-            st = tr.step()
-            timing[name] += time.perf_counter() - t0
-            record(name, st)
-            history[name].append(st.theta[:, 0].copy() if name == "particles" else tr.density)
-        if k % max(1, steps // 10) == 0 or k == steps:
-            r1, r2, rp = (w.rows[-1] for w in (writers["one_layer"], writers["deep"], pwriter))
-            log(f"step {k:3d}: one layer F = {r1['free_energy']:.8f}; deep F = "
-                f"{r2['free_energy']:.8f} (L = {r2['loss']:.6f}, mean theta {r2['theta_mean']:+.3f}); "
-                f"particles L = {rp['loss']:.6f} (mean theta {rp['theta_mean']:+.3f})")  # fmt: skip
-except SolverError as exc:  # keep what was computed, exit 3 like the CLI
-    log(f"stopped: {exc}")
-    status = 3
-
-# %% Diagnostics
-# --------------
-F1 = np.array([r["free_energy"] for r in writers["one_layer"].rows])
-F2 = np.array([r["free_energy"] for r in writers["deep"].rows])
-s_of = {n: np.array([r["s"] for r in w.rows]) for n, w in writers.items()}
-monotone = {n: bool(np.all(np.diff(F) <= 1e-14 * np.abs(F).max())) for n, F in (("one_layer", F1), ("deep", F2))}  # fmt: skip
-rates = {}
-for name, F in (("one_layer", F1), ("deep", F2)):
-    dec = -np.diff(F)
-    window = (dec > 1e-13) & (dec < 1e-5)
-    rates[name] = fit_exponential_rate(s_of[name][1:][window], dec[window])[0] if window.sum() >= 3 else float("nan")  # fmt: skip
-log(f"free energy monotone: {monotone}; fitted exponential rates of the decrements: "
-    + ", ".join(f"{n} {r:.4f}" for n, r in rates.items()))  # fmt: skip
-wall = time.perf_counter() - wall0
-summary = {
-    "driver": "train_mean_field", "ranks": comm.size, "tiny": tiny, "steps": steps,
-    "one_layer": {**one, "theta_cells": theta_cells, "monotone": monotone["one_layer"],
-                  "fitted_rate": rates["one_layer"], "F0": F1[0], "F_final": F1[-1],
-                  "gradient_check_rel_error": checks["one_layer"],
-                  "trajectory_bytes": train1.state.adjoint.trajectory_bytes},
-    "deep": {**deep, "monotone": monotone["deep"], "fitted_rate": rates["deep"], "F0": F2[0],
-             "F_final": F2[-1], "gradient_check_rel_error": checks["deep"],
-             "trajectory_bytes": train2.state.adjoint.trajectory_bytes,
-             "stored_states": train2.state.adjoint.stored_states,
-             "recomputed_steps_per_gradient": train2.state.adjoint.recomputed_steps},
-    "particles": {"N": N_tokens, "H": H_heads, "seed": args.seed,
-                  "loss_final": pwriter.rows[-1]["loss"], "theta_mean_final": pwriter.rows[-1]["theta_mean"]},
-    "timing_s": {**timing, "wall": wall}, "status": status,
-}  # fmt: skip
-if comm.rank == 0:
+    Args:
+        path: the PNG file.
+        writers: the writers of the mean-field models (their rows).
+        pwriter: the writer of the particle model.
+        label: the legend of the particle model.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    write_json(out / "summary.json", summary)
-    ds_theta = train2.theta
-    write_final(out / "final.npz", ds_theta, train2.volumes, train2.density, train2.s,
-                one_layer_density=train1.density, particle_theta=particles.theta)  # fmt: skip
     sp = np.array([r["s"] for r in pwriter.rows])
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, w in writers.items():
         ax.plot([r["s"] for r in w.rows], [r["loss"] for r in w.rows], label=f"{name} (mean field)")
-    ax.plot(
-        sp,
-        [r["loss"] for r in pwriter.rows],
-        ".",
-        label=f"deep, particles N={N_tokens} H={H_heads}",
-    )
+    ax.plot(sp, [r["loss"] for r in pwriter.rows], ".", label=label)
     ax.set_xlabel("training time s")
     ax.set_ylabel("L = readout + weight decay")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_free_energy(
+    path: Path, s_of: dict[str, np.ndarray], F: dict[str, np.ndarray], rates: dict[str, float]
+) -> None:
+    """The free-energy decrement per step, log scale, with the fitted rates (rank 0).
+
+    Args:
+        path: the PNG file.
+        s_of: model -> the training times of its rows.
+        F: model -> its free energies.
+        rates: model -> the fitted exponential rate.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, F in (("one_layer", F1), ("deep", F2)):
-        dec = np.maximum(-np.diff(F), 1e-18)
-        ax.semilogy(
-            s_of[name][1:], dec, "o-", ms=3, label=f"{name}: F_k - F_(k+1), rate {rates[name]:.3g}"
-        )
+    for name, values in F.items():
+        dec = np.maximum(-np.diff(values), 1e-18)
+        label = f"{name}: F_k - F_(k+1), rate {rates[name]:.3g}"
+        ax.semilogy(s_of[name][1:], dec, "o-", ms=3, label=label)
     ax.set_xlabel("training time s")
     ax.set_ylabel("free-energy decrement per step")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "free_energy.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_rho(
+    path: Path,
+    history: dict[str, list[np.ndarray]],
+    s_of: dict[str, np.ndarray],
+    theta: np.ndarray,
+    density: np.ndarray,
+    particle_theta: np.ndarray,
+    bins: int,
+) -> None:
+    """rho_s(theta) over the training time (both models) and the final laws (rank 0).
+
+    Args:
+        path: the PNG file.
+        history: model -> the head density after every step.
+        s_of: model -> the training times of its rows.
+        theta: the parameter cell centres (1D).
+        density: the final density of the deep model.
+        particle_theta: the final particle heads.
+        bins: the number of histogram bins of the particle heads.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    th = train2.theta[:, 0]
     for ax, name in zip(axes[:2], ("one_layer", "deep"), strict=True):
         img = np.array(history[name])
-        ax.imshow(img.T, aspect="auto", origin="lower", extent=[0, s_of[name][-1], th[0], th[-1]])
+        ax.imshow(
+            img.T, aspect="auto", origin="lower", extent=[0, s_of[name][-1], theta[0], theta[-1]]
+        )
         ax.set_title(f"rho_s(theta), {name}")
         ax.set_xlabel("s")
         ax.set_ylabel("theta")
     ax = axes[2]
-    ax.plot(th, train2.density, "k-", label="mean field (deep), final")
-    ax.hist(particles.theta[:, 0], bins=theta_cells // 2, range=(-1, 1), density=True, alpha=0.5,
-            label=f"{H_heads} particle heads, final")  # fmt: skip
+    ax.plot(theta, density, "k-", label="mean field (deep), final")
+    ax.hist(
+        particle_theta,
+        bins=bins,
+        range=(-1, 1),
+        density=True,
+        alpha=0.5,
+        label=f"{len(particle_theta)} particle heads, final",
+    )
     ax.set_xlabel("theta")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "rho.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-for w in (*writers.values(), pwriter):
-    w.close()
-log(f"wall {wall:.1f} s (one layer {timing['one_layer']:.1f}, deep {timing['deep']:.1f}, "
-    f"particles {timing['particles']:.1f}); results in {out}")  # fmt: skip
-train1.destroy()
-train2.destroy()
-sys.exit(status)
 
-# %% Things to try
-# ----------------
-# - --kappa 0.002: less entropy, the deep law concentrates (slower convergence, larger CFL).
-# - --particles 64 32: the particle loss approaches the mean-field loss (Monte Carlo in N, H).
-# - checkpoint_every in MeanFieldTraining: trade memory (ceil(N/K) + K states) for one more
-#   forward pass; summary.json reports the bytes.
-# - A linear readout (solvers.losses.PotentialLoss) in the one-layer model: the decay rate is
-#   then 2 log(1 + ds gamma) / ds with gamma the spectral gap (tests/test_training.py).
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0, or 3 if a training stopped early, like the CLI.
+    """
+    # %% Parameters
+    # -------------
+    experiment = Experiment(__file__, __doc__)
+    parser = experiment.parser()
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default 60)")
+    parser.add_argument("--kappa", type=float, default=0.01, help="entropy weight, deep model")
+    parser.add_argument(
+        "--particles",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("N", "H"),
+        help="tokens and heads of the particle model (default 32 16)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the particle Langevin noise")
+    args = experiment.start(parser, argv)
+    log = experiment.log
+
+    tiny = args.tiny
+    steps = args.steps if args.steps is not None else (15 if tiny else 60)
+    N_tokens, H_heads = args.particles if args.particles else ((12, 6) if tiny else (32, 16))
+    theta_cells = 12 if tiny else 24
+    # one layer: tokens in R^1, one Euler step; deep: tokens on S^1, checkpointed adjoint
+    one = {
+        "cells": 32 if tiny else 64,
+        "t_end": 0.06 if tiny else 0.03,
+        "kappa": 1e-3,
+        "decay": 0.01,
+        "ds": 20.0,
+        "target": 1.3,
+    }
+    deep = {
+        "refinement": 1 if tiny else 2,
+        "t_end": 1.5,
+        "n_steps": 12 if tiny else 24,
+        "kappa": args.kappa,
+        "decay": 0.05,
+        "ds": 1.0,
+        "checkpoint": 6,
+    }
+    heads_r1 = ParameterisedHeads(np.eye(1), np.array([[[0.5]]]))
+    heads_s1 = ParameterisedHeads(
+        np.array([[1.0, 0.2], [0.2, 0.5]]), np.array([[[1.0, 0.3], [0.3, -0.5]]])
+    )
+    out = args.out
+    wall0 = time.perf_counter()
+
+    # %% Mesh
+    # -------
+    # Tokens distributed over the ranks; the parameter box on every rank (MPI.COMM_SELF).
+    cv1 = flat_control_volumes(box(comm, [one["cells"]], [0.0], [4.0]))
+    cv2 = control_volumes(circle(comm, deep["refinement"]))
+    log(
+        f"one layer: R^1, {cv1.n_global} cells; deep: S^1, {cv2.n_global} cells, "
+        f"{deep['n_steps']} steps; parameters: {theta_cells} cells on [-1, 1]"
+    )
+
+    # %% Initial condition
+    # --------------------
+    rho1 = initial_density(cv1, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
+    rho1 /= comm.allreduce(float(rho1 @ cv1.measures[: cv1.n_owned]), op=MPI.SUM)
+    rho2 = initial_density(cv2, "exp(2*x[0]) + 0.5*exp(3*x[1])")
+    rho2 /= comm.allreduce(float(rho2 @ cv2.measures[: cv2.n_owned]), op=MPI.SUM)
+
+    # %% Problem
+    # ----------
+    # MMD readouts to a target, weight decay and entropy; the mean-field Langevin training of
+    # both models (forward, adjoint and Fokker-Planck solvers).
+    loss1 = MMDLoss(np.array([[one["target"]]]), [1.0], 0.5)
+    loss2 = MMDLoss(np.array([[0.0, 1.0]]), [1.0], 0.7)
+    train1 = MeanFieldTraining(
+        cv1,
+        Attention(1.0, 1, manifold=False),
+        rho1,
+        heads_r1,
+        box(MPI.COMM_SELF, [theta_cells], [-1.0], [1.0]),
+        t_end=one["t_end"],
+        n_steps=1,
+        loss=loss1,
+        kappa=one["kappa"],
+        weight_decay=one["decay"],
+        ds=one["ds"],
+        density=init_theta,
+        petsc_options_prefix="one_layer_",
+    )
+    train2 = MeanFieldTraining(
+        cv2,
+        Attention(1.0, 1),
+        rho2,
+        heads_s1,
+        box(MPI.COMM_SELF, [theta_cells], [-1.0], [1.0]),
+        t_end=deep["t_end"],
+        n_steps=deep["n_steps"],
+        loss=loss2,
+        kappa=deep["kappa"],
+        weight_decay=deep["decay"],
+        ds=deep["ds"],
+        density=init_theta,
+        petsc_options_prefix="deep_",
+        checkpoint_every=deep["checkpoint"],
+    )
+
+    # %% Solver
+    # ---------
+    # The particle model starts from the same laws: tokens and heads by quantiles (the token
+    # masses in the rank-independent order of the cell centres).
+    n2 = cv2.n_owned
+    sources = GlobalSources(comm, cv2.centres[:n2], cv2.original_index[:n2])
+    angles = np.arctan2(sources.points[:, 1], sources.points[:, 0])
+    masses2 = sources.masses(train2.model.m0[:n2])
+    phi = quantiles(angles, masses2, N_tokens)
+    particles = ParticleTraining(
+        comm,
+        np.column_stack([np.cos(phi), np.sin(phi)]),
+        Attention(1.0, 1),
+        heads_s1,
+        quantiles(train2.theta, train2.weights, H_heads),
+        t_end=deep["t_end"],
+        n_steps=deep["n_steps"],
+        loss=loss2,
+        kappa=deep["kappa"],
+        weight_decay=deep["decay"],
+        ds=deep["ds"],
+        lower=[-1.0],
+        upper=[1.0],
+        seed=args.seed,
+    )
+    # Before training: the adjoint gradient against finite differences of L.
+    checks = {}
+    rng = np.random.default_rng(1)
+    for name, tr in (("one_layer", train1), ("deep", train2)):
+        checks[name] = gradient_check(tr, rng)
+        log(
+            f"{name}: adjoint gradient vs finite differences, relative error {checks[name]:.2e}; "
+            f"trajectory {tr.state.adjoint.trajectory_bytes} bytes/rank "
+            f"({tr.state.adjoint.stored_states} states)"
+        )
+
+    # %% Output
+    # ---------
+    # One CSV row per training step and model; the head laws for rho.png.
+    writers = {n: MetricsWriter(comm, out / f"{n}.csv", COLUMNS) for n in ("one_layer", "deep")}
+    pwriter = MetricsWriter(comm, out / "particles.csv", PARTICLE_COLUMNS)
+    history = {
+        "one_layer": [train1.density],
+        "deep": [train2.density],
+        "particles": [particles.theta[:, 0].copy()],
+    }
+    record("one_layer", train1.state, writers, pwriter, wall0)
+    record("deep", train2.state, writers, pwriter, wall0)
+    record("particles", particles.state, writers, pwriter, wall0)
+
+    # %% Main loop
+    # ------------
+    status = 0
+    timing = {"one_layer": 0.0, "deep": 0.0, "particles": 0.0}
+    try:
+        for k in range(1, steps + 1):
+            for name, tr in (("one_layer", train1), ("deep", train2), ("particles", particles)):
+                t0 = time.perf_counter()
+                st = tr.step()
+                timing[name] += time.perf_counter() - t0
+                record(name, st, writers, pwriter, wall0)
+                history[name].append(st.theta[:, 0].copy() if name == "particles" else tr.density)
+            if k % max(1, steps // 10) == 0 or k == steps:
+                r1, r2, rp = (w.rows[-1] for w in (writers["one_layer"], writers["deep"], pwriter))
+                log(
+                    f"step {k:3d}: one layer F = {r1['free_energy']:.8f}; deep F = "
+                    f"{r2['free_energy']:.8f} (L = {r2['loss']:.6f}, "
+                    f"mean theta {r2['theta_mean']:+.3f}); "
+                    f"particles L = {rp['loss']:.6f} (mean theta {rp['theta_mean']:+.3f})"
+                )
+    except SolverError as exc:  # keep what was computed, exit 3 like the CLI
+        log(f"stopped: {exc}")
+        status = 3
+
+    # %% Summary
+    # ----------
+    # Monotone decrease of the free energies and the exponential rate of their decrements.
+    F = {n: np.array([r["free_energy"] for r in w.rows]) for n, w in writers.items()}
+    s_of = {n: np.array([r["s"] for r in w.rows]) for n, w in writers.items()}
+    monotone = {n: bool(np.all(np.diff(f) <= 1e-14 * np.abs(f).max())) for n, f in F.items()}
+    rates = {}
+    for name, f in F.items():
+        dec = -np.diff(f)
+        window = (dec > 1e-13) & (dec < 1e-5)
+        rates[name] = (
+            fit_exponential_rate(s_of[name][1:][window], dec[window])[0]
+            if window.sum() >= 3
+            else float("nan")
+        )
+    log(
+        f"free energy monotone: {monotone}; fitted exponential rates of the decrements: "
+        + ", ".join(f"{n} {r:.4f}" for n, r in rates.items())
+    )
+    wall = time.perf_counter() - wall0
+    adjoint1, adjoint2 = train1.state.adjoint, train2.state.adjoint
+    summary = {
+        "driver": "train_mean_field",
+        "ranks": comm.size,
+        "tiny": tiny,
+        "steps": steps,
+        "one_layer": {
+            **one,
+            "theta_cells": theta_cells,
+            "monotone": monotone["one_layer"],
+            "fitted_rate": rates["one_layer"],
+            "F0": F["one_layer"][0],
+            "F_final": F["one_layer"][-1],
+            "gradient_check_rel_error": checks["one_layer"],
+            "trajectory_bytes": adjoint1.trajectory_bytes,
+        },
+        "deep": {
+            **deep,
+            "monotone": monotone["deep"],
+            "fitted_rate": rates["deep"],
+            "F0": F["deep"][0],
+            "F_final": F["deep"][-1],
+            "gradient_check_rel_error": checks["deep"],
+            "trajectory_bytes": adjoint2.trajectory_bytes,
+            "stored_states": adjoint2.stored_states,
+            "recomputed_steps_per_gradient": adjoint2.recomputed_steps,
+        },
+        "particles": {
+            "N": N_tokens,
+            "H": H_heads,
+            "seed": args.seed,
+            "loss_final": pwriter.rows[-1]["loss"],
+            "theta_mean_final": pwriter.rows[-1]["theta_mean"],
+        },
+        "timing_s": {**timing, "wall": wall},
+        "status": status,
+    }
+
+    # %% Pictures
+    # -----------
+    if comm.rank == 0:
+        write_json(out / "summary.json", summary)
+        write_final(
+            out / "final.npz",
+            train2.theta,
+            train2.volumes,
+            train2.density,
+            train2.s,
+            one_layer_density=train1.density,
+            particle_theta=particles.theta,
+        )
+        plot_loss(out / "loss.png", writers, pwriter, f"deep, particles N={N_tokens} H={H_heads}")
+        plot_free_energy(out / "free_energy.png", s_of, F, rates)
+        plot_rho(
+            out / "rho.png",
+            history,
+            s_of,
+            train2.theta[:, 0],
+            train2.density,
+            particles.theta[:, 0],
+            theta_cells // 2,
+        )
+    for w in (*writers.values(), pwriter):
+        w.close()
+    log(
+        f"wall {wall:.1f} s (one layer {timing['one_layer']:.1f}, deep {timing['deep']:.1f}, "
+        f"particles {timing['particles']:.1f}); results in {out}"
+    )
+    train1.destroy()
+    train2.destroy()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,8 +17,8 @@ S^2 move with the velocity integrated over Theta_t,
                                         ~ s sum_i w_i(t) P_x a_{theta_i}(x),
 
 the midpoint rule over the parameter cells (one head per cell, weight w_i = |K_i| Theta_i:
-solvers.weight_measure.FokkerPlanckWeights). Side by side, the finite-head models: H heads
-drawn iid from Theta_t (solvers.weight_measure.SampledWeights, one seed), whose velocity
+solvers.weights.FokkerPlanckWeights). Side by side, the finite-head models: H heads
+drawn iid from Theta_t (solvers.weights.SampledWeights, one seed), whose velocity
 differs from the quadrature by O(H^{-1/2}) (Monte Carlo). The driver measures that
 difference at t_end over several seeds and fits its exponent (velocity_vs_H.png), and reports
 the L1 distance between the token densities of the quadrature run and of each H-head run.
@@ -28,7 +28,7 @@ to about 1e-3 (midpoint quadrature, h = 6/64, dt = 0.025, BDF2); the fitted velo
 is near -0.5 (the test suite asserts [-0.65, -0.35], tests/test_weight_measure.py); the L1
 distance of the token densities falls as H grows.
 
-Discretisation: parameters by solvers.fokker_planck (Scharfetter-Gummel finite volumes, BDF2)
+Discretisation: parameters by solvers.weights.FokkerPlanckSolver (Scharfetter-Gummel finite volumes, BDF2)
 on a box mesh solved redundantly on every rank (MPI.COMM_SELF: identical weights on every rank
 and in serial); tokens by solvers.transport (finite volumes on an icosphere, MUSCL, SSP-RK3).
 
@@ -47,13 +47,23 @@ theta.xdmf (+ .h5: the parameter density Theta_t on its box mesh, for ParaView; 
 with y = 0), metrics.csv (token diagnostics, the parameter moments against the exact Gaussian,
 and l1_H<H>), final.npz (points, weights, density, t, theta_centres, theta_density),
 density.png, theta.png (moments against exact) and velocity_vs_H.png.
+
+Things to try:
+
+- ``--p 2``: a two-parameter family of heads (B_0, B_1); theta.xdmf is then a 2D density.
+- More heads in the side-by-side runs (``--heads 4 16 64 256``): the L1 distance of the token
+  densities to the quadrature run falls with H.
+- Sharper attention (``--beta 4 --refinement 4``): the sampled heads disagree more at small H.
+- Finer weight meshes or steps (``cells``, ``dt_weights`` in ``main``): the W2 distance of
+  Theta_t to the exact Gaussian falls at the rates of tests/test_fokker_planck.py; a larger
+  noise ``sigma`` spreads Theta_t.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
@@ -61,145 +71,144 @@ from mpi4py import MPI
 
 import numpy as np
 
+from drivers._experiment import Experiment
+from drivers.engine import DensityWriter, GatheredCells, MetricsWriter, render_density, write_final
 from meshes import control_volumes, icosphere
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention, gather_measure
 from solvers.errors import SolverError
-from solvers.fokker_planck import FokkerPlanckSolver, gaussian_density, gaussian_w2, ou_drift
-from solvers.initial import initial_density
-from solvers.io import DensityWriter, GatheredCells, MetricsWriter, render_density, write_final
-from solvers.transport import TransportSolver
-from solvers.weight_measure import FokkerPlanckWeights, ParameterisedHeads, SampledWeights
+from solvers.transport import TransportSolver, initial_density
+from solvers.weights import (
+    FokkerPlanckSolver,
+    FokkerPlanckWeights,
+    ParameterisedHeads,
+    SampledWeights,
+    gaussian_density,
+    gaussian_w2,
+    ou_drift,
+)
 
 comm = MPI.COMM_WORLD
 
-
-def log(message: str) -> None:
-    """Print on rank 0 only."""
-    if comm.rank == 0:
-        print(f"[weights_fokker_planck_s2 {comm.size} rank(s)] {message}", flush=True)
-
-
-# %% Parameters
-# -------------
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--tiny", action="store_true", help="a very small problem (seconds)")
-parser.add_argument("--out", type=Path, default=Path("results") / "weights_fokker_planck_s2")
-parser.add_argument("--p", type=int, choices=(1, 2), default=1, help="parameter dimension")
-parser.add_argument("--refinement", type=int, default=None, help="icosphere level (default 3)")
-parser.add_argument("--t-end", type=float, default=None, help="final time (default 2)")
-parser.add_argument("--heads", type=int, nargs="+", default=None, help="H of the sampled runs")
-parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature (default 1)")
-parser.add_argument("--seed", type=int, default=0, help="seed of the sampled heads")
-args = parser.parse_args()
-
-p = args.p
-refinement = args.refinement if args.refinement is not None else (1 if args.tiny else 3)
-t_end = args.t_end if args.t_end is not None else (0.4 if args.tiny else 2.0)
-run_heads = args.heads if args.heads is not None else ([4, 16] if args.tiny else [4, 16, 64])
-beta, sign = args.beta, -1
-cells = (16 if args.tiny else 64) if p == 1 else (8 if args.tiny else 24)
-lower, upper = -3.0, 3.0
-sigma, m_inf, m0, s0 = 0.8, np.full(p, 0.5), np.full(p, -0.5), 0.3  # OU law of theta
-dt_weights = 0.05 if args.tiny else 0.025
-n_outputs = 4 if args.tiny else 20
-probe_heads = 2 ** np.arange(2, 7 if args.tiny else 9)  # H = 4 ... 64 (tiny) or 256
-probe_seeds = 4 if args.tiny else 32
-B = np.array(
+#: The head directions B_k (D(theta) = D_0 + sum_k theta_k B_k); p = 1 takes the first.
+B_ALL = np.array(
     [
         [[1.0, 0.3, 0.0], [0.3, -0.5, 0.2], [0.0, 0.2, 0.4]],
         [[0.0, 0.5, 0.2], [0.5, 0.3, 0.0], [0.2, 0.0, -0.6]],
     ]
-)[:p]
-out = args.out
+)
 
-# %% Mesh
-# -------
-# Tokens: an icosphere distributed over the ranks. Parameters: a box mesh on every rank
-# (COMM_SELF), so that every rank computes the same Theta_t.
-wall0 = time.perf_counter()
-cv = control_volumes(icosphere(comm, refinement))
-gathered = GatheredCells(cv)
-theta_mesh = box(MPI.COMM_SELF, [cells] * p, [lower] * p, [upper] * p)
-log(f"tokens: icosphere level {refinement}, {cv.n_global} cells; parameters: {cells}^{p} cells")
+#: (mean, covariance) of the exact law of theta at time t.
+ExactLaw = Callable[[float], tuple[np.ndarray, np.ndarray]]
 
-# %% Initial condition
-# --------------------
-rho0 = initial_density(cv, "exp(3 * x[2]) + 0.5 * exp(3 * x[0])")
-cov0 = s0**2 * np.eye(p)
 
-# %% Problem
-# ----------
-drift = ou_drift(1.0, m_inf)
-fp = FokkerPlanckSolver(
-    theta_mesh, drift, sigma, petsc_options_prefix="theta_",
-    density=lambda c: np.ones(len(c)),
-)  # fmt: skip
-fp.set_density(gaussian_density(fp.cv, m0, cov0))
-measure = FokkerPlanckWeights(fp, ParameterisedHeads(np.eye(3), B), dt=dt_weights)
-attention = Attention(beta, sign, manifold=True)
+def metric_columns(p: int, run_heads: list[int]) -> list[str]:
+    """The columns of metrics.csv.
 
-# %% Solver
-# ---------
-solver = TransportSolver(cv, attention, measure, rho0, reconstruction="muscl", rk="ssp3")
-sampled = {H: TransportSolver(cv, attention, SampledWeights(measure, H, args.seed), rho0)
-           for H in run_heads}  # fmt: skip
+    Args:
+        p: the parameter dimension.
+        run_heads: the H of the sampled runs.
 
-# %% Output
-# ---------
-if comm.rank == 0:
-    out.mkdir(parents=True, exist_ok=True)
-comm.barrier()
-writer = DensityWriter(cv, out / "density.xdmf")
-theta_writer = DensityWriter(flat_control_volumes(theta_mesh), out / "theta.xdmf", name="theta") \
-    if comm.rank == 0 else None  # fmt: skip
-ks = [f"{k}" for k in range(p)]
-columns = (["t", "step", "mass", "energy", "min_density", "max_density", "G2", "dissipation",
-            "theta_mass"] + [f"theta_mean_{k}" for k in ks] + [f"exact_mean_{k}" for k in ks]
-           + [f"theta_cov_{k}{l}" for k in ks for l in ks if k <= l]
-           + [f"exact_cov_{k}{l}" for k in ks for l in ks if k <= l]
-           + ["theta_w2", "fp_iterations"] + [f"l1_H{H}" for H in run_heads] + ["wall"])  # fmt: skip
-metrics = MetricsWriter(comm, out / "metrics.csv", columns)
+    Returns:
+        Token diagnostics, parameter moments and exact ones, W2, Fokker-Planck iterations,
+        L1 distance of each sampled run, wall time.
+    """
+    ks = [f"{k}" for k in range(p)]
+    pairs = [f"{k}{j}" for k in ks for j in ks if k <= j]
+    return [
+        *("t", "step", "mass", "energy", "min_density", "max_density", "G2", "dissipation"),
+        "theta_mass",
+        *(f"theta_mean_{k}" for k in ks),
+        *(f"exact_mean_{k}" for k in ks),
+        *(f"theta_cov_{kj}" for kj in pairs),
+        *(f"exact_cov_{kj}" for kj in pairs),
+        *("theta_w2", "fp_iterations"),
+        *(f"l1_H{H}" for H in run_heads),
+        "wall",
+    ]
 
 
 def l1(a: TransportSolver, b: TransportSolver) -> float:
-    """sum_i |m_i(a) - m_i(b)| over the token cells (allreduce)."""
+    """sum_i |m_i(a) - m_i(b)| over the token cells (allreduce).
+
+    Args:
+        a: a transport solver.
+        b: another one, on the same mesh.
+
+    Returns:
+        The L1 distance of their cell masses.
+    """
     return comm.allreduce(float(np.abs(a.masses - b.masses).sum()), op=MPI.SUM)
 
 
-def metrics_row() -> dict[str, float]:
-    """Token diagnostics and parameter moments at solver.t (collective)."""
+def metrics_row(
+    solver: TransportSolver,
+    measure: FokkerPlanckWeights,
+    exact: ExactLaw,
+    sampled: dict[int, TransportSolver],
+    wall0: float,
+) -> dict[str, float]:
+    """Token diagnostics and parameter moments at solver.t (collective).
+
+    Args:
+        solver: the run with the quadrature over the weight measure.
+        measure: the weight measure.
+        exact: the exact law of theta.
+        sampled: H -> the run with H sampled heads.
+        wall0: the start of the wall clock.
+
+    Returns:
+        One row of metrics.csv (:func:`metric_columns`).
+    """
     t, diag, rho = solver.t, solver.diagnostics(), solver.density
     mass, mean, cov = measure.moments_at(t)
-    em, ec = drift.gaussian_law(sigma, m0, cov0, t)
-    row = {"t": t, "step": solver.steps, "mass": diag.mass, "energy": diag.energy,
-           "min_density": comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
-           "max_density": comm.allreduce(float(rho.max(initial=-np.inf)), op=MPI.MAX),
-           "G2": diag.G2, "dissipation": diag.dissipation, "theta_mass": mass,
-           "theta_w2": gaussian_w2(mean, cov, em, ec),
-           "fp_iterations": measure.last_step.iterations if measure.last_step else 0,
-           "wall": time.perf_counter() - wall0}  # fmt: skip
-    for k in range(p):
+    em, ec = exact(t)
+    row = {
+        "t": t,
+        "step": solver.steps,
+        "mass": diag.mass,
+        "energy": diag.energy,
+        "min_density": comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
+        "max_density": comm.allreduce(float(rho.max(initial=-np.inf)), op=MPI.MAX),
+        "G2": diag.G2,
+        "dissipation": diag.dissipation,
+        "theta_mass": mass,
+        "theta_w2": gaussian_w2(mean, cov, em, ec),
+        "fp_iterations": measure.last_step.iterations if measure.last_step else 0,
+        "wall": time.perf_counter() - wall0,
+    }
+    for k in range(len(mean)):
         row[f"theta_mean_{k}"], row[f"exact_mean_{k}"] = mean[k], em[k]
-        for j in range(k, p):
+        for j in range(k, len(mean)):
             row[f"theta_cov_{k}{j}"], row[f"exact_cov_{k}{j}"] = cov[k, j], ec[k, j]
     for H, other in sampled.items():
         row[f"l1_H{H}"] = l1(solver, other)
     return row
 
 
-def write_step() -> None:
-    writer.write(solver.t, solver.density)
-    if theta_writer is not None:
-        theta_writer.write(solver.t, measure.density_owned_at(solver.t))
-    metrics.write(metrics_row())
+def velocity_vs_H(
+    solver: TransportSolver,
+    attention: Attention,
+    measure: FokkerPlanckWeights,
+    probe_heads: np.ndarray,
+    probe_seeds: int,
+) -> tuple[np.ndarray, float]:
+    """RMS (mass-weighted over token cells, mean over seeds) of X_H - X_Theta (collective).
 
+    Args:
+        solver: the quadrature run; its current tokens and time are used.
+        attention: the attention (beta, sign).
+        measure: the weight measure.
+        probe_heads: the head numbers H.
+        probe_seeds: the number of seeds per H.
 
-def velocity_vs_H(t: float) -> tuple[np.ndarray, float]:
-    """RMS (mass-weighted over token cells, mean over seeds) of X_H - X_Theta at time t."""
-    n = cv.n_owned
-    x = cv.centres[:n]
+    Returns:
+        The RMS error for every H, and the slope of its log against log H.
+    """
+    t = solver.t
+    n = solver.cv.n_owned
+    x = solver.cv.centres[:n]
     sources, masses = gather_measure(comm, x, solver.masses.copy())
     X = attention.velocity(x, sources, masses, measure.heads_at(t), measure.head_weights_at(t))
     err = []
@@ -213,43 +222,20 @@ def velocity_vs_H(t: float) -> tuple[np.ndarray, float]:
     return err, float(np.polyfit(np.log(probe_heads), np.log(err), 1)[0])
 
 
-# %% Main loop
-# ------------
-log(f"OU weights, p = {p}, sigma = {sigma}, beta = {beta:g}, sampled runs H = {run_heads}")
-write_step()
-status = 0
-try:
-    for k in range(1, n_outputs + 1):
-        t_out = t_end * k / n_outputs
-        for s in [solver, *sampled.values()]:
-            while s.t < t_out:
-                s.step(t_out)
-        write_step()
-        row = metrics.rows[-1]
-        log(
-            f"t = {row['t']:.3f}  E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  theta mean "
-            f"{row['theta_mean_0']:+.4f} (exact {row['exact_mean_0']:+.4f})  W2 {row['theta_w2']:.2e}"
-            + "".join(f"  L1(H={H}) {row[f'l1_H{H}']:.2e}" for H in run_heads)
-        )
-except SolverError as exc:  # keep what was computed, exit 3 like the CLI
-    log(f"stopped at t = {solver.t:.4g}: {exc}")
-    status = 3
+def plot_velocity(path: Path, probe_heads: np.ndarray, err: np.ndarray, slope: float) -> None:
+    """The RMS velocity error of H sampled heads against H, log-log (rank 0).
 
-err, slope = velocity_vs_H(solver.t)
-log(f"|X_H - X_Theta| at t = {solver.t:.3g} over {probe_seeds} seeds: "
-    + ", ".join(f"H={H}: {e:.3e}" for H, e in zip(probe_heads, err, strict=True)) + f"; slope {slope:.3f}")  # fmt: skip
-final = gathered.gather(solver.density)
-t_final = metrics.rows[-1]["t"]
-if comm.rank == 0:
+    Args:
+        path: the PNG file.
+        probe_heads: the head numbers H.
+        err: the errors of :func:`velocity_vs_H`.
+        slope: their fitted slope.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    write_final(out / "final.npz", gathered.points, gathered.weights, final, t_final,
-                theta_centres=measure.centres, theta_density=measure.masses_at(t_final)
-                / measure.volumes, velocity_H=probe_heads, velocity_error=err)  # fmt: skip
-    render_density(out / "density.png", gathered.vertices, final, title=f"tokens t={t_final:.3g}")
     fig, ax = plt.subplots(figsize=(5, 4))
     ax.loglog(probe_heads, err, "o-", label=f"sampled heads, slope {slope:.2f}")
     ax.loglog(probe_heads, err[0] * (probe_heads / probe_heads[0]) ** -0.5, "k--", label="H^-1/2")
@@ -257,9 +243,23 @@ if comm.rank == 0:
     ax.set_ylabel("RMS |X_H - X_Theta|")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "velocity_vs_H.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    rows = metrics.rows
+
+
+def plot_theta(path: Path, rows: list[dict[str, float]], p: int) -> None:
+    """Means and variances of Theta_t against the exact Gaussian law (rank 0).
+
+    Args:
+        path: the PNG file.
+        rows: the rows of metrics.csv.
+        p: the parameter dimension.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     t = np.array([r["t"] for r in rows])
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in range(p):
@@ -270,23 +270,171 @@ if comm.rank == 0:
     ax.set_xlabel("t")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "theta.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-writer.close()
-if theta_writer is not None:
-    theta_writer.close()
-metrics.close()
-last = metrics.rows[-1]
-log(f"theta at t = {t_final:.3g}: W2 to the exact Gaussian {last['theta_w2']:.3e}; "
-    f"wall {time.perf_counter() - wall0:.1f} s; results in {out}")  # fmt: skip
-fp.destroy()
-sys.exit(status)
 
-# %% Things to try
-# ----------------
-# - --p 2: a two-parameter family of heads (B_0, B_1); theta.xdmf is then a 2D density.
-# - More heads in the side-by-side runs (--heads 4 16 64 256): the L1 distance of the token
-#   densities to the quadrature run falls with H.
-# - Finer weight meshes or steps (edit `cells`, `dt_weights`): the W2 distance of Theta_t to the
-#   exact Gaussian falls at the rates of tests/test_fokker_planck.py.
-# - A larger noise sigma spreads Theta_t: the sampled heads disagree more at small H.
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0, or 3 if a solver stopped early, like the CLI.
+    """
+    # %% Parameters
+    # -------------
+    experiment = Experiment(__file__, __doc__)
+    parser = experiment.parser()
+    parser.add_argument("--p", type=int, choices=(1, 2), default=1, help="parameter dimension")
+    parser.add_argument("--refinement", type=int, default=None, help="icosphere level (default 3)")
+    parser.add_argument("--t-end", type=float, default=None, help="final time (default 2)")
+    parser.add_argument("--heads", type=int, nargs="+", default=None, help="H of the sampled runs")
+    parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled heads")
+    args = experiment.start(parser, argv)
+    log = experiment.log
+
+    p = args.p
+    refinement = args.refinement if args.refinement is not None else (1 if args.tiny else 3)
+    t_end = args.t_end if args.t_end is not None else (0.4 if args.tiny else 2.0)
+    run_heads = args.heads if args.heads is not None else ([4, 16] if args.tiny else [4, 16, 64])
+    beta, sign = args.beta, -1
+    cells = (16 if args.tiny else 64) if p == 1 else (8 if args.tiny else 24)
+    lower, upper = -3.0, 3.0
+    sigma, m_inf, m0, s0 = 0.8, np.full(p, 0.5), np.full(p, -0.5), 0.3  # OU law of theta
+    dt_weights = 0.05 if args.tiny else 0.025
+    n_outputs = 4 if args.tiny else 20
+    probe_heads = 2 ** np.arange(2, 7 if args.tiny else 9)  # H = 4 ... 64 (tiny) or 256
+    probe_seeds = 4 if args.tiny else 32
+    B = B_ALL[:p]
+    out = args.out
+
+    # %% Mesh
+    # -------
+    # Tokens: an icosphere distributed over the ranks. Parameters: a box mesh on every rank
+    # (COMM_SELF), so that every rank computes the same Theta_t.
+    wall0 = time.perf_counter()
+    cv = control_volumes(icosphere(comm, refinement))
+    gathered = GatheredCells(cv)
+    theta_mesh = box(MPI.COMM_SELF, [cells] * p, [lower] * p, [upper] * p)
+    log(f"tokens: icosphere level {refinement}, {cv.n_global} cells; parameters: {cells}^{p} cells")
+
+    # %% Initial condition
+    # --------------------
+    rho0 = initial_density(cv, "exp(3 * x[2]) + 0.5 * exp(3 * x[0])")
+    cov0 = s0**2 * np.eye(p)
+
+    # %% Problem
+    # ----------
+    # The OU Fokker-Planck equation of Theta_t and the heads D(theta) = I + sum_k theta_k B_k.
+    drift = ou_drift(1.0, m_inf)
+    fp = FokkerPlanckSolver(
+        theta_mesh,
+        drift,
+        sigma,
+        petsc_options_prefix="theta_",
+        density=lambda c: np.ones(len(c)),
+    )
+    fp.set_density(gaussian_density(fp.cv, m0, cov0))
+    measure = FokkerPlanckWeights(fp, ParameterisedHeads(np.eye(3), B), dt=dt_weights)
+    attention = Attention(beta, sign, manifold=True)
+
+    def exact(t: float) -> tuple[np.ndarray, np.ndarray]:
+        return drift.gaussian_law(sigma, m0, cov0, t)
+
+    # %% Solver
+    # ---------
+    # The quadrature over the weight measure, and one run per number H of sampled heads.
+    solver = TransportSolver(cv, attention, measure, rho0, reconstruction="muscl", rk="ssp3")
+    sampled = {
+        H: TransportSolver(cv, attention, SampledWeights(measure, H, args.seed), rho0)
+        for H in run_heads
+    }
+
+    # %% Output
+    # ---------
+    # density.xdmf (tokens, collective), theta.xdmf (rank 0), metrics.csv (rank 0).
+    writer = DensityWriter(cv, out / "density.xdmf")
+    theta_writer = None
+    if comm.rank == 0:
+        theta_cv = flat_control_volumes(theta_mesh)
+        theta_writer = DensityWriter(theta_cv, out / "theta.xdmf", name="theta")
+    metrics = MetricsWriter(comm, out / "metrics.csv", metric_columns(p, run_heads))
+
+    def write_step() -> None:
+        writer.write(solver.t, solver.density)
+        if theta_writer is not None:
+            theta_writer.write(solver.t, measure.density_owned_at(solver.t))
+        metrics.write(metrics_row(solver, measure, exact, sampled, wall0))
+
+    # %% Main loop
+    # ------------
+    log(f"OU weights, p = {p}, sigma = {sigma}, beta = {beta:g}, sampled runs H = {run_heads}")
+    write_step()
+    status = 0
+    try:
+        for k in range(1, n_outputs + 1):
+            t_out = t_end * k / n_outputs
+            for s in [solver, *sampled.values()]:
+                while s.t < t_out:
+                    s.step(t_out)
+            write_step()
+            row = metrics.rows[-1]
+            log(
+                f"t = {row['t']:.3f}  E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  theta mean "
+                f"{row['theta_mean_0']:+.4f} (exact {row['exact_mean_0']:+.4f})  "
+                f"W2 {row['theta_w2']:.2e}"
+                + "".join(f"  L1(H={H}) {row[f'l1_H{H}']:.2e}" for H in run_heads)
+            )
+    except SolverError as exc:  # keep what was computed, exit 3 like the CLI
+        log(f"stopped at t = {solver.t:.4g}: {exc}")
+        status = 3
+
+    # %% Summary
+    # ----------
+    # The velocity of H sampled heads against the quadrature at the final time.
+    err, slope = velocity_vs_H(solver, attention, measure, probe_heads, probe_seeds)
+    log(
+        f"|X_H - X_Theta| at t = {solver.t:.3g} over {probe_seeds} seeds: "
+        + ", ".join(f"H={H}: {e:.3e}" for H, e in zip(probe_heads, err, strict=True))
+        + f"; slope {slope:.3f}"
+    )
+
+    # %% Pictures
+    # -----------
+    final = gathered.gather(solver.density)
+    t_final = metrics.rows[-1]["t"]
+    if comm.rank == 0:
+        write_final(
+            out / "final.npz",
+            gathered.points,
+            gathered.weights,
+            final,
+            t_final,
+            theta_centres=measure.centres,
+            theta_density=measure.masses_at(t_final) / measure.volumes,
+            velocity_H=probe_heads,
+            velocity_error=err,
+        )
+        render_density(
+            out / "density.png", gathered.vertices, final, title=f"tokens t={t_final:.3g}"
+        )
+        plot_velocity(out / "velocity_vs_H.png", probe_heads, err, slope)
+        plot_theta(out / "theta.png", metrics.rows, p)
+    writer.close()
+    if theta_writer is not None:
+        theta_writer.close()
+    metrics.close()
+    last = metrics.rows[-1]
+    log(
+        f"theta at t = {t_final:.3g}: W2 to the exact Gaussian {last['theta_w2']:.3e}; "
+        f"wall {time.perf_counter() - wall0:.1f} s; results in {out}"
+    )
+    fp.destroy()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

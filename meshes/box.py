@@ -84,13 +84,21 @@ def box(
         )
     if p == 2:
         return dolfinx.mesh.create_rectangle(
-            comm, [lo, hi], [int(k) for k in n_arr], dolfinx.mesh.CellType.quadrilateral,
-            ghost_mode=ghost, partitioner=_partitioner(),
-        )  # fmt: skip
+            comm,
+            [lo, hi],
+            [int(k) for k in n_arr],
+            dolfinx.mesh.CellType.quadrilateral,
+            ghost_mode=ghost,
+            partitioner=_partitioner(),
+        )
     return dolfinx.mesh.create_box(
-        comm, [lo, hi], [int(k) for k in n_arr], dolfinx.mesh.CellType.hexahedron,
-        ghost_mode=ghost, partitioner=_partitioner(),
-    )  # fmt: skip
+        comm,
+        [lo, hi],
+        [int(k) for k in n_arr],
+        dolfinx.mesh.CellType.hexahedron,
+        ghost_mode=ghost,
+        partitioner=_partitioner(),
+    )
 
 
 @dataclass(frozen=True)
@@ -222,8 +230,22 @@ def box_control_volumes(mesh: dolfinx.mesh.Mesh) -> BoxControlVolumes:
     bounds = np.array([lo_g, hi_g])
     n_global = mesh.comm.allreduce(n_owned, op=MPI.SUM)
     return BoxControlVolumes(
-        mesh=mesh, p=p, n_owned=n_owned, n_local=n_local, n_global=n_global, centres=centres,
-        volumes=volumes, lower=lower, upper=upper, original_index=original,
-        global_index=global_index, facet_cells=pair, facet_axis=axis, facet_normal=normal,
-        facet_area=area, facet_midpoint=midpoint, facet_distance=distance, bounds=bounds,
-    )  # fmt: skip
+        mesh=mesh,
+        p=p,
+        n_owned=n_owned,
+        n_local=n_local,
+        n_global=n_global,
+        centres=centres,
+        volumes=volumes,
+        lower=lower,
+        upper=upper,
+        original_index=original,
+        global_index=global_index,
+        facet_cells=pair,
+        facet_axis=axis,
+        facet_normal=normal,
+        facet_area=area,
+        facet_midpoint=midpoint,
+        facet_distance=distance,
+        bounds=bounds,
+    )

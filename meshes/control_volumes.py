@@ -221,10 +221,22 @@ def flat_control_volumes(mesh: dolfinx.mesh.Mesh) -> ControlVolumes:
     else:
         bmid, bnormal, bmeasure = np.zeros((0, d)), np.zeros((0, d)), np.zeros(0)
     return ControlVolumes(
-        mesh=mesh, manifold=f"R{d}", d=d, n_owned=n_owned, n_local=n_local,
-        n_global=box.n_global, vertices=vertices, centres=box.centres, measures=box.volumes,
-        original_index=box.original_index, facet_cells=box.facet_cells,
-        facet_normal=box.facet_normal, facet_measure=box.facet_area,
-        facet_midpoint=box.facet_midpoint, boundary_cells=bcells, boundary_normal=bnormal,
-        boundary_measure=bmeasure, boundary_midpoint=bmid,
-    )  # fmt: skip
+        mesh=mesh,
+        manifold=f"R{d}",
+        d=d,
+        n_owned=n_owned,
+        n_local=n_local,
+        n_global=box.n_global,
+        vertices=vertices,
+        centres=box.centres,
+        measures=box.volumes,
+        original_index=box.original_index,
+        facet_cells=box.facet_cells,
+        facet_normal=box.facet_normal,
+        facet_measure=box.facet_area,
+        facet_midpoint=box.facet_midpoint,
+        boundary_cells=bcells,
+        boundary_normal=bnormal,
+        boundary_measure=bmeasure,
+        boundary_midpoint=bmid,
+    )

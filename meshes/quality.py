@@ -81,6 +81,10 @@ def flat_quality(cv: ControlVolumes) -> MeshQuality:
     a_min = comm.allreduce(float(meas.min(initial=np.inf)), op=MPI.MIN)
     total = comm.allreduce(float(meas.sum()), op=MPI.SUM)
     return MeshQuality(
-        n_cells=cv.n_global, h=h, h_min=h_min, area_ratio=a_max / a_min,
-        total_measure=total, area_error=0.0,
-    )  # fmt: skip
+        n_cells=cv.n_global,
+        h=h,
+        h_min=h_min,
+        area_ratio=a_max / a_min,
+        total_measure=total,
+        area_error=0.0,
+    )

@@ -61,16 +61,15 @@ def apply_options(
 ) -> None:
     """Push ``defaults`` (unless already set) and ``overrides`` under ``prefix``; configure.
 
-    Parameters
-    ----------
-    prefix : the options prefix (``validate_prefix``).
-    defaults : option name (without prefix or dash) -> value; inserted only if absent.
-    overrides : the user's ``petsc_options``; always inserted (a value None means a flag).
-    set_from_options : callables run while the options are in place, e.g.
-        ``[snes.setFromOptions]``.
-
     Every key this call inserted is removed afterwards, and every key it overwrote gets its
     previous value back, also when a callable raises.
+
+    Args:
+        prefix: the options prefix (``validate_prefix``).
+        defaults: option name (without prefix or dash) -> value; inserted only if absent.
+        overrides: the user's ``petsc_options``; always inserted (a value None means a flag).
+        set_from_options: callables run while the options are in place, e.g.
+            ``[snes.setFromOptions]``.
     """
     opts = PETSc.Options()
     inserted: list[str] = []

@@ -5,6 +5,8 @@
   (DOLFINx's own conftest does the same).
 - Tests marked ``serial`` launch their own processes (CLI runs, mpiexec); they are skipped on
   communicators of size > 1.
+- The cores are shared between the ranks and numba's threads as in a run
+  (:func:`solvers.threads.configure_threads`, called once here as every entry point does).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from solvers.threads import configure_threads
+
+    configure_threads()
     if MPI.COMM_WORLD.rank != 0:
         config.option.verbose = -2
         reporter = config.pluginmanager.get_plugin("terminalreporter")

@@ -22,13 +22,10 @@ import pytest
 from meshes import circle, control_volumes, icosphere
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
-from solvers.adjoint import TokenTransportModel
 from solvers.attention import Attention
-from solvers.initial import initial_density
-from solvers.losses import MMDLoss, PotentialLoss
-from solvers.transport import TransportSolver
-from solvers.weight_measure import ParameterisedHeads
-from solvers.weights import WeightDynamics
+from solvers.training import MMDLoss, PotentialLoss, TokenTransportModel
+from solvers.transport import TransportSolver, initial_density
+from solvers.weights import ParameterisedHeads, WeightDynamics
 
 D2 = (np.array([[1.0, 0.2], [0.2, 0.5]]), np.array([[[1.0, 0.3], [0.3, -0.5]]]))
 D3 = (np.eye(3), np.array([[[1.0, 0.3, 0.0], [0.3, -0.5, 0.2], [0.0, 0.2, 0.4]]]))
@@ -55,8 +52,9 @@ def _model(comm, kind, t_end, n_steps, n_heads=6, **kw):
     rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
     theta = np.linspace(-1.0, 1.0, n_heads)[:, None]
     heads = ParameterisedHeads(D0, B).heads(theta)
-    model = TokenTransportModel(cv, Attention(1.0, 1, manifold=manifold), heads, rho,
-                                t_end=t_end, n_steps=n_steps, **kw)  # fmt: skip
+    model = TokenTransportModel(
+        cv, Attention(1.0, 1, manifold=manifold), heads, rho, t_end=t_end, n_steps=n_steps, **kw
+    )
     w = np.random.default_rng(3).random(n_heads) + 0.5
     return model, w / w.sum()
 
@@ -72,8 +70,9 @@ CASES = [  # (mesh, T, N, loss): one layer = one Euler step; deep = many compose
 ]
 
 
-@pytest.mark.parametrize("kind,t_end,n_steps,loss", CASES,
-                         ids=[f"{c[0]}-N{c[2]}-{c[3].kind}" for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind,t_end,n_steps,loss", CASES, ids=[f"{c[0]}-N{c[2]}-{c[3].kind}" for c in CASES]
+)
 def test_gradient_matches_finite_differences(comm, kind, t_end, n_steps, loss):
     model, w = _model(comm, kind, t_end, n_steps)
     g = model.gradient(w, loss)
@@ -120,8 +119,15 @@ def test_forward_is_the_upwind_transport_solver(comm, kind):
     model, w = _model(comm, kind, 1.0, 10)
     sol = model.forward(w, LINEAR)
     rho0 = model.m0[: model.cv.n_owned] / model.cv.measures[: model.cv.n_owned]
-    ts = TransportSolver(model.cv, model.attention, _Fixed(model.heads, w), rho0,
-                         reconstruction="upwind", rk="euler", cfl=1.0)  # fmt: skip
+    ts = TransportSolver(
+        model.cv,
+        model.attention,
+        _Fixed(model.heads, w),
+        rho0,
+        reconstruction="upwind",
+        rk="euler",
+        cfl=1.0,
+    )
     for k in range(1, model.n_steps + 1):
         step = ts.step(k * model.dt)
         assert step.dt == pytest.approx(model.dt, rel=1e-12)
@@ -149,8 +155,7 @@ def test_functional_gradient_converges_under_refinement(comm):
         cv = control_volumes(circle(comm, r))
         rho = initial_density(cv, "exp(2*x[0]) + 0.5*exp(3*x[1])")
         rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
-        model = TokenTransportModel(cv, Attention(1.0, 1), heads, rho, t_end=1.0,
-                                    n_steps=8 * 2**r)  # fmt: skip
+        model = TokenTransportModel(cv, Attention(1.0, 1), heads, rho, t_end=1.0, n_steps=8 * 2**r)
         g = model.gradient(w, MMD2).gradient
         grads.append(g - g.mean())  # defined up to a constant on mass-preserving perturbations
     diffs = np.array([np.abs(a - b).max() for a, b in zip(grads[:-1], grads[1:], strict=True)])

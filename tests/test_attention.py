@@ -14,14 +14,8 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from solvers import kernels
-from solvers.attention import (
-    Attention,
-    Head,
-    gather_measure,
-    kernel_sums,
-    measure_diagnostics,
-)
+from solvers.attention import Attention, Head, gather_measure, kernel_sums, measure_diagnostics
+from solvers.attention import _kernels as kernels
 
 BACKENDS = ["numba", "numpy"] if kernels.HAVE_NUMBA else ["numpy"]
 needs_numba = pytest.mark.skipif(not kernels.HAVE_NUMBA, reason="numba not importable")

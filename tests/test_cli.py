@@ -13,7 +13,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers.cli import main
+from drivers.engine import main
 from tests.conftest import ROOT, VENV_BIN, cli_env
 
 SMALL = [

@@ -11,7 +11,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers.cli import main
+from drivers.engine import main
 from tests.conftest import ROOT
 
 
@@ -35,8 +35,20 @@ def test_gaussian_command_blowup_exit_3(shared_tmp, capfd):
 
 def test_gaussian_command_ok_and_bad_input(shared_tmp, capfd):
     cfg = ROOT / "configs/gaussian_blowup.toml"
-    assert main(["gaussian", str(cfg), "--out", str(shared_tmp / "g0"), "--quiet",
-                 "--set", 'gaussian.V="zero"']) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "gaussian",
+                str(cfg),
+                "--out",
+                str(shared_tmp / "g0"),
+                "--quiet",
+                "--set",
+                'gaussian.V="zero"',
+            ]
+        )
+        == 0
+    )
     assert main(["gaussian", str(cfg), "--set", "gaussian.S0=[[1.0, 2.0], [2.0, 1.0]]"]) == 2
     err = capfd.readouterr().err
     if MPI.COMM_WORLD.rank == 0:
@@ -46,13 +58,34 @@ def test_gaussian_command_ok_and_bad_input(shared_tmp, capfd):
 @pytest.mark.parametrize("manifold", ["R1", "R2"])
 def test_run_on_boxes(shared_tmp, manifold):
     out = shared_tmp / manifold
-    args = ["run", str(ROOT / "configs/gaussian_r2.toml"), "--out", str(out), "--quiet",
-            "--set", "mesh.refinement=0", "--set", "time.t_end=0.3"]  # fmt: skip
+    args = [
+        "run",
+        str(ROOT / "configs/gaussian_r2.toml"),
+        "--out",
+        str(out),
+        "--quiet",
+        "--set",
+        "mesh.refinement=0",
+        "--set",
+        "time.t_end=0.3",
+    ]
     if manifold == "R1":
-        args += ["--set", 'mesh.manifold="R1"', "--set", "mesh.lower=-3.0", "--set",
-                 "mesh.upper=3.0", "--set", 'attention.heads=[{V=[[-1.0]]}]', "--set",
-                 "feedforward.A=[[0.5]]", "--set", "feedforward.b=0.1", "--set",
-                 'initial.density="exp(-x[0]**2/0.4)"']  # fmt: skip
+        args += [
+            "--set",
+            'mesh.manifold="R1"',
+            "--set",
+            "mesh.lower=-3.0",
+            "--set",
+            "mesh.upper=3.0",
+            "--set",
+            "attention.heads=[{V=[[-1.0]]}]",
+            "--set",
+            "feedforward.A=[[0.5]]",
+            "--set",
+            "feedforward.b=0.1",
+            "--set",
+            'initial.density="exp(-x[0]**2/0.4)"',
+        ]
     assert main(args) == 0
     if MPI.COMM_WORLD.rank == 0:
         final = np.load(out / "final.npz")

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import numpy as np
 
-from drivers.cli import main
+from drivers.engine import main
 from tests.conftest import ROOT
 
 
@@ -24,9 +24,19 @@ def test_weight_measure_run_matches_exact_ou_law(shared_tmp):
     errors = []
     for cells, dt in ((48, 0.025), (96, 0.0125)):
         out = shared_tmp / f"wfp{cells}"
-        args = ["run", str(ROOT / "configs/weights_fp_s2.toml"), "--out", str(out), "--quiet",
-                "--set", "mesh.refinement=1", "--set", f"weights.cells={cells}",
-                "--set", f"weights.dt={dt}"]  # fmt: skip
+        args = [
+            "run",
+            str(ROOT / "configs/weights_fp_s2.toml"),
+            "--out",
+            str(out),
+            "--quiet",
+            "--set",
+            "mesh.refinement=1",
+            "--set",
+            f"weights.cells={cells}",
+            "--set",
+            f"weights.dt={dt}",
+        ]
         assert main(args) == 0
         row = None
         if MPI.COMM_WORLD.rank == 0:

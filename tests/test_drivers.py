@@ -1,18 +1,24 @@
 """Every driver in drivers/ runs at tiny size, serially and under ``mpiexec -n 2``.
 
 Like DOLFINx's ``python/demo/test.py`` and Firedrake's ``test_demos_run.py``: each driver
-script is listed in :data:`REGISTRY` with the arguments of its tiny problem and the files it
-must write; a driver script that is not registered fails :func:`test_every_driver_is_registered`.
-The runs are subprocesses (``@pytest.mark.serial``: skipped when pytest itself runs under MPI),
-each under a timeout so that a rank that fails before a collective cannot hang the suite. The
-final densities of the serial and the parallel run must agree (results do not depend on the
-number of ranks).
+script (an experiment: any ``drivers/*.py`` whose name does not start with ``_``; the engine
+is the package ``drivers/engine/``) is listed in :data:`REGISTRY` with the arguments of its
+tiny problem and the files it must write; a driver script that is not registered fails
+:func:`test_every_driver_is_registered`. :func:`test_driver_shape` reads each script with
+``ast`` (nothing is imported): the module docstring keeps the run command and ends with
+"Things to try", ``main(argv)`` holds the experiment in sections of a fixed order, and nothing
+runs at import time. The runs are subprocesses (``@pytest.mark.serial``: skipped when pytest
+itself runs under MPI), each under a timeout so that a rank that fails before a collective
+cannot hang the suite. The final densities of the serial and the parallel run must agree
+(results do not depend on the number of ranks).
 """
 
 from __future__ import annotations
 
+import ast
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +32,11 @@ PYTHON = sys.executable
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 TIMEOUT = 300  # seconds per run
 
-#: Modules of drivers/ that are not driver scripts (the package and the config-driven CLI).
-NOT_DRIVERS = {"__init__.py", "__main__.py", "cli.py", "config.py", "run.py", "gaussian_cli.py",
-               "view.py"}  # fmt: skip
+#: The sections of ``main``, in this order (those that apply; "# %% Title" comments).
+SECTIONS = (
+    *("Parameters", "Mesh", "Initial condition", "Problem", "Solver", "Output", "Main loop"),
+    *("Summary", "Pictures"),
+)
 
 _FILES = ("density.xdmf", "density.h5", "metrics.csv", "density.png", "final.npz")
 #: outputs of both [P1] section 6 drivers
@@ -72,15 +80,9 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
     "train_mean_field.py": {
         "args": ["--tiny"],
         "outputs": [
-            "one_layer.csv",
-            "deep.csv",
-            "particles.csv",
-            "loss.png",
-            "free_energy.png",
-            "rho.png",
-            "summary.json",
-            "final.npz",
-        ],  # fmt: skip
+            *("one_layer.csv", "deep.csv", "particles.csv", "loss.png", "free_energy.png"),
+            *("rho.png", "summary.json", "final.npz"),
+        ],
     },
     "limit_tokens.py": {
         "args": ["--tiny"],
@@ -100,11 +102,8 @@ _RUNS: dict[tuple[str, int], Path] = {}
 
 
 def _driver_scripts() -> list[str]:
-    return sorted(
-        p.name
-        for p in DRIVERS.glob("*.py")
-        if p.name not in NOT_DRIVERS and not p.name.startswith("_")
-    )
+    """The experiments: drivers/*.py but the private modules (``_*.py``, the package files)."""
+    return sorted(p.name for p in DRIVERS.glob("*.py") if not p.name.startswith("_"))
 
 
 def _env() -> dict[str, str]:
@@ -125,6 +124,57 @@ def test_every_driver_is_registered():
     stale = sorted(set(REGISTRY) - set(scripts))
     assert not missing, f"drivers not in tests/test_drivers.py REGISTRY: {missing}"
     assert not stale, f"REGISTRY lists drivers that do not exist: {stale}"
+
+
+def _is_constant(node: ast.stmt) -> bool:
+    """An assignment to names that evaluates no call, or binds UPPER_CASE constants only."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    if not all(isinstance(t, ast.Name) for t in targets):
+        return False
+    upper = all(t.id.isupper() for t in targets)
+    return upper or not any(isinstance(n, ast.Call) for n in ast.walk(node.value))
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__": sys.exit(main())``, nothing else."""
+    return (
+        isinstance(node, ast.If)
+        and ast.unparse(node.test) in ("__name__ == '__main__'", '__name__ == "__main__"')
+        and not node.orelse
+        and [ast.unparse(n) for n in node.body] == ["sys.exit(main())"]
+    )
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_driver_shape(name: str):
+    """One shape for every experiment, checked without importing it."""
+    source = (DRIVERS / name).read_text()
+    tree = ast.parse(source)
+    doc = ast.get_docstring(tree) or ""
+    command = f"mpiexec -n 4 python drivers/{name}"
+    assert command in doc, f"{name}: the docstring does not give the command {command!r}"
+    assert "\nThings to try:\n" in doc, f"{name}: no 'Things to try:' section in the docstring"
+    assert doc.rindex("Things to try") > doc.index(command), f"{name}: 'Things to try' not last"
+    body = tree.body[1:]
+    for node in body:
+        ok = (
+            isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)
+            or (isinstance(node, ast.Assign | ast.AnnAssign) and _is_constant(node))
+            or _is_main_guard(node)
+        )
+        assert ok, f"{name}:{node.lineno}: code at module level: {ast.unparse(node)[:80]!r}"
+    assert body and _is_main_guard(body[-1]), f"{name}: does not end with the __main__ guard"
+    mains = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    assert len(mains) == 1, f"{name}: no main()"
+    main = mains[0]
+    assert [a.arg for a in main.args.args] == ["argv"], f"{name}: main(argv) expected"
+    lines = source.splitlines()[main.lineno - 1 : main.end_lineno]
+    titles = [m.group(1) for m in map(re.compile(r"^\s*# %% (.+)$").match, lines) if m]
+    assert titles and titles[0] == "Parameters", f"{name}: main() starts without # %% Parameters"
+    unknown = [t for t in titles if t not in SECTIONS]
+    assert not unknown, f"{name}: sections {unknown} are not among {SECTIONS}"
+    order = [SECTIONS.index(t) for t in titles]
+    assert order == sorted(set(order)), f"{name}: sections {titles} not in the order {SECTIONS}"
 
 
 @pytest.mark.serial

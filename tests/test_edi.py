@@ -33,27 +33,25 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
+from drivers.engine import plot_budget
 from meshes import control_volumes, icosphere
-from solvers import weights as weights_module
 from solvers.attention import Attention, measure_diagnostics
-from solvers.edi import (
+from solvers.diagnostics import (
     EDI_COLUMNS,
     EnergyBudget,
     energy_derivatives,
     interaction_energy,
     noise_contraction,
 )
-from solvers.initial import initial_density
-from solvers.io import plot_budget
-from solvers.particles import ParticleSystem
-from solvers.transport import TransportSolver
+from solvers.transport import ParticleSystem, TransportSolver, initial_density
 from solvers.weights import (
     FrozenWeights,
     OrnsteinUhlenbeckWeights,
     OscillatingWeights,
-    _d_heads,
     random_symmetric,
 )
+from solvers.weights import _dynamics as weights_module
+from solvers.weights._dynamics import _d_heads
 
 COMM = MPI.COMM_WORLD
 D_FROZEN = np.array([[[1.5, 0.3, 0.0], [0.3, 0.5, 0.2], [0.0, 0.2, -0.5]]])

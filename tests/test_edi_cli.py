@@ -1,4 +1,4 @@
-"""The energy budget in ``transformer-pde run`` (drivers/run.py): columns, plot, convergence.
+"""The energy budget in ``transformer-pde run`` (drivers.engine): columns, plot, convergence.
 
 What is asserted (H = 1, frozen weights D = Q^T K = V symmetric, beta = 1, s = -1; rates by
 least squares on log |residual| against log step):
@@ -30,9 +30,8 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers.config import ConfigError, validate
-from drivers.run import METRIC_COLUMNS, run
-from solvers.edi import EDI_COLUMNS
+from drivers.engine import METRIC_COLUMNS, ConfigError, run, validate
+from solvers.diagnostics import EDI_COLUMNS
 
 COMM = MPI.COMM_WORLD
 D = [[1.5, 0.3, 0.0], [0.3, 0.5, 0.2], [0.0, 0.2, -0.5]]
@@ -46,7 +45,7 @@ def _config(scheme: str, dt: float, t_end: float, level: int = 2, **extra) -> di
             "sign": -1,
             "heads": [{"Q": "identity", "K": D, "V": D}],
             "backend": "numpy",
-        },  # fmt: skip
+        },
         "weights": {"dynamics": "frozen"},
         "initial": {"density": "exp(2 * x[2]) + 0.5 * exp(2 * x[0])"},
         "time": {"t_end": t_end, "scheme": scheme, "dt": dt, "cfl": 0.5},
@@ -62,7 +61,7 @@ def _config(scheme: str, dt: float, t_end: float, level: int = 2, **extra) -> di
 def no_pictures(monkeypatch):
     """Skip the pictures of a run (seconds each; the convergence tests read numbers only)."""
     for name in ("render_density", "plot_metrics", "plot_budget"):
-        monkeypatch.setattr(f"drivers.run.{name}", lambda *args, **kwargs: None)
+        monkeypatch.setattr(f"drivers.engine._recorder.{name}", lambda *args, **kwargs: None)
 
 
 def _residual(cfg: dict, out) -> dict[str, float]:
@@ -113,10 +112,18 @@ def test_mesh_schemes_frozen_residual_time_part(shared_tmp, no_pictures, scheme,
 def test_columns_in_metrics_csv_with_ou_weights(shared_tmp, scheme):
     out = shared_tmp / f"ou_{scheme}"
     cfg = _config(
-        scheme, 0.02, 0.2, level=1, weights__dynamics="ou", weights__init="random",
-        weights__dt=0.01, weights__seed=3, output__every=2, output__edi_every=0,
+        scheme,
+        0.02,
+        0.2,
+        level=1,
+        weights__dynamics="ou",
+        weights__init="random",
+        weights__dt=0.01,
+        weights__seed=3,
+        output__every=2,
+        output__edi_every=0,
         attention__heads=[{"V": "identity"}] * 2,
-    )  # fmt: skip
+    )
     assert cfg["output"]["edi_every"] == 2  # 0: with the outputs
     result = run(cfg, out, COMM, verbose=False)
     assert result.status == "ok"

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from meshes.box import box, box_control_volumes
-from solvers import fokker_planck as fp
 from solvers.errors import SolverError
+from solvers.weights import _fokker_planck as fp
 
 MASS_TOL = 1e-12
 
@@ -46,12 +46,18 @@ def run_ou(comm, drift, sigma, n, L, mean0, cov0, nt, scheme, t_end=1.0, **kw):
     p = len(n)
     cv = box_control_volumes(box(comm, n, [-L] * p, [L] * p))
     s = fp.FokkerPlanckSolver(
-        cv, drift, sigma, density=fp.gaussian_density(cv, mean0, cov0), scheme=scheme,
-        petsc_options_prefix="fp_test_", **kw,
-    )  # fmt: skip
+        cv,
+        drift,
+        sigma,
+        density=fp.gaussian_density(cv, mean0, cov0),
+        scheme=scheme,
+        petsc_options_prefix="fp_test_",
+        dt=t_end / nt,
+        **kw,
+    )
     euler = 0
     for _ in range(nt):
-        r = s.step(t_end / nt)
+        r = s.step()
         check_step(r)
         euler += r.scheme == "euler"
     return s, euler
@@ -68,9 +74,11 @@ def errors(s, law) -> np.ndarray:
 OU1 = dict(drift=fp.ou_drift(1.0, [0.5]), sigma=1.0, mean0=np.array([-1.0]), cov0=np.eye(1) / 4)
 # 2D: rotating, non-symmetric A, anisotropic expanding covariance
 OU2 = dict(
-    drift=fp.ou_drift(np.array([[1.0, 0.5], [-0.5, 1.0]]), [0.5, -0.5]), sigma=1.0,
-    mean0=np.array([-1.0, 1.0]), cov0=np.diag([0.25, 0.2]),
-)  # fmt: skip
+    drift=fp.ou_drift(np.array([[1.0, 0.5], [-0.5, 1.0]]), [0.5, -0.5]),
+    sigma=1.0,
+    mean0=np.array([-1.0, 1.0]),
+    cov0=np.diag([0.25, 0.2]),
+)
 
 
 def law_of(case, t=1.0):
@@ -203,9 +211,11 @@ def test_ou_rate_dt_p2(comm):
 def test_periodic_drift_follows_exact_law(comm):
     """Time-periodic drift: the law stays Gaussian with the closed-form oscillating mean."""
     case = dict(
-        drift=fp.periodic_drift(1.5, [0.0], [1.0], omega=2 * np.pi, phase=0.3), sigma=0.6,
-        mean0=np.array([0.5]), cov0=np.eye(1) / 10,
-    )  # fmt: skip
+        drift=fp.periodic_drift(1.5, [0.0], [1.0], omega=2 * np.pi, phase=0.3),
+        sigma=0.6,
+        mean0=np.array([0.5]),
+        cov0=np.eye(1) / 10,
+    )
     s, euler = run_ou(comm, **case, n=[400], L=4.0, nt=200, scheme="bdf2", t_end=1.5)
     assert euler == 1
     # measured: mean 1.9e-4, variance 1.8e-4, W2 3.2e-4 (spatial: 4x smaller at n = 800)
@@ -237,10 +247,10 @@ def test_gibbs_is_stationary(comm, scheme):
     cv = box_control_volumes(box(comm, [40, 30], [-2.5, -2.0], [2.5, 2.0]))
     g = gibbs(cv)
     s = fp.FokkerPlanckSolver(
-        cv, GRADIENT, SIGMA_G, density=g, scheme=scheme, petsc_options_prefix="fp_gibbs_"
+        cv, GRADIENT, SIGMA_G, density=g, scheme=scheme, petsc_options_prefix="fp_gibbs_", dt=0.5
     )
     for _ in range(20):
-        check_step(s.step(0.5))
+        check_step(s.step())
     err = comm.allreduce(float(np.abs(s.density - g).max()), op=MPI.MAX)
     assert err <= 1e-12 * comm.allreduce(float(g.max()), op=MPI.MAX)
 
@@ -252,11 +262,11 @@ def test_free_energy_decreases(comm, scheme):
     cv = box_control_volumes(box(comm, [40, 32], [-2.5, -2.0], [2.5, 2.0]))
     rho0 = fp.gaussian_density(cv, [-1.2, 1.0], np.diag([0.1, 0.05]))
     s = fp.FokkerPlanckSolver(
-        cv, GRADIENT, SIGMA_G, density=rho0, scheme=scheme, petsc_options_prefix="fp_free_"
+        cv, GRADIENT, SIGMA_G, density=rho0, scheme=scheme, petsc_options_prefix="fp_free_", dt=0.1
     )
     F = [s.free_energy()]
     for _ in range(40):
-        r = s.step(0.1)
+        r = s.step()
         check_step(r)
         F.append(r.free_energy)
     assert np.all(np.diff(F) < 0.0)
@@ -281,9 +291,10 @@ def test_positivity_and_mass_at_large_dt(comm, scheme):
     )
     dt = 10.0 * s.explicit_dt()
     assert 0.0 < dt < 1.0
+    s.dt = dt
     schemes = []
     for _ in range(30):
-        r = s.step(dt)
+        r = s.step()
         check_step(r)
         assert r.negative_part <= (1e-9 if scheme == "euler" else s.positivity_tol)
         schemes.append(r.scheme)
@@ -299,11 +310,17 @@ def test_parallel_matches_serial(comm):
     def solve(c):
         cv = box_control_volumes(box(c, [24, 20], [-4.0, -4.0], [4.0, 4.0]))
         s = fp.FokkerPlanckSolver(
-            cv, OU2["drift"], [1.0, 0.6], density=fp.gaussian_density(cv, [-1.0, 1.0], OU2["cov0"]),
-            scheme="bdf2", petsc_options_prefix="fp_mpi_", petsc_options=opts,
-        )  # fmt: skip
+            cv,
+            OU2["drift"],
+            [1.0, 0.6],
+            density=fp.gaussian_density(cv, [-1.0, 1.0], OU2["cov0"]),
+            scheme="bdf2",
+            petsc_options_prefix="fp_mpi_",
+            petsc_options=opts,
+            dt=0.125,
+        )
         for _ in range(8):
-            s.step(0.125)
+            s.step()
         out = np.empty(cv.n_global)
         parts = c.allgather((s.original_index, s.density))
         for idx, val in parts:
@@ -318,11 +335,19 @@ def test_parallel_matches_serial(comm):
 def test_ksp_divergence_raises(comm):
     cv = box_control_volumes(box(comm, [16, 16], [-3.0, -3.0], [3.0, 3.0]))
     s = fp.FokkerPlanckSolver(
-        cv, OU2["drift"], 1.0, density=fp.gaussian_density(cv, [0.0, 0.0], np.eye(2)),
-        scheme="euler", petsc_options_prefix="fp_diverge_",
-        petsc_options={"ksp_max_it": 1, "ksp_rtol": 1e-14, "pc_type": "jacobi",
-                       "ksp_error_if_not_converged": False},
-    )  # fmt: skip
+        cv,
+        OU2["drift"],
+        1.0,
+        density=fp.gaussian_density(cv, [0.0, 0.0], np.eye(2)),
+        scheme="euler",
+        petsc_options_prefix="fp_diverge_",
+        petsc_options={
+            "ksp_max_it": 1,
+            "ksp_rtol": 1e-14,
+            "pc_type": "jacobi",
+            "ksp_error_if_not_converged": False,
+        },
+    )
     before = s.density
     with pytest.raises(SolverError, match="DIVERGED_(ITS|MAX_IT)") as info:
         s.step(0.5)
@@ -348,9 +373,13 @@ def test_prefix_and_options(comm):
     assert (smoother.getType(), smoother.getPC().getType()) == ("richardson", "sor")
     s.destroy()
     t = fp.FokkerPlanckSolver(
-        cv, OU1["drift"], 1.0, petsc_options_prefix="fp_opt_", petsc_options={"ksp_type": "bcgs"},
+        cv,
+        OU1["drift"],
+        1.0,
+        petsc_options_prefix="fp_opt_",
+        petsc_options={"ksp_type": "bcgs"},
         **kw,
-    )  # fmt: skip
+    )
     assert t.ksp.getType() == "bcgs"
     t.destroy()
     assert not fp.PETSc.Options().hasName("fp_opt_ksp_type")

@@ -21,23 +21,23 @@ from solvers.gaussian import (
     GaussianParticles,
     blowup_time_vI,
     classify,
+    gaussian_rank,
+    gaussianity,
     isotropic_blowup_time,
     isotropic_eigenvalues,
     isotropic_equilibrium,
-    precision_vI,
-    solve_moments,
-)
-from solvers.gaussianity import (
-    _w2_standard_normal,
-    gaussianity,
     layer_gaussianity,
     load_minilm,
     minilm_dir,
+    precision_vI,
     random_encoder,
+    reach,
     read_safetensors,
+    real_log_rotation,
     sentence_embedding,
+    solve_moments,
 )
-from solvers.reachability import gaussian_rank, reach, real_log_rotation
+from solvers.gaussian._gaussianity import _w2_standard_normal
 
 
 def _rand_cov(rng: np.random.Generator, d: int, r: int) -> np.ndarray:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solvers import kernels, lowrank_monomial, sphere_basis
 from solvers._jit import read_only
+from solvers.attention import _kernels as kernels
+from solvers.attention import _lowrank_monomial as lowrank_monomial
+from solvers.attention import sphere_basis
 
 numba = pytest.importorskip("numba")
 

@@ -18,9 +18,7 @@ import scipy.sparse.linalg
 from meshes import circle, control_volumes, icosphere
 from solvers.attention import Attention, Head, kernel_sums
 from solvers.errors import SolverError
-from solvers.initial import initial_density
-from solvers.jko import JKOSolver, circumcentres
-from solvers.transport import TransportSolver
+from solvers.transport import JKOSolver, TransportSolver, circumcentres, initial_density
 from solvers.weights import make_weights
 
 S2_DENSITY = "exp(2 * x[2]) + 0.5 * exp(2 * x[0])"
@@ -33,14 +31,16 @@ def _frozen(d: int, heads=None):
 
 def _jko(cv, attention, density, tau, prefix="jko_test_", heads=None, **kw) -> JKOSolver:
     rho = initial_density(cv, density) if isinstance(density, str) else density
-    return JKOSolver(cv, attention, _frozen(cv.d, heads), rho, tau=tau,
-                     petsc_options_prefix=prefix, **kw)  # fmt: skip
+    return JKOSolver(
+        cv, attention, _frozen(cv.d, heads), rho, tau=tau, petsc_options_prefix=prefix, **kw
+    )
 
 
 def _cfl_step(cv, attention, density) -> float:
     """The explicit upwind step at CFL number 1 for the initial density."""
-    fv = TransportSolver(cv, attention, _frozen(cv.d), initial_density(cv, density),
-                         reconstruction="upwind")  # fmt: skip
+    fv = TransportSolver(
+        cv, attention, _frozen(cv.d), initial_density(cv, density), reconstruction="upwind"
+    )
     return 1.0 / fv.cfl_rate(fv.facet_velocity(0.0))
 
 
@@ -233,8 +233,15 @@ def test_step_minimises_the_discrete_functional(sign):
 
 # ---------------------------------------------------------------- convergence in tau
 def _fv_reference(cv, attn, density, T):
-    fv = TransportSolver(cv, attn, _frozen(cv.d), initial_density(cv, density),
-                         reconstruction="upwind", rk="ssp3", cfl=0.05)  # fmt: skip
+    fv = TransportSolver(
+        cv,
+        attn,
+        _frozen(cv.d),
+        initial_density(cv, density),
+        reconstruction="upwind",
+        rk="ssp3",
+        cfl=0.05,
+    )
     while fv.t < T:
         fv.step(T)
     return fv.masses.copy()
@@ -259,8 +266,12 @@ def test_first_order_in_tau_s1(comm):
     attn, T = Attention(2.0, 1), 0.75
     ref = _fv_reference(cv, attn, S1_DENSITY, T)
     steps = np.array([4, 8, 16, 32])
-    errs = [comm.allreduce(float(np.abs(_jko_masses(cv, attn, S1_DENSITY, T, k) - ref).sum()),
-                           op=MPI.SUM) for k in steps]  # fmt: skip
+    errs = [
+        comm.allreduce(
+            float(np.abs(_jko_masses(cv, attn, S1_DENSITY, T, k) - ref).sum()), op=MPI.SUM
+        )
+        for k in steps
+    ]
     rate = np.polyfit(np.log(T / steps), np.log(errs), 1)[0]
     assert rate >= 0.8, (errs, rate)
     assert errs[-1] < 1e-3, errs
@@ -353,8 +364,14 @@ def test_parallel_equals_serial(comm):
     for c in (comm, MPI.COMM_SELF):
         cv = control_volumes(icosphere(c, 3))
         weights = make_weights("oscillating", heads)
-        s = JKOSolver(cv, Attention(1.0, -1), weights, initial_density(cv, S2_DENSITY),
-                      tau=0.2, petsc_options_prefix="jko_parity_")  # fmt: skip
+        s = JKOSolver(
+            cv,
+            Attention(1.0, -1),
+            weights,
+            initial_density(cv, S2_DENSITY),
+            tau=0.2,
+            petsc_options_prefix="jko_parity_",
+        )
         for _ in range(3):
             r = s.step()
         index = cv.original_index[: cv.n_owned]
@@ -373,8 +390,15 @@ def test_snes_failure_raises_with_reason(comm):
     and SolverError names PETSc's reason; the options prefix is left clean."""
     cv = control_volumes(icosphere(comm, 2))
     opts = {"snes_max_it": 1, "snes_rtol": 1e-30, "snes_atol": 1e-30, "snes_stol": 0.0}
-    s = _jko(cv, Attention(3.0, -1), S2_DENSITY, 0.1, prefix="jko_fail_", petsc_options=opts,
-             max_halvings=1)  # fmt: skip
+    s = _jko(
+        cv,
+        Attention(3.0, -1),
+        S2_DENSITY,
+        0.1,
+        prefix="jko_fail_",
+        petsc_options=opts,
+        max_halvings=1,
+    )
     assert not PETSc.Options().hasName("jko_fail_snes_max_it")
     with pytest.raises(SolverError, match="DIVERGED_MAX_IT"):
         s.step()

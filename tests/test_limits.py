@@ -23,7 +23,7 @@ import dolfinx_solver  # noqa: F401
 import numpy as np
 import pytest
 
-from solvers.distances import (
+from solvers.diagnostics import (
     binned_wasserstein,
     fit_power_law,
     geodesic_cost,
@@ -112,8 +112,10 @@ def test_head_limit_exponent(comm):
 
     r = study(level=2, heads=[4, 8, 16, 32, 64, 128, 256], seeds=32, cells=128)
     sup, fit = r["sup"], r["fits"]["sup"]
-    print(f"head limit: sup {sup.mean(axis=1)}, slope {fit.slope:.3f} "
-          f"[{fit.ci_low:.3f}, {fit.ci_high:.3f}]")  # fmt: skip
+    print(
+        f"head limit: sup {sup.mean(axis=1)}, slope {fit.slope:.3f} "
+        f"[{fit.ci_low:.3f}, {fit.ci_high:.3f}]"
+    )
     assert -0.65 <= fit.slope <= -0.35, fit
     assert fit.ci_high - fit.ci_low < 0.2, fit
     assert -0.65 <= r["fits"]["rms"].slope <= -0.35
@@ -125,8 +127,8 @@ def test_token_limit_exponents(comm, shared_tmp):
     from drivers.limit_tokens import main
 
     out = shared_tmp / "tokens"
-    argv = ["--sizes", "100", "300", "1000", "3000", "--seeds", "8", "--level", "3",
-            "--bins", "2", "--t-end", "0.5", "--out", str(out)]  # fmt: skip
+    argv = "--sizes 100 300 1000 3000 --seeds 8 --level 3 --bins 2 --t-end 0.5".split()
+    argv += ["--out", str(out)]
     assert main(argv) == 0
     comm.barrier()
     s = json.loads((out / "summary.json").read_text())

@@ -15,8 +15,12 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from solvers import kernels, lowrank, lowrank_bounds, lowrank_monomial, lowrank_sphere
 from solvers.attention import Attention, Head, kernel_sums, kernel_sums_with_choice
+from solvers.attention import _kernels as kernels
+from solvers.attention import _lowrank as lowrank
+from solvers.attention import _lowrank_bounds as lowrank_bounds
+from solvers.attention import _lowrank_monomial as lowrank_monomial
+from solvers.attention import _lowrank_sphere as lowrank_sphere
 
 COMM = MPI.COMM_WORLD
 BRUTE = ["numba", "numpy"] if kernels.HAVE_NUMBA else ["numpy"]

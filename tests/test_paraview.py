@@ -29,7 +29,7 @@ import dolfinx_solver  # noqa: F401
 import numpy as np
 import pytest
 
-from drivers.cli import main
+from drivers.engine import main
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.paraview, pytest.mark.serial]

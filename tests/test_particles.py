@@ -10,7 +10,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 from solvers.attention import Attention, Head
-from solvers.particles import ParticleSystem
+from solvers.transport import ParticleSystem
 from solvers.weights import (
     FrozenWeights,
     OrnsteinUhlenbeckWeights,

@@ -16,8 +16,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers.cli import main
-from solvers.checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
+from drivers.engine import CheckpointError, load_latest_checkpoint, main, save_checkpoint
 from tests.conftest import ROOT, VENV_BIN, cli_env
 
 CONFIG = """

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy import special
 
-from solvers import lowrank_bounds, lowrank_sphere, sphere_basis
+from solvers.attention import _lowrank_bounds as lowrank_bounds
+from solvers.attention import _lowrank_sphere as lowrank_sphere
+from solvers.attention import sphere_basis
 
 numba = pytest.importorskip("numba")
 

@@ -23,15 +23,20 @@ from meshes import circle, control_volumes
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention
-from solvers.fokker_planck import bernoulli
-from solvers.initial import initial_density
-from solvers.losses import MMDLoss, PotentialLoss
-from solvers.training import MeanFieldTraining, fit_exponential_rate
-from solvers.training_particles import ParticleTraining
-from solvers.weight_measure import ParameterisedHeads
+from solvers.training import (
+    MeanFieldTraining,
+    MMDLoss,
+    ParticleTraining,
+    PotentialLoss,
+    fit_exponential_rate,
+)
+from solvers.transport import initial_density
+from solvers.weights import ParameterisedHeads, bernoulli
 
 HEADS_R1 = ParameterisedHeads(np.eye(1), np.array([[[0.5]]]))  # D(theta) = 1 + theta / 2 > 0
-HEADS_S1 = ParameterisedHeads(np.array([[1.0, 0.2], [0.2, 0.5]]), np.array([[[1.0, 0.3], [0.3, -0.5]]]))  # fmt: skip
+HEADS_S1 = ParameterisedHeads(
+    np.array([[1.0, 0.2], [0.2, 0.5]]), np.array([[[1.0, 0.3], [0.3, -0.5]]])
+)
 LINEAR = PotentialLoss(lambda x: -x[..., 0])
 
 
@@ -41,10 +46,20 @@ def _one_layer(comm, loss, kappa, weight_decay, ds, prefix):
     rho = initial_density(cv, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
     rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
     return MeanFieldTraining(
-        cv, Attention(1.0, 1, manifold=False), rho, HEADS_R1, box(MPI.COMM_SELF, [24], [-1.0], [1.0]),
-        t_end=0.03, n_steps=1, loss=loss, kappa=kappa, weight_decay=weight_decay, ds=ds,
-        density=lambda c: np.exp(-0.5 * (c[:, 0] / 0.3) ** 2), petsc_options_prefix=prefix,
-    )  # fmt: skip
+        cv,
+        Attention(1.0, 1, manifold=False),
+        rho,
+        HEADS_R1,
+        box(MPI.COMM_SELF, [24], [-1.0], [1.0]),
+        t_end=0.03,
+        n_steps=1,
+        loss=loss,
+        kappa=kappa,
+        weight_decay=weight_decay,
+        ds=ds,
+        density=lambda c: np.exp(-0.5 * (c[:, 0] / 0.3) ** 2),
+        petsc_options_prefix=prefix,
+    )
 
 
 def _run(tr, n):
@@ -122,11 +137,21 @@ def test_deep_model_decreases_from_a_near_optimal_start(comm):
     rho = initial_density(cv, "exp(2*x[0]) + 0.5*exp(3*x[1])")
     rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
     tr = MeanFieldTraining(
-        cv, Attention(1.0, 1), rho, HEADS_S1, box(MPI.COMM_SELF, [16], [-1.0], [1.0]),
-        t_end=1.5, n_steps=16, loss=MMDLoss(np.array([[0.0, 1.0]]), [1.0], 0.7), kappa=0.01,
-        weight_decay=0.05, ds=1.0, density=lambda c: np.exp(-0.5 * (c[:, 0] / 0.4) ** 2),
-        petsc_options_prefix="train_deep_", checkpoint_every=4,
-    )  # fmt: skip
+        cv,
+        Attention(1.0, 1),
+        rho,
+        HEADS_S1,
+        box(MPI.COMM_SELF, [16], [-1.0], [1.0]),
+        t_end=1.5,
+        n_steps=16,
+        loss=MMDLoss(np.array([[0.0, 1.0]]), [1.0], 0.7),
+        kappa=0.01,
+        weight_decay=0.05,
+        ds=1.0,
+        density=lambda c: np.exp(-0.5 * (c[:, 0] / 0.4) ** 2),
+        petsc_options_prefix="train_deep_",
+        checkpoint_every=4,
+    )
     for _ in range(10):  # warm-up: a near-optimal start
         tr.step()
     states, s, F = _run(tr, 15)
@@ -146,9 +171,21 @@ def _particles(comm, manifold, loss, H=5, N=12, seed=0):
         x, heads = rng.normal(1.0, 0.25, (N, 1)), HEADS_R1
     theta = rng.uniform(-0.8, 0.8, (H, 1))
     return ParticleTraining(
-        comm, x, Attention(1.0, 1, manifold=manifold), heads, theta, t_end=1.0, n_steps=8,
-        loss=loss, kappa=0.01, weight_decay=0.05, ds=0.5, lower=[-1.0], upper=[1.0], seed=seed,
-    )  # fmt: skip
+        comm,
+        x,
+        Attention(1.0, 1, manifold=manifold),
+        heads,
+        theta,
+        t_end=1.0,
+        n_steps=8,
+        loss=loss,
+        kappa=0.01,
+        weight_decay=0.05,
+        ds=0.5,
+        lower=[-1.0],
+        upper=[1.0],
+        seed=seed,
+    )
 
 
 @pytest.mark.parametrize("manifold", [True, False], ids=["S1", "R1"])
@@ -178,11 +215,22 @@ def test_bad_input(comm):
     cv = flat_control_volumes(box(comm, [16], [0.0], [4.0]))
     rho = np.ones(cv.n_owned)
     pm = box(MPI.COMM_SELF, [8], [-1.0], [1.0])
-    base = dict(t_end=0.01, n_steps=1, loss=LINEAR, kappa=0.1, ds=1.0, density=lambda c: np.ones(len(c)),
-                petsc_options_prefix="train_bad_")  # fmt: skip
+    base = dict(
+        t_end=0.01,
+        n_steps=1,
+        loss=LINEAR,
+        kappa=0.1,
+        ds=1.0,
+        density=lambda c: np.ones(len(c)),
+        petsc_options_prefix="train_bad_",
+    )
     att = Attention(1.0, 1, manifold=False)
-    for key, value, msg in [("kappa", 0.0, "kappa"), ("ds", -1.0, "ds"),
-                            ("weight_decay", -1.0, "weight_decay"), ("loss", 3, "readout loss")]:  # fmt: skip
+    for key, value, msg in [
+        ("kappa", 0.0, "kappa"),
+        ("ds", -1.0, "ds"),
+        ("weight_decay", -1.0, "weight_decay"),
+        ("loss", 3, "readout loss"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             MeanFieldTraining(cv, att, rho, HEADS_R1, pm, **{**base, key: value})
     with pytest.raises(ValueError, match="heads act on"):
@@ -190,11 +238,35 @@ def test_bad_input(comm):
     with pytest.raises(ValueError, match="density"):
         MeanFieldTraining(cv, att, rho, HEADS_R1, pm, **{**base, "density": -np.ones(8)})
     with pytest.raises(ValueError, match="inside the box"):
-        ParticleTraining(comm, np.ones((3, 1)), att, HEADS_R1, np.full((2, 1), 2.0), t_end=1,
-                         n_steps=1, loss=LINEAR, kappa=0.1, ds=0.1, lower=[-1], upper=[1])  # fmt: skip
+        ParticleTraining(
+            comm,
+            np.ones((3, 1)),
+            att,
+            HEADS_R1,
+            np.full((2, 1), 2.0),
+            t_end=1,
+            n_steps=1,
+            loss=LINEAR,
+            kappa=0.1,
+            ds=0.1,
+            lower=[-1],
+            upper=[1],
+        )
     with pytest.raises(ValueError, match="unit sphere"):
-        ParticleTraining(comm, np.ones((3, 2)), Attention(1.0, 1), HEADS_S1, np.zeros((2, 1)),
-                         t_end=1, n_steps=1, loss=LINEAR, kappa=0.1, ds=0.1, lower=[-1], upper=[1])  # fmt: skip
+        ParticleTraining(
+            comm,
+            np.ones((3, 2)),
+            Attention(1.0, 1),
+            HEADS_S1,
+            np.zeros((2, 1)),
+            t_end=1,
+            n_steps=1,
+            loss=LINEAR,
+            kappa=0.1,
+            ds=0.1,
+            lower=[-1],
+            upper=[1],
+        )
     with pytest.raises(ValueError, match="at least 3"):
         fit_exponential_rate([0.0], [1.0])
     with pytest.raises(ValueError, match="> 0"):

@@ -12,8 +12,7 @@ from scipy.interpolate import PchipInterpolator
 from meshes import circle, control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head
 from solvers.errors import BlowUpError
-from solvers.initial import initial_density
-from solvers.transport import TransportSolver
+from solvers.transport import TransportSolver, initial_density
 from solvers.weights import make_weights
 
 

@@ -21,8 +21,7 @@ from scipy.integrate import solve_ivp
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention, Head
-from solvers.initial import cell_averages
-from solvers.transport import TransportSolver
+from solvers.transport import TransportSolver, cell_averages
 from solvers.weights import make_weights
 
 
@@ -50,8 +49,14 @@ def _fv_moments(comm, d, n, A, B, V, b, m0, S0, T, L=4.0):
     rho = cell_averages(cv, gauss)
     rho /= cv.comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
     weights = make_weights("frozen", [Head(B, np.eye(d), V)])  # exp(<Q x, K y>) = exp(<B x, y>)
-    s = TransportSolver(cv, Attention(1.0, 1, manifold=False), weights, rho, cfl=0.4,
-                        background=lambda x, t: x @ A.T + b)  # fmt: skip
+    s = TransportSolver(
+        cv,
+        Attention(1.0, 1, manifold=False),
+        weights,
+        rho,
+        cfl=0.4,
+        background=lambda x, t: x @ A.T + b,
+    )
     while s.t < T:
         s.step(T)
     m, x = s.masses, cv.centres[: cv.n_owned]
@@ -99,8 +104,14 @@ def test_box_outflow_is_accounted(comm):
     rho = cell_averages(cv, lambda x: np.exp(-8 * (x[0] ** 2 + x[1] ** 2)))
     rho /= cv.comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
     weights = make_weights("frozen", [Head(np.eye(2), np.eye(2), 0.1 * np.eye(2))])
-    s = TransportSolver(cv, Attention(1.0, 1, manifold=False), weights, rho, cfl=0.5,
-                        background=lambda x, t: np.tile([1.5, -0.5], (len(x), 1)))  # fmt: skip
+    s = TransportSolver(
+        cv,
+        Attention(1.0, 1, manifold=False),
+        weights,
+        rho,
+        cfl=0.5,
+        background=lambda x, t: np.tile([1.5, -0.5], (len(x), 1)),
+    )
     for _ in range(60):
         r = s.step()
         assert r.min_density >= 0

@@ -17,8 +17,9 @@ import h5py
 import numpy as np
 import pytest
 
-from drivers.cli import main as cli_main
-from drivers.view import frame_indices, main, read_series, view
+from drivers.engine import frame_indices, read_series, view
+from drivers.engine import main as cli_main
+from drivers.engine._view import main
 from tests.conftest import ROOT
 
 #: a frame whose pixel standard deviation is below this is blank (one colour); our frames

@@ -13,8 +13,14 @@ import pytest
 
 from meshes.box import box
 from solvers.attention import Attention, Head, measure_diagnostics
-from solvers.fokker_planck import FokkerPlanckSolver, gaussian_density, ou_drift
-from solvers.weight_measure import MAX_CELLS, FokkerPlanckWeights, ParameterisedHeads
+from solvers.weights import (
+    MAX_CELLS,
+    FokkerPlanckSolver,
+    FokkerPlanckWeights,
+    ParameterisedHeads,
+    gaussian_density,
+    ou_drift,
+)
 
 BETA, SIGN = 1.5, -1
 B1 = np.array([[[1.0, 0.3, 0.0], [0.3, -0.5, 0.2], [0.0, 0.2, 0.4]]])
@@ -29,9 +35,12 @@ def make_measure(comm: MPI.Comm, cells: int = 64, prefix: str = "wm_") -> Fokker
     """OU weight law on [-3, 3] (p = 1): Theta_0 = N(-0.5, 0.3^2), drift -(theta - 0.5)."""
     mesh = box(comm, [cells], [-3.0], [3.0])
     solver = FokkerPlanckSolver(
-        mesh, ou_drift(1.0, 0.5), 0.8, petsc_options_prefix=prefix,
+        mesh,
+        ou_drift(1.0, 0.5),
+        0.8,
+        petsc_options_prefix=prefix,
         density=lambda c: np.exp(-0.5 * ((c[:, 0] + 0.5) / 0.3) ** 2),
-    )  # fmt: skip
+    )
     solver.set_density(gaussian_density(solver.cv, [-0.5], [[0.09]]))
     return FokkerPlanckWeights(solver, ParameterisedHeads(np.eye(3), B1), dt=0.05)
 
@@ -150,8 +159,12 @@ def test_independent_of_ranks(comm):
 def test_size_limit_and_validation(comm):
     mesh = box(comm, [MAX_CELLS + 1], [-1.0], [1.0])
     solver = FokkerPlanckSolver(
-        mesh, ou_drift(1.0, 0.0), 1.0, petsc_options_prefix="wmbig_", density=lambda c: 1 + 0 * c[:, 0]
-    )  # fmt: skip
+        mesh,
+        ou_drift(1.0, 0.0),
+        1.0,
+        petsc_options_prefix="wmbig_",
+        density=lambda c: 1 + 0 * c[:, 0],
+    )
     heads = ParameterisedHeads(np.eye(3), B1)
     with pytest.raises(ValueError, match="at most"):
         FokkerPlanckWeights(solver, heads, dt=0.1)

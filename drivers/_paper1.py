@@ -1,0 +1,575 @@
+"""The engine of the two [P1] section 6 experiments on S^2 (OU and oscillating weights).
+
+Massucco et al. [P1], section 6, with the setup of the paper's published code: n = 200 tokens
+at random octahedron vertices +-e_k plus N(0, 0.05^2) noise, normalised; H heads
+(I, D_h, D_h), beta = 1, s = -1; RK4 particles with dt = 5e-3 on the weight grid, and the
+mean-field finite-volume solver on an icosphere from six caps exp(kappa x.(+-e_k)). The weight
+dynamics is the experiment's: drivers/paper1_ou_s2.py (Ornstein-Uhlenbeck) and
+drivers/paper1_oscillating_s2.py (oscillating) each pass a :data:`WeightsFactory` to
+:func:`particle_study` and :func:`mesh_study`.
+
+- :class:`Setup`, :func:`parse_setup`: the parameters and the command line of both scripts;
+- :func:`octahedron_tokens`, :func:`caps_expression`: the initial conditions;
+- :func:`run_particles`, :func:`run_mesh`: one trajectory of each scheme, with the energy
+  budget of ``solvers.diagnostics.EnergyBudget`` at every record;
+- :func:`save_runs`, :func:`load_runs`, :func:`report`: the data files, the figures
+  (drivers/_paper1_figures.py), the tables, summary.json and final.npz;
+- :func:`particle_study`, :func:`mesh_study`: every run of each scheme, logged and saved.
+
+Sources:
+    [P1] Massucco, Del Grande, Carioni, Brune, Schoenlieb, Multi-Headed Transformer
+         Architectures as Time-dependent Wasserstein Gradient Flows, arXiv 2605.18870 (2026),
+         section 6.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
+from mpi4py import MPI
+
+import numpy as np
+
+from drivers._experiment import Experiment
+from drivers._paper1_figures import plot_g2, plot_scaling, plot_snapshots
+from drivers.engine import GatheredCells, plot_budget, write_final, write_json
+from meshes import control_volumes, icosphere, mesh_quality
+from solvers.attention import Attention, gather_measure
+from solvers.diagnostics import EDI_COLUMNS, EnergyBudget
+from solvers.transport import ParticleSystem, TransportSolver, initial_density
+from solvers.weights import WeightDynamics
+
+if TYPE_CHECKING:
+    from meshes.control_volumes import ControlVolumes
+
+__all__ = [
+    "PAPER_SLOPE",
+    "Run",
+    "Setup",
+    "WeightsFactory",
+    "caps_expression",
+    "mesh_study",
+    "octahedron_tokens",
+    "parse_setup",
+    "particle_study",
+    "report",
+    "run_mesh",
+    "run_particles",
+]
+
+#: (H, path) -> the weight dynamics of the H heads on that Monte Carlo path.
+WeightsFactory = Callable[[int, int], WeightDynamics]
+
+#: The exponent of the late-time G^2 in H reported by [P1], section 6.
+PAPER_SLOPE = {"ou": -1.0, "oscillating": 0.0}
+
+
+# %% Parameters
+# -------------
+@dataclass
+class Setup:
+    """Everything a run needs (filled from the command line)."""
+
+    name: str
+    dynamics: str
+    out: Path
+    n_tokens: int = 200
+    noise: float = 0.05
+    heads: Sequence[int] = (1, 10, 100)
+    paths: Sequence[int] = (3,)  # Monte Carlo paths: one value for every H, or one per H
+    t_end: float = 20.0
+    dt: float = 5e-3
+    beta: float = 1.0
+    sign: int = -1
+    sigma: float = math.sqrt(2.0)
+    integrator: str = "rk4"
+    record_every: int = 4
+    seed: int = 0
+    mesh_level: int = 3
+    mesh_heads: Sequence[int] = (1, 3, 10)
+    mesh_t_end: float = 10.0
+    kappa: float = 10.0
+    cfl: float = 0.4
+    backend: str | None = None  # kernel backend: None (compiled) or "numpy" (tiny runs)
+
+    def describe(self) -> str:
+        """One line: the weights, the particle runs and the mesh runs."""
+        return (
+            f"{self.dynamics} weights, particles: n = {self.n_tokens}, H = {list(self.heads)}, "
+            f"paths {list(self.paths)}, T = {self.t_end:g}, dt = {self.dt:g} ({self.integrator}); "
+            f"mesh: level {self.mesh_level}, H = {list(self.mesh_heads)}, "
+            f"T = {self.mesh_t_end:g}, kappa = {self.kappa:g} -> {self.out}"
+        )
+
+
+def parse_setup(
+    experiment: Experiment, dynamics: str, paths: Sequence[int], argv: Sequence[str] | None
+) -> Setup:
+    """The command line of both scripts; --tiny shrinks everything to a few seconds.
+
+    On return the threads are configured and the output folder exists
+    (:meth:`Experiment.prepare`).
+
+    Args:
+        experiment: the script (its name, description and communicator).
+        dynamics: "ou" or "oscillating".
+        paths: the default Monte Carlo paths, one value or one per default head count.
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        The setup.
+
+    Raises:
+        SystemExit: on a malformed command line, or --paths that match no head count.
+    """
+    p = experiment.parser()
+    p.add_argument("--heads", type=int, nargs="*", help="particle head counts (1 10 100)")
+    p.add_argument(
+        "--paths",
+        type=int,
+        nargs="+",
+        help=f"Monte Carlo paths: one value, or one per --heads (default {list(paths)})",
+    )
+    p.add_argument("--t-end", type=float, help="particle final time (default 20)")
+    p.add_argument("--n-tokens", type=int, help="number of tokens (default 200)")
+    p.add_argument("--integrator", choices=("rk4", "euler"), default="rk4")
+    p.add_argument("--record-every", type=int, help="steps between budget records (4)")
+    p.add_argument("--mesh-heads", type=int, nargs="*", help="mesh head counts (1 3 10)")
+    p.add_argument("--mesh-level", type=int, help="icosphere level of the mesh run (3)")
+    p.add_argument("--mesh-t-end", type=float, help="mesh final time (default 10)")
+    p.add_argument("--kappa", type=float, help="cap concentration of the mesh density (10)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    s = Setup(name=experiment.name, dynamics=dynamics, out=a.out, paths=tuple(paths), seed=a.seed)
+    if a.tiny:
+        s.n_tokens, s.heads, s.t_end, s.record_every = 24, (1, 2), 0.1, 2
+        s.paths = (min(paths[0], 2),)
+        s.mesh_level, s.mesh_heads, s.mesh_t_end, s.backend = 1, (1, 2), 0.05, "numpy"
+    overrides = ("heads", "paths", "t_end", "n_tokens", "record_every", "mesh_heads")
+    for key in (*overrides, "mesh_level", "mesh_t_end", "kappa"):
+        if getattr(a, key) is not None:
+            setattr(s, key, getattr(a, key))
+    s.integrator = a.integrator
+    if a.paths is None and len(s.paths) != len(s.heads):
+        s.paths = (s.paths[0],)  # other head counts than the defaults: the first default
+    if len(s.paths) not in (1, len(s.heads)) or min(s.paths) < 1:
+        p.error(f"--paths: one value >= 1, or one per head count {list(s.heads)}")
+    experiment.prepare(s.out)
+    return s
+
+
+def paths_for(setup: Setup, H: int) -> int:
+    """Number of Monte Carlo paths of the particle runs with H heads."""
+    if len(setup.paths) == 1:
+        return setup.paths[0]
+    return setup.paths[list(setup.heads).index(H)]
+
+
+# %% Initial condition
+# --------------------
+def octahedron_tokens(n: int, noise: float, seed: int) -> np.ndarray:
+    """n tokens at random vertices +-e_k plus N(0, noise^2) per coordinate, normalised.
+
+    Args:
+        n: the number of tokens.
+        noise: the standard deviation of the perturbation.
+        seed: the seed (with 0).
+
+    Returns:
+        The (n, 3) tokens.
+    """
+    rng = np.random.default_rng([seed, 0])
+    k = rng.integers(0, 3, n)
+    signs = rng.choice([-1.0, 1.0], n)
+    x = np.zeros((n, 3))
+    x[np.arange(n), k] = signs
+    x += noise * rng.standard_normal((n, 3))
+    return x / np.linalg.norm(x, axis=1)[:, None]
+
+
+def caps_expression(kappa: float) -> str:
+    """The mean-field initial density: six caps exp(kappa (x.(+-e_k) - 1)), mass 1 after."""
+    terms = [f"exp({kappa} * ({s}x[{k}] - 1))" for k in range(3) for s in ("", "-")]
+    return " + ".join(terms)
+
+
+# %% Solver
+# ---------
+@dataclass
+class Run:
+    """One trajectory: metrics rows (rank 0 gets all), snapshots (rank 0), wall time."""
+
+    scheme: str
+    H: int
+    path: int
+    rows: list[dict[str, float]]
+    snapshots: dict[float, np.ndarray]
+    final: np.ndarray | None
+    wall: float
+
+
+def _row(budget: EnergyBudget, H: int, path: int, extra: dict | None = None) -> dict:
+    pt = budget.point
+    row = {
+        "H": H,
+        "path": path,
+        "t": pt.t,
+        "energy": pt.energy,
+        "G2": pt.G2,
+        "dissipation": pt.dissipation,
+        "mass": pt.mass,
+    }
+    row.update(extra or {})
+    row.update(budget.columns())
+    return row
+
+
+def snapshot_steps(n: int, step: float) -> dict[int, float]:
+    """Indices k of the records/steps nearest to 0, n/4, n/2, 3n/4, n, and their times k step."""
+    return {round(f * n): round(f * n) * step for f in (0.0, 0.25, 0.5, 0.75, 1.0)}
+
+
+def run_particles(setup: Setup, factory: WeightsFactory, H: int, path: int, comm: MPI.Comm) -> Run:
+    """RK4 (or Euler) particles with steps dt on the weight grid; budget every few steps.
+
+    Args:
+        setup: the setup.
+        factory: the weight dynamics.
+        H: the number of heads.
+        path: the Monte Carlo path.
+        comm: the communicator (the tokens are split over its ranks).
+
+    Returns:
+        The run (collective; rows on every rank, snapshots and final points on rank 0).
+    """
+    wall0 = time.perf_counter()
+    points = octahedron_tokens(setup.n_tokens, setup.noise, setup.seed)
+    mine = np.array_split(np.arange(setup.n_tokens), comm.size)[comm.rank]
+    masses = np.full(setup.n_tokens, 1.0 / setup.n_tokens)
+    weights = factory(H, path)
+    attention = Attention(setup.beta, setup.sign, backend=setup.backend or "numba")
+    system = ParticleSystem(
+        attention, weights, points[mine], masses[mine], comm=comm, integrator=setup.integrator
+    )
+    budget = EnergyBudget(setup.backend)
+    n_steps = round(setup.t_end / setup.dt)
+    snap_at = snapshot_steps(n_steps, setup.dt)
+    rows, snaps = [], {}
+
+    def record(k: int) -> None:
+        t = k * setup.dt
+        budget.record(t, system.points, system.masses, weights, attention, comm)
+        rows.append(_row(budget, H, path))
+
+    record(0)
+    snaps[0.0] = gather_measure(comm, system.points, system.masses)[0]
+    for k in range(n_steps):
+        system.step(k * setup.dt, setup.dt)
+        if (k + 1) % setup.record_every == 0 or k + 1 == n_steps:
+            record(k + 1)
+        if k + 1 in snap_at:
+            snaps[snap_at[k + 1]] = gather_measure(comm, system.points, system.masses)[0]
+    final = gather_measure(comm, system.points, system.masses)[0]
+    return Run("particles", H, path, rows, snaps, final, time.perf_counter() - wall0)
+
+
+def _next_stop(t: float, t_record: float, grid_dt: float | None) -> float:
+    """The next step end: the record time, or the next weight-grid point if it comes first."""
+    if grid_dt is None:
+        return t_record
+    s = t / grid_dt
+    k = round(s) if abs(s - round(s)) < 1e-8 else math.floor(s)
+    return min(t_record, (k + 1) * grid_dt)
+
+
+def run_mesh(
+    setup: Setup,
+    cv: ControlVolumes,
+    factory: WeightsFactory,
+    H: int,
+    comm: MPI.Comm,
+    gathered: GatheredCells,
+) -> Run:
+    """Finite volumes from the six-cap density, driven by the weights of path 0.
+
+    Args:
+        setup: the setup.
+        cv: the control volumes of the icosphere.
+        factory: the weight dynamics.
+        H: the number of heads.
+        comm: the communicator of the mesh.
+        gathered: the cells of the mesh on rank 0.
+
+    Returns:
+        The run (collective; rows on every rank, snapshots and final density on rank 0).
+    """
+    wall0 = time.perf_counter()
+    rho0 = initial_density(cv, caps_expression(setup.kappa))
+    weights = factory(H, 0)
+    grid_dt = float(weights.dt) if hasattr(weights, "grid_value") else None
+    attention = Attention(setup.beta, setup.sign, backend=setup.backend or "numba")
+    solver = TransportSolver(
+        cv, attention, weights, rho0, reconstruction="muscl", rk="ssp3", cfl=setup.cfl
+    )
+    n = cv.n_owned
+    budget = EnergyBudget(setup.backend)
+    record_dt = setup.record_every * setup.dt
+    n_records = max(1, round(setup.mesh_t_end / record_dt))
+    snap_at = snapshot_steps(n_records, record_dt)
+    rows, snaps, steps = [], {}, 0
+
+    def record() -> None:
+        budget.record(solver.t, cv.centres[:n], solver.masses, weights, attention, comm)
+        rho_min = comm.allreduce(float(solver.density.min(initial=np.inf)), op=MPI.MIN)
+        rows.append(_row(budget, H, 0, {"min_density": rho_min, "steps": steps}))
+
+    record()
+    snaps[0.0] = gathered.gather(solver.density)
+    for r in range(1, n_records + 1):
+        t_record = r * record_dt
+        while solver.t < t_record:
+            solver.step(_next_stop(solver.t, t_record, grid_dt))
+            steps += 1
+        record()
+        if r in snap_at:
+            snaps[snap_at[r]] = gathered.gather(solver.density)
+    final = gathered.gather(solver.density)
+    return Run("mesh", H, 0, rows, snaps, final, time.perf_counter() - wall0)
+
+
+# %% Output
+# ---------
+def time_average(rows: list[dict], key: str = "G2") -> float:
+    """(2/T) int_{T/2}^{T} key dt by the trapezoid rule over the records of one run."""
+    t = np.array([r["t"] for r in rows])
+    v = np.array([r[key] for r in rows])
+    late = t >= 0.5 * t[-1] - 1e-12
+    return float(np.trapezoid(v[late], t[late]) / (t[late][-1] - t[late][0]))
+
+
+def fit_exponent(H: Sequence[int], values: Sequence[float]) -> float:
+    """Least-squares slope of log(values) against log(H) (nan with fewer than 2 points)."""
+    if len(H) < 2:
+        return math.nan
+    return float(np.polyfit(np.log(H), np.log(values), 1)[0])
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """A CSV with the union of the rows' keys as columns, floats exactly (repr; rank 0).
+
+    Args:
+        path: the CSV file.
+        rows: the rows.
+    """
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in r.items()})
+
+
+def save_runs(out: Path, scheme: str, runs: list[Run], centres: np.ndarray | None) -> None:
+    """<scheme>.csv (every record of every run) and <scheme>_snapshots.npz (rank 0).
+
+    Args:
+        out: the output folder.
+        scheme: "particles" or "mesh".
+        runs: the runs of the scheme (their rows get the column wall_s).
+        centres: the cell centres of mesh snapshots (None for particles).
+    """
+    for r in runs:
+        for row in r.rows:
+            row["wall_s"] = r.wall
+    write_csv(out / f"{scheme}.csv", [row for r in runs for row in r.rows])
+    arrays = {f"H{r.H}_path{r.path}_t{t!r}": v for r in runs for t, v in r.snapshots.items()}
+    arrays.update({f"final_H{r.H}_path{r.path}": r.final for r in runs})
+    if centres is not None:
+        arrays["centres"] = centres
+    np.savez(out / f"{scheme}_snapshots.npz", **arrays)
+
+
+def load_runs(out: Path, scheme: str) -> tuple[list[Run], np.ndarray | None]:
+    """The runs saved by :func:`save_runs`.
+
+    Args:
+        out: the output folder.
+        scheme: "particles" or "mesh".
+
+    Returns:
+        The runs (empty when the files do not exist) and the cell centres (or None).
+    """
+    if not (out / f"{scheme}.csv").is_file():
+        return [], None
+    with open(out / f"{scheme}.csv", newline="") as fh:
+        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(fh)]
+    data = np.load(out / f"{scheme}_snapshots.npz")
+    runs = []
+    for key in dict.fromkeys((int(r["H"]), int(r["path"])) for r in rows):
+        H, path = key
+        mine = [r for r in rows if (int(r["H"]), int(r["path"])) == key]
+        prefix = f"H{H}_path{path}_t"
+        snaps = {float(k[len(prefix) :]): data[k] for k in data.files if k.startswith(prefix)}
+        final = data[f"final_H{H}_path{path}"]
+        runs.append(Run(scheme, H, path, mine, snaps, final, mine[-1]["wall_s"]))
+    return runs, (data["centres"] if "centres" in data.files else None)
+
+
+def summarise(runs: list[Run], scheme: str) -> list[dict]:
+    """One row per H: late-time G^2 (mean over paths, standard error) and the mean budget.
+
+    Args:
+        runs: the runs of one scheme.
+        scheme: its name.
+
+    Returns:
+        The rows of summary.csv for this scheme.
+    """
+    table = []
+    for H in sorted({r.H for r in runs}):
+        mine = [r for r in runs if r.H == H]
+        late = np.array([time_average(r.rows) for r in mine])
+        sem = float(late.std(ddof=1) / math.sqrt(len(late))) if len(late) > 1 else 0.0
+        row = {"scheme": scheme, "H": H, "paths": len(mine), "t_end": mine[0].rows[-1]["t"]}
+        row.update(G2_late_mean=float(late.mean()), G2_late_sem=sem)
+        for key in EDI_COLUMNS:
+            row[key] = float(np.mean([r.rows[-1][key] for r in mine]))
+        row["max_abs_edi_residual"] = max(abs(r.rows[-1]["edi_residual"]) for r in mine)
+        row["wall_s"] = float(sum(r.wall for r in mine))
+        table.append(row)
+    return table
+
+
+def report(setup: Setup, title: str, log: Callable[[str], None]) -> dict:
+    """Figures, summary.csv, summary.json and final.npz from the saved runs (rank 0).
+
+    Args:
+        setup: the setup (its output folder holds the data files of :func:`save_runs`).
+        title: the title of the figures.
+        log: prints the fitted exponents.
+
+    Returns:
+        The fitted exponents (per scheme) and the summary table.
+    """
+    out = setup.out
+    particle_runs, _ = load_runs(out, "particles")
+    mesh_runs, centres = load_runs(out, "mesh")
+    table = summarise(particle_runs, "particles") + summarise(mesh_runs, "mesh")
+    exponents = {}
+    for scheme in ("particles", "mesh"):
+        rows = [r for r in table if r["scheme"] == scheme]
+        exponents[scheme] = fit_exponent([r["H"] for r in rows], [r["G2_late_mean"] for r in rows])
+    write_csv(out / "summary.csv", table)
+    first = [r for r in particle_runs if r.path == 0]
+    groups = {}
+    if first:
+        plot_snapshots(out / "snapshots_particles.png", first, None, f"{title}: particles")
+        groups["particles"] = particle_runs
+    if mesh_runs:
+        mesh_title = f"{title}: mean-field density (icosphere level {setup.mesh_level})"
+        plot_snapshots(out / "snapshots_mesh.png", mesh_runs, centres, mesh_title)
+        groups["mesh"] = mesh_runs
+    if groups:
+        plot_g2(out / "g2.png", groups, title)
+        plot_scaling(out / "g2_vs_H.png", table, exponents, title, PAPER_SLOPE[setup.dynamics])
+    for run in first + mesh_runs:
+        run_title = f"{title}: {run.scheme}, H = {run.H}, path {run.path}"
+        plot_budget(out / f"budget_{run.scheme}_H{run.H}.png", run.rows, title=run_title)
+    extra = {}
+    if first:
+        big = max(first, key=lambda r: r.H)
+        masses = np.full(len(big.final), 1.0 / len(big.final))
+        extra = {"particle_points": big.final, "particle_t": np.float64(big.rows[-1]["t"])}
+        extra["particle_masses"] = masses
+    if mesh_runs:
+        weights = np.load(out / "mesh_snapshots.npz")["cell_measures"]
+        t_mesh = mesh_runs[-1].rows[-1]["t"]
+        write_final(out / "final.npz", centres, weights, mesh_runs[-1].final, t_mesh, **extra)
+    elif first:
+        t_particles = big.rows[-1]["t"]
+        write_final(out / "final.npz", big.final, masses, masses, t_particles, **extra)
+    parameters = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(setup).items()}
+    del parameters["out"]
+    summary = {"setup": parameters, "exponents": exponents, "table": table}
+    write_json(out / "summary.json", summary)
+    log(
+        f"fitted exponent of the late-time G^2 in H: particles {exponents['particles']:.3f}, "
+        f"mesh {exponents['mesh']:.3f}"
+    )
+    return {"exponents": exponents, "table": table}
+
+
+# %% Main loop
+# ------------
+def particle_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) -> None:
+    """Particles for every H and path; particles.csv and particles_snapshots.npz (collective).
+
+    With no head counts (``--heads`` without values) nothing is run and the data files
+    already in the output folder are kept for :func:`report`.
+
+    Args:
+        experiment: the script (communicator, log).
+        setup: the setup.
+        factory: the weight dynamics.
+    """
+    comm = experiment.comm
+    runs: list[Run] = []
+    for H in setup.heads:
+        for path in range(paths_for(setup, H)):
+            run = run_particles(setup, factory, H, path, comm)
+            runs.append(run)
+            last = run.rows[-1]
+            experiment.log(
+                f"particles H = {H:3d} path {path}: G2 late mean {time_average(run.rows):.3e}, "
+                f"dE = {last['dE']:+.4f}, int dtE = {last['int_dtE']:+.4f} (drift "
+                f"{last['int_dtE_drift']:+.4f}, Ito {last['ito_correction']:+.4f}, martingale "
+                f"{last['martingale']:+.4f}), int D = {last['int_dissipation']:+.4f}, residual "
+                f"{last['edi_residual']:+.2e}; {run.wall:.1f} s"
+            )
+    if runs and comm.rank == 0:
+        save_runs(setup.out, "particles", runs, None)
+
+
+def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) -> None:
+    """The mean-field density for every mesh H; mesh.csv and mesh_snapshots.npz (collective).
+
+    With no mesh head counts (``--mesh-heads`` without values) nothing is run and the data
+    files already in the output folder are kept for :func:`report`.
+
+    Args:
+        experiment: the script (communicator, log).
+        setup: the setup.
+        factory: the weight dynamics (path 0 drives the mesh runs).
+    """
+    if not setup.mesh_heads:
+        return
+    comm = experiment.comm
+    cv = control_volumes(icosphere(comm, setup.mesh_level))
+    quality = mesh_quality(cv)
+    gathered = GatheredCells(cv)
+    experiment.log(
+        f"icosphere level {setup.mesh_level}: {quality.n_cells} cells, h = {quality.h:.3g}"
+    )
+    runs = []
+    for H in setup.mesh_heads:
+        run = run_mesh(setup, cv, factory, H, comm, gathered)
+        runs.append(run)
+        last = run.rows[-1]
+        experiment.log(
+            f"mesh      H = {H:3d}: G2 late mean {time_average(run.rows):.3e}, "
+            f"dE = {last['dE']:+.4f}, int dtE = {last['int_dtE']:+.4f}, int D = "
+            f"{last['int_dissipation']:+.4f}, residual {last['edi_residual']:+.2e}, "
+            f"min rho {last['min_density']:.2e}, {int(last['steps'])} steps; {run.wall:.1f} s"
+        )
+    if comm.rank == 0:
+        save_runs(setup.out, "mesh", runs, gathered.points)
+        with np.load(setup.out / "mesh_snapshots.npz") as data:
+            arrays = dict(data)
+        np.savez(setup.out / "mesh_snapshots.npz", cell_measures=gathered.weights, **arrays)

@@ -1,0 +1,77 @@
+"""The engine behind ``transformer-pde``: config -> problem -> run loop -> recorder.
+
+Public face of the engine. :func:`main` is the command line (``run``, ``gaussian``, ``view``);
+:func:`run` runs a validated config (:func:`load_config`) and writes the results folder;
+:class:`Recorder` owns every output of a run (density series, metrics, energy budget,
+checkpoints, final files, pictures); :func:`build_problem` turns a config into mesh, model and
+scheme (through the scheme registry of :mod:`solvers.transport`).
+
+Names are imported on first use: the command line must parse its arguments and hand the
+PETSc options to ``petsc4py.init`` before anything imports DOLFINx or PETSc.
+
+Modules: ``_cli``, ``_config`` (schema, TOML reading, ``--set``), ``_problem``, ``_run``,
+``_recorder``, ``_writers`` (XDMF, CSV, npz, json), ``_plots``, ``_checkpoint``, ``_view``,
+``_gaussian_command``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> private module that defines it
+_HOME = {
+    "main": "_cli",
+    "ConfigError": "_config",
+    "DEFAULTS": "_config",
+    "dimension": "_config",
+    "head_matrices": "_config",
+    "load_config": "_config",
+    "parse_override": "_config",
+    "read_toml": "_config",
+    "validate": "_config",
+    "Problem": "_problem",
+    "build_mesh": "_problem",
+    "build_model": "_problem",
+    "build_problem": "_problem",
+    "feedforward": "_problem",
+    "METRIC_COLUMNS": "_recorder",
+    "Recorder": "_recorder",
+    "RunResult": "_run",
+    "run": "_run",
+    "DensityWriter": "_writers",
+    "GatheredCells": "_writers",
+    "MetricsWriter": "_writers",
+    "gather_cells": "_writers",
+    "write_final": "_writers",
+    "write_json": "_writers",
+    "plot_budget": "_plots",
+    "plot_metrics": "_plots",
+    "render_density": "_plots",
+    "CheckpointError": "_checkpoint",
+    "checkpoint_dir": "_checkpoint",
+    "load_latest_checkpoint": "_checkpoint",
+    "save_checkpoint": "_checkpoint",
+    "DensitySeries": "_view",
+    "frame_indices": "_view",
+    "read_series": "_view",
+    "render_frames": "_view",
+    "view": "_view",
+    "load_gaussian_config": "_gaussian_command",
+    "run_gaussian": "_gaussian_command",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

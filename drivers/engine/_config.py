@@ -1,0 +1,440 @@
+"""Run configuration: TOML files, ``--set`` overrides, defaults and validation.
+
+The keys of DESIGN section 4 exist with exactly those meanings; the others are additions.
+
+    [mesh]       manifold = "S1" | "S2" | "R1" | "R2"; refinement = int (S2: icosphere level
+                 0..8; S1: 16 * 2^refinement cells, 0..16; R1, R2: 16 * 2^refinement cells per
+                 axis); file = path (optional, meshio format, spheres only);
+                 lower, upper = numbers or lists of d numbers (the box of R1/R2, default +-4)
+    [feedforward] A = "zero" | "identity" | d x d list; b = number or list (R1/R2 only):
+                 the affine layer A x + b added to the attention velocity (DESIGN M3)
+    [attention]  beta = float > 0; sign = +1 | -1; heads = [{Q, K, V}], each "identity" or a
+                 d x d nested list; backend = "auto" | "brute" | "lowrank" | "numba" |
+                 "numpy" (auto: per head, low-rank expansion when its a-priori error bound
+                 meets `tolerance` and it is cheaper, else compiled brute force);
+                 tolerance = float in (0, 1) (default 1e-10, relative)
+    [weights]    dynamics = "frozen" | "ou" | "oscillating" | "fokker-planck";
+                 init = "config" | "random"; seed = int >= 0; sigma = float >= 0 (OU noise;
+                 weight-measure diffusion); dt = float > 0 (OU / Fokker-Planck grid);
+                 fokker-planck: p (1..3), B (p symmetric d x d), lower/upper/cells (the box of
+                 R^p, <= 4096 cells), centre (OU mean), mean0/std0 (initial Gaussian):
+                 D(theta) = V_1 + sum_k theta_k B_k, each parameter cell a weighted head
+    [initial]    density = numpy expression in x[0], x[1], (x[2]), normalised to mass 1
+    [time]       t_end = float > 0; scheme = "fv" | "jko" | "particles"; cfl = float;
+                 dt = float > 0 (jko; particles; optional cap for fv); rk = "ssp3" | "ssp2" |
+                 "euler" (fv), "rk4" | "euler" (particles)
+    [transport]  reconstruction = "muscl" | "upwind"
+    [output]     every = int >= 1 (write every k-th step; t = 0 and t_end always);
+                 progress = float seconds between progress lines (rank 0);
+                 checkpoint_every = int >= 0 (checkpoint every k-th step; 0 = off);
+                 edi = true | false (the energy-dissipation budget of solvers.edi: its
+                 columns in metrics.csv and edi.png; default true);
+                 edi_every = int >= 0 (add the state to the budget every k-th step and at
+                 every output and checkpoint step; 0, the default: at the output and
+                 checkpoint steps only, i.e. k = every. A record costs about half an fv step
+                 of the demo for frozen weights and 1.2 steps for OU weights)
+
+Invalid input raises :class:`ConfigError` naming the key; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ConfigError",
+    "DEFAULTS",
+    "load_config",
+    "read_toml",
+    "as_float",
+    "as_int",
+    "as_matrix",
+    "as_vector",
+    "validate",
+    "parse_override",
+    "head_matrices",
+    "dimension",
+]
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; ``key`` is the dotted key (or file) at fault."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "mesh": {"manifold": "S2", "refinement": 3, "file": "", "lower": -4.0, "upper": 4.0},
+    "feedforward": {"A": "zero", "b": 0.0},
+    "attention": {
+        "beta": 1.0,
+        "sign": 1,
+        "heads": [{"Q": "identity", "K": "identity", "V": "identity"}],
+        "backend": "auto",
+        "tolerance": 1e-10,
+    },
+    "weights": {
+        "dynamics": "frozen",
+        "init": "config",
+        "seed": 0,
+        "sigma": math.sqrt(2.0),
+        "dt": 5e-3,
+        # weight measure (dynamics = "fokker-planck"): D(theta) = V_1 + sum_k theta_k B_k,
+        # d Theta = -div((centre - theta) Theta) + (sigma^2/2) Lap Theta on a box of R^p
+        "p": 1,
+        "B": [],
+        "lower": -3.0,
+        "upper": 3.0,
+        "cells": 32,
+        "centre": 0.5,
+        "mean0": -0.5,
+        "std0": 0.3,
+    },
+    "initial": {"density": "1 + 0.5 * x[0]"},
+    "time": {"t_end": 1.0, "scheme": "fv", "cfl": 0.4, "dt": 0.0, "rk": ""},
+    "transport": {"reconstruction": "muscl"},
+    "output": {"every": 10, "progress": 5.0, "checkpoint_every": 0, "edi": True, "edi_every": 0},
+}
+
+#: the most time steps a fixed time.dt may ask for (a guard against typos such as 1e-300)
+MAX_STEPS = 1e9
+#: the most Ornstein-Uhlenbeck grid steps (the path is kept: H d^2 8 bytes a step)
+MAX_WEIGHT_STEPS = 1e7
+
+_CHOICES = {
+    ("mesh", "manifold"): ("S1", "S2", "R1", "R2"),
+    ("attention", "backend"): ("auto", "brute", "lowrank", "numba", "numpy"),
+    ("weights", "dynamics"): ("frozen", "ou", "oscillating", "fokker-planck"),
+    ("weights", "init"): ("config", "random"),
+    ("time", "scheme"): ("fv", "jko", "particles"),
+    ("transport", "reconstruction"): ("muscl", "upwind"),
+}
+_RK_CHOICES = {"fv": ("ssp3", "ssp2", "euler"), "particles": ("rk4", "euler"), "jko": ("",)}
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """Parse ``section.key=value``; the value is read as a TOML value, else as a string."""
+    if "=" not in item or "." not in item.split("=", 1)[0]:
+        raise ConfigError("--set", f"expected section.key=value, got {item!r}")
+    lhs, rhs = item.split("=", 1)
+    section, key = lhs.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {rhs.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = rhs.strip()
+    return section, key, value
+
+
+def read_toml(path: str | Path | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The tables of a TOML file (none if ``path`` is None) with ``--set`` overrides applied.
+
+    The one TOML reader of the engine (``run`` and ``gaussian`` configs alike); nothing is
+    validated here but the file and the override syntax.
+
+    Raises:
+        ConfigError: the file is missing or not TOML, or an override is malformed.
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(str(path), "config file not found")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(str(path), f"not valid TOML ({exc})") from None
+    for item in overrides or []:
+        section, key, value = parse_override(item)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ConfigError(section, "must be a table")
+        raw[section][key] = value
+    return raw
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Read a TOML file (or only defaults if ``path`` is None), apply overrides, validate."""
+    return validate(read_toml(path, overrides))
+
+
+def validate(raw: dict[str, Any]) -> dict[str, Any]:
+    """Merge with defaults and check every key; returns the resolved configuration."""
+    cfg = copy.deepcopy(DEFAULTS)
+    for section, table in raw.items():
+        if section not in DEFAULTS:
+            raise ConfigError(section, f"unknown section (known: {', '.join(DEFAULTS)})")
+        if not isinstance(table, dict):
+            raise ConfigError(section, "must be a table")
+        for key, value in table.items():
+            if key not in DEFAULTS[section]:
+                known = ", ".join(DEFAULTS[section])
+                raise ConfigError(
+                    f"{section}.{key}", f"unknown key (known in [{section}]: {known})"
+                )
+            cfg[section][key] = value
+    for (section, key), choices in _CHOICES.items():
+        value = cfg[section][key]
+        if value not in choices:
+            raise ConfigError(f"{section}.{key}", f"must be one of {list(choices)}, got {value!r}")
+
+    m = cfg["mesh"]
+    m["refinement"] = as_int(m["refinement"], "mesh.refinement")
+    limit = {"S2": 8, "S1": 16, "R1": 14, "R2": 6}[m["manifold"]]
+    if not (0 <= m["refinement"] <= limit):
+        raise ConfigError(
+            "mesh.refinement", f"must be in [0, {limit}] for {m['manifold']}, got {m['refinement']}"
+        )
+    if not isinstance(m["file"], str):
+        raise ConfigError("mesh.file", "must be a path string")
+    if m["file"] and not Path(m["file"]).is_file():
+        raise ConfigError("mesh.file", f"file not found: {m['file']}")
+    d = dimension(cfg)
+    flat = m["manifold"].startswith("R")
+    if flat:
+        if m["file"]:
+            raise ConfigError("mesh.file", "meshes from files are sphere meshes (S1, S2)")
+        m["lower"] = as_vector(m["lower"], d, "mesh.lower")
+        m["upper"] = as_vector(m["upper"], d, "mesh.upper")
+        if not all(lo < hi for lo, hi in zip(m["lower"], m["upper"], strict=True)):
+            raise ConfigError("mesh.upper", "must be > mesh.lower on every axis")
+    f = cfg["feedforward"]
+    f["A"] = as_matrix(f["A"], d, "feedforward.A", allow_zero=True).tolist()
+    f["b"] = as_vector(f["b"], d, "feedforward.b")
+    if not flat and (np.any(np.array(f["A"])) or any(f["b"])):
+        raise ConfigError(
+            "feedforward", "the affine feed-forward term (DESIGN M3) is for R1/R2 meshes"
+        )
+
+    a = cfg["attention"]
+    a["beta"] = as_float(a["beta"], "attention.beta")
+    if not a["beta"] > 0:
+        raise ConfigError("attention.beta", f"must be > 0, got {a['beta']}")
+    a["tolerance"] = as_float(a["tolerance"], "attention.tolerance")
+    if not 0 < a["tolerance"] < 1:
+        raise ConfigError("attention.tolerance", f"must be in (0, 1), got {a['tolerance']}")
+    if isinstance(a["sign"], bool) or a["sign"] not in (1, -1):
+        raise ConfigError("attention.sign", f"must be +1 or -1, got {a['sign']!r}")
+    a["sign"] = int(a["sign"])
+    if not isinstance(a["heads"], list) or not a["heads"]:
+        raise ConfigError("attention.heads", "must be a non-empty list of tables {Q, K, V}")
+    for h, head in enumerate(a["heads"]):
+        if not isinstance(head, dict):
+            raise ConfigError(f"attention.heads[{h}]", "must be a table {Q, K, V}")
+        for k in head:
+            if k not in ("Q", "K", "V"):
+                raise ConfigError(f"attention.heads[{h}].{k}", "unknown key (expected Q, K, V)")
+        Q, K, V = (
+            as_matrix(head.get(k, "identity"), d, f"attention.heads[{h}].{k}")
+            for k in ("Q", "K", "V")
+        )
+        with np.errstate(all="ignore"):  # overflow is the finding, reported below
+            products = [a["beta"] * (Q.T @ K)]
+            if cfg["weights"]["dynamics"] != "frozen":  # evolving weights symmetrise D
+                products += [V + V.T, Q.T @ K + (Q.T @ K).T]
+        if not all(np.all(np.isfinite(x)) for x in products):
+            raise ConfigError(
+                f"attention.heads[{h}]",
+                "beta Q^T K (or, for evolving weights, Q^T K + K^T Q or V + V^T) overflows "
+                "float64: scale the matrices or beta down",
+            )
+
+    w = cfg["weights"]
+    w["seed"] = as_int(w["seed"], "weights.seed")
+    if w["seed"] < 0:
+        raise ConfigError("weights.seed", "must be >= 0")
+    w["sigma"] = as_float(w["sigma"], "weights.sigma")
+    if w["sigma"] < 0:
+        raise ConfigError("weights.sigma", f"must be >= 0, got {w['sigma']}")
+    w["dt"] = as_float(w["dt"], "weights.dt")
+    if not w["dt"] > 0:
+        raise ConfigError("weights.dt", f"must be > 0, got {w['dt']}")
+    if w["dynamics"] == "fokker-planck":
+        _weight_measure(w, cfg, d)
+    if w["dynamics"] not in ("frozen", "fokker-planck") and w["init"] == "config":
+        from solvers.attention import Head
+        from solvers.weights import config_matrices
+
+        for h, head in enumerate(a["heads"]):
+            Q, K, V = (as_matrix(head.get(k, "identity"), d, "") for k in ("Q", "K", "V"))
+            try:  # the solver's own check (same tolerances)
+                config_matrices([Head(Q, K, V)])
+            except ValueError:
+                raise ConfigError(
+                    f"attention.heads[{h}]",
+                    f"weights.dynamics = {w['dynamics']!r} evolves D = V = Q^T K: needs V symmetric "
+                    'and Q^T K = V (or set weights.init = "random")',
+                ) from None
+
+    if not isinstance(cfg["initial"]["density"], str) or not cfg["initial"]["density"].strip():
+        raise ConfigError("initial.density", "must be a non-empty numpy expression string")
+
+    t = cfg["time"]
+    t["t_end"] = as_float(t["t_end"], "time.t_end")
+    if not t["t_end"] > 0:
+        raise ConfigError("time.t_end", f"must be > 0, got {t['t_end']}")
+    t["cfl"] = as_float(t["cfl"], "time.cfl")
+    t["dt"] = as_float(t["dt"], "time.dt")
+    if t["dt"] < 0:
+        raise ConfigError("time.dt", f"must be > 0, got {t['dt']}")
+    scheme = t["scheme"]
+    if scheme == "jko" and not t["dt"] > 0:
+        raise ConfigError("time.dt", "the JKO scheme needs a step: set time.dt > 0")
+    if not t["rk"]:
+        t["rk"] = {"fv": "ssp3", "particles": "rk4"}.get(scheme, "")
+    if t["rk"] not in _RK_CHOICES[scheme]:
+        raise ConfigError(
+            "time.rk",
+            f"must be one of {list(_RK_CHOICES[scheme])} for scheme {scheme!r}, got {t['rk']!r}",
+        )
+    limit = {"muscl": 0.5, "upwind": 1.0}[cfg["transport"]["reconstruction"]]
+    if scheme == "fv" and not (0 < t["cfl"] <= limit):
+        raise ConfigError(
+            "time.cfl",
+            f"must be in (0, {limit}] for {cfg['transport']['reconstruction']} (positivity), got {t['cfl']}",
+        )
+    if t["dt"] > 0 and t["t_end"] / t["dt"] > MAX_STEPS:
+        raise ConfigError(
+            "time.dt",
+            f"{t['dt']:g} needs {t['t_end'] / t['dt']:.3g} steps to reach t_end = {t['t_end']:g} "
+            f"(at most {MAX_STEPS:.0e})",
+        )
+    if w["dynamics"] == "ou" and t["t_end"] / w["dt"] > MAX_WEIGHT_STEPS:
+        raise ConfigError(
+            "weights.dt",
+            f"{w['dt']:g} needs {t['t_end'] / w['dt']:.3g} Euler-Maruyama steps to reach t_end = "
+            f"{t['t_end']:g}, all kept in memory (at most {MAX_WEIGHT_STEPS:.0e})",
+        )
+    if scheme == "particles" and t["dt"] == 0 and not (0 < t["cfl"] <= 1):
+        raise ConfigError("time.cfl", f"must be in (0, 1] (or set time.dt), got {t['cfl']}")
+
+    o = cfg["output"]
+    o["every"] = as_int(o["every"], "output.every")
+    if o["every"] < 1:
+        raise ConfigError("output.every", f"must be >= 1, got {o['every']}")
+    o["progress"] = as_float(o["progress"], "output.progress")
+    o["checkpoint_every"] = as_int(o["checkpoint_every"], "output.checkpoint_every")
+    if o["checkpoint_every"] < 0:
+        raise ConfigError(
+            "output.checkpoint_every", f"must be >= 0 (0: off), got {o['checkpoint_every']}"
+        )
+    if not isinstance(o["edi"], bool):
+        raise ConfigError("output.edi", f"must be true or false, got {o['edi']!r}")
+    o["edi_every"] = as_int(o["edi_every"], "output.edi_every")
+    if o["edi_every"] < 0:
+        raise ConfigError(
+            "output.edi_every", f"must be >= 0 (0: with the outputs), got {o['edi_every']}"
+        )
+    o["edi_every"] = o["edi_every"] or o["every"]
+    return cfg
+
+
+def _weight_measure(w: dict[str, Any], cfg: dict[str, Any], d: int) -> None:
+    """Validate the [weights] keys of dynamics = "fokker-planck" (in place)."""
+    p = w["p"] = as_int(w["p"], "weights.p")
+    if p not in (1, 2, 3):
+        raise ConfigError("weights.p", f"must be 1, 2 or 3, got {p}")
+    if cfg["mesh"]["manifold"] not in ("S1", "S2") or cfg["time"]["scheme"] != "fv":
+        raise ConfigError("weights.dynamics", "fokker-planck weights drive the fv scheme on S1/S2")
+    B = w["B"] if w["B"] else [np.diag([1.0] + [0.0] * (d - 1)).tolist()] * p
+    try:
+        Barr = np.array(B, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            "weights.B", f"must be a list of {p} symmetric {d}x{d} matrices"
+        ) from None
+    if (
+        Barr.shape != (p, d, d)
+        or not np.all(np.isfinite(Barr))
+        or not np.allclose(Barr, Barr.swapaxes(1, 2))
+    ):
+        raise ConfigError("weights.B", f"must be a list of {p} symmetric {d}x{d} matrices")
+    w["B"] = Barr.tolist()
+    for key in ("lower", "upper", "centre", "mean0"):
+        w[key] = as_vector(w[key], p, f"weights.{key}")
+    if not all(lo < hi for lo, hi in zip(w["lower"], w["upper"], strict=True)):
+        raise ConfigError("weights.upper", "must be > weights.lower on every axis")
+    cells = w["cells"] if isinstance(w["cells"], list) else [w["cells"]] * p
+    if len(cells) != p:
+        raise ConfigError("weights.cells", f"must be an integer or a list of {p} integers")
+    w["cells"] = [as_int(c, "weights.cells") for c in cells]
+    if min(w["cells"]) < 1 or int(np.prod(w["cells"])) > 4096:
+        raise ConfigError("weights.cells", "must be >= 1 per axis and at most 4096 cells in all")
+    w["std0"] = as_float(w["std0"], "weights.std0")
+    if not w["std0"] > 0 or not w["sigma"] > 0:
+        raise ConfigError("weights.std0", "std0 and sigma must be > 0 for the weight measure")
+    head = cfg["attention"]["heads"][0]
+    V = as_matrix(head.get("V", "identity"), d, "attention.heads[0].V")
+    if not np.allclose(V, V.T):
+        raise ConfigError("attention.heads[0].V", "D0 = V of the first head must be symmetric")
+
+
+def dimension(cfg: dict[str, Any]) -> int:
+    """Ambient dimension d of the configured manifold (S1: 2, S2: 3, R1: 1, R2: 2)."""
+    return {"S1": 2, "S2": 3, "R1": 1, "R2": 2}[cfg["mesh"]["manifold"]]
+
+
+def head_matrices(cfg: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The (Q, K, V) matrices of the configured heads."""
+    d = dimension(cfg)
+    return [
+        tuple(
+            as_matrix(head.get(k, "identity"), d, f"attention.heads[{h}].{k}")
+            for k in ("Q", "K", "V")
+        )
+        for h, head in enumerate(cfg["attention"]["heads"])
+    ]
+
+
+def as_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(key, f"must be an integer, got {value!r}")
+    return int(value)
+
+
+def as_float(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(key, f"must be a number, got {value!r}")
+    try:
+        value = float(value)
+    except OverflowError:  # a TOML integer beyond float64
+        raise ConfigError(
+            key, f"must be finite, got an integer of {len(str(value))} digits"
+        ) from None
+    if not math.isfinite(value):
+        raise ConfigError(key, f"must be finite, got {value}")
+    return value
+
+
+def as_vector(value: Any, d: int, key: str) -> list[float]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value] * d
+    if not isinstance(value, list) or len(value) != d:
+        raise ConfigError(key, f"must be a number or a list of {d} numbers, got {value!r}")
+    return [as_float(v, key) for v in value]
+
+
+def as_matrix(value: Any, d: int, key: str, allow_zero: bool = False) -> np.ndarray:
+    if isinstance(value, str):
+        if value == "zero" and allow_zero:
+            return np.zeros((d, d))
+        if value != "identity":
+            names = '"identity", "zero"' if allow_zero else '"identity"'
+            raise ConfigError(key, f"must be {names} or a {d}x{d} nested list, got {value!r}")
+        return np.eye(d)
+    try:
+        arr = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(key, f"must be a {d}x{d} nested list of finite numbers") from None
+    if arr.shape != (d, d):
+        raise ConfigError(key, f"must be {d}x{d} (points in R^{d}), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ConfigError(key, "entries must be finite")
+    return arr

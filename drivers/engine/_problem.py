@@ -1,0 +1,164 @@
+"""From a validated config to the problem a run solves: mesh, model, initial data, scheme.
+
+:func:`build_problem` is the only place where ``[time] scheme`` becomes a scheme: through the
+registry of :mod:`solvers.transport` (:func:`solvers.transport.make_scheme`), with the
+options of :class:`solvers.transport.SchemeOptions`. Collective over the communicator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+
+import numpy as np
+import numpy.typing as npt
+
+from drivers.engine._config import ConfigError, dimension, head_matrices
+from meshes import (
+    ControlVolumes,
+    MeshQuality,
+    box,
+    circle,
+    control_volumes,
+    flat_control_volumes,
+    flat_quality,
+    from_file,
+    icosphere,
+    mesh_quality,
+)
+from solvers.attention import Attention, Head
+from solvers.stepping import TokenScheme
+from solvers.transport import SchemeOptions, initial_density, make_scheme
+from solvers.weights import (
+    FokkerPlanckSolver,
+    FokkerPlanckWeights,
+    ParameterisedHeads,
+    WeightDynamics,
+    gaussian_density,
+    make_weights,
+    ou_drift,
+)
+
+__all__ = ["Problem", "build_mesh", "build_model", "build_problem", "feedforward"]
+
+Array = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a run solves, built from a validated config (:func:`build_problem`).
+
+    Attributes:
+        cfg: the resolved configuration.
+        cv: the control volumes of the distributed mesh.
+        quality: its size and quality figures (h, area ratio, ...).
+        attention: beta, sign and the evaluation backend of the heads.
+        weights: the heads as functions of time.
+        density0: the initial density on the owned cells (mass 1).
+        scheme: the token scheme, at t = 0.
+    """
+
+    cfg: dict[str, Any]
+    cv: ControlVolumes
+    quality: MeshQuality
+    attention: Attention
+    weights: WeightDynamics
+    density0: Array
+    scheme: TokenScheme
+
+
+def build_mesh(cfg: dict[str, Any], comm: MPI.Comm) -> ControlVolumes:
+    """The control volumes of ``[mesh]``: icosphere, polygon, a file, or a box of R^d."""
+    m = cfg["mesh"]
+    if m["manifold"] in ("R1", "R2"):
+        d = dimension(cfg)
+        n = [16 * 2 ** m["refinement"]] * d
+        return flat_control_volumes(box(comm, n, m["lower"], m["upper"]))
+    if m["file"]:
+        mesh = from_file(comm, m["file"], m["manifold"])
+    elif m["manifold"] == "S2":
+        mesh = icosphere(comm, m["refinement"])
+    else:
+        mesh = circle(comm, m["refinement"])
+    return control_volumes(mesh)
+
+
+def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
+    """The attention model of ``[attention]`` and the weights of ``[weights]``."""
+    a, w = cfg["attention"], cfg["weights"]
+    heads = [Head(Q, K, V) for Q, K, V in head_matrices(cfg)]
+    curved = cfg["mesh"]["manifold"] in ("S1", "S2")
+    attention = Attention(
+        a["beta"],
+        a["sign"],
+        manifold=curved,
+        backend=a["backend"],
+        tolerance=a["tolerance"],
+        frozen_heads=w["dynamics"] == "frozen",
+    )
+    if w["dynamics"] == "fokker-planck":
+        return attention, _weight_measure(w, heads)
+    weights = make_weights(
+        w["dynamics"], heads, init=w["init"], seed=w["seed"], sigma=w["sigma"], dt=w["dt"]
+    )
+    return attention, weights
+
+
+def _weight_measure(w: dict[str, Any], heads: list[Head]) -> WeightDynamics:
+    """Theta_t by the Fokker-Planck solver on a box of R^p (on every rank, COMM_SELF: the
+    parameter mesh is small and every rank needs all its heads)."""
+    p = w["p"]
+    mesh = box(MPI.COMM_SELF, w["cells"], w["lower"], w["upper"])
+    fp = FokkerPlanckSolver(
+        mesh,
+        ou_drift(1.0, np.array(w["centre"])),
+        w["sigma"],
+        density=lambda c: np.ones(len(c)),
+        petsc_options_prefix="theta_",
+    )
+    fp.set_density(gaussian_density(fp.cv, w["mean0"], w["std0"] ** 2 * np.eye(p)))
+    return FokkerPlanckWeights(fp, ParameterisedHeads(heads[0].V, np.array(w["B"])), dt=w["dt"])
+
+
+def feedforward(cfg: dict[str, Any]):
+    """The affine layer v(x, t) = A x + b of DESIGN M3, or None when it is zero."""
+    A = np.array(cfg["feedforward"]["A"], dtype=np.float64)
+    b = np.array(cfg["feedforward"]["b"], dtype=np.float64)
+    if not A.any() and not b.any():
+        return None
+    return lambda x, t: x @ A.T + b
+
+
+def scheme_options(cfg: dict[str, Any]) -> SchemeOptions:
+    """The :class:`~solvers.transport.SchemeOptions` of ``[time]`` and ``[transport]``."""
+    t = cfg["time"]
+    return SchemeOptions(
+        dt=t["dt"],
+        cfl=t["cfl"],
+        rk=t["rk"],
+        reconstruction=cfg["transport"]["reconstruction"],
+        background=feedforward(cfg),
+        petsc_options_prefix="jko_",
+    )
+
+
+def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
+    """Mesh, model, initial density and scheme of a validated config (collective).
+
+    Raises:
+        ConfigError: the scheme refuses the data (e.g. JKO with an empty cell).
+        MeshError, DensityError: an invalid mesh file or initial density.
+    """
+    cv = build_mesh(cfg, comm)
+    quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
+    attention, weights = build_model(cfg)
+    density0 = initial_density(cv, cfg["initial"]["density"])
+    name = cfg["time"]["scheme"]
+    try:
+        scheme = make_scheme(name, cv, attention, weights, density0, scheme_options(cfg))
+    except ValueError as exc:  # e.g. the JKO scheme needs rho > 0 everywhere
+        raise ConfigError("time.scheme", f"{name}: {exc}") from None
+    return Problem(cfg, cv, quality, attention, weights, density0, scheme)

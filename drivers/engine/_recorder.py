@@ -1,0 +1,360 @@
+"""The recorder: every output of a run, at the times the config asks for.
+
+A :class:`Recorder` owns the results folder of one run (DESIGN section 4): the density time
+series for ParaView (``density.xdmf`` + ``.h5``; ``theta.xdmf`` for a weight measure on a
+parameter mesh of dimension <= 2), ``metrics.csv`` (:data:`METRIC_COLUMNS`, then the energy
+budget :data:`solvers.diagnostics.EDI_COLUMNS` with ``[output] edi``, then the weights'
+diagnostics), the energy budget itself, checkpoints every ``checkpoint_every`` steps,
+``final.npz``, ``summary.json`` and the pictures. The run loop only tells it what happened
+(:meth:`Recorder.start` or :meth:`Recorder.resume`, then :meth:`Recorder.record` after every
+step, then :meth:`Recorder.finish`), as Dedalus' evaluator and PyClaw's controller own the
+output frames.
+
+Cadence, after step k: the metrics row and the density are written when k is a multiple of
+``every`` or t_end is reached (and at t = 0); a checkpoint when k is a multiple of
+``checkpoint_every`` (before t_end); the state is added to the energy budget every
+``edi_every`` steps and at every output and checkpoint step, so that a checkpoint always
+holds the budget at its own time and a restart writes the same bits as an uninterrupted run
+on the same number of ranks.
+
+Everything written survives a failure: rows and XDMF steps are flushed when written, and
+:meth:`Recorder.finish` writes ``final.npz`` from the last output state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+from petsc4py import PETSc
+
+import dolfinx
+import numpy as np
+import numpy.typing as npt
+
+from drivers.engine._checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
+from drivers.engine._config import ConfigError
+from drivers.engine._plots import plot_budget, plot_metrics, render_density
+from drivers.engine._problem import Problem
+from drivers.engine._writers import (
+    DensityWriter,
+    GatheredCells,
+    MetricsWriter,
+    write_final,
+    write_json,
+)
+from meshes.control_volumes import flat_control_volumes
+from solvers.diagnostics import EDI_COLUMNS, EnergyBudget
+from solvers.stepping import SchemeState, StepResult, TokenScheme
+
+__all__ = ["METRIC_COLUMNS", "Outcome", "Recorder", "RunResult"]
+
+Array = npt.NDArray[np.float64]
+
+METRIC_COLUMNS = [
+    "t",
+    "step",
+    "dt",
+    "mass",
+    "energy",
+    "min_density",
+    "max_density",
+    "G2",
+    "dissipation",
+    "outflow",
+    "newton_its",
+    "ksp_its",
+    "halvings",
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the time loop ended: status "ok" or "failed", a message and the exit code."""
+
+    status: str
+    message: str
+    exit_code: int
+
+
+@dataclass
+class RunResult:
+    """What a run did: status "ok" or "failed", the message, steps, final time, metrics."""
+
+    status: str
+    message: str
+    steps: int
+    t: float
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    exit_code: int = 0
+
+
+class Recorder:
+    """The outputs of one run in the folder ``out`` (module docstring). Collective.
+
+    Args:
+        problem: the problem of the run (its config gives the cadences).
+        out: the results folder (created on rank 0).
+        log: a rank-0 logger.
+    """
+
+    def __init__(self, problem: Problem, out: Path, log: Any) -> None:
+        cfg, cv, comm = problem.cfg, problem.cv, problem.cv.comm
+        self.problem, self.out, self.log, self.comm = problem, Path(out), log, comm
+        o = cfg["output"]
+        self.every, self.checkpoint_every, self.edi_every = (
+            o["every"],
+            o["checkpoint_every"],
+            o["edi_every"],
+        )
+        self.t_end = cfg["time"]["t_end"]
+        self.weights, self.attention = problem.weights, problem.attention
+        self.budget = None
+        if o["edi"]:
+            backend = "numpy" if cfg["attention"]["backend"] == "numpy" else None
+            self.budget = EnergyBudget(backend)
+        weight_columns = list(self.weights.diagnostics(0.0))
+        self.columns = METRIC_COLUMNS + (list(EDI_COLUMNS) if self.budget else []) + weight_columns
+        self.gathered = GatheredCells(cv)
+        self.last = StepResult(t=0.0, dt=0.0)
+        self.density, self.t = problem.density0, 0.0  # the last written state
+        if comm.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+        comm.barrier()
+        self.theta_writer = None
+        mesh = self.weights.parameter_mesh
+        if mesh is not None and mesh.topology.dim <= 2 and comm.rank == 0:
+            self.theta_writer = DensityWriter(
+                flat_control_volumes(mesh), self.out / "theta.xdmf", name="theta"
+            )
+
+    # ------------------------------------------------------------------ start
+    def start(self, scheme: TokenScheme) -> None:
+        """A new run: new files, the budget's first record and the row at t = 0."""
+        self.writer = DensityWriter(self.problem.cv, self.out / "density.xdmf")
+        self.metrics = MetricsWriter(self.comm, self.out / "metrics.csv", self.columns)
+        self._record_budget(scheme)
+        self._output(scheme)
+
+    def resume(self, scheme: TokenScheme) -> None:
+        """Continue from the newest valid checkpoint in the folder (any number of ranks):
+        restore the scheme and the budget, keep the rows and density steps written up to the
+        checkpoint and drop the later ones.
+
+        Raises:
+            ConfigError: no usable checkpoint, another scheme, or no energy budget in it.
+        """
+        saved = self._load_checkpoint()
+        mine = self.problem.cv.original_index[: self.problem.cv.n_owned]
+        cells = {k[6:]: saved[k][mine] for k in saved if k.startswith("state_")}
+        scheme.restore(
+            SchemeState(
+                float(saved["t"]), int(saved["steps"]), cells, {"outflow": float(saved["outflow"])}
+            )
+        )
+        if self.budget is not None:
+            if "edi_t" not in saved:
+                raise ConfigError(
+                    "output.edi",
+                    "the checkpoint has no energy budget (written with output.edi = false)",
+                )
+            if float(saved["edi_t"]) != float(saved["t"]):
+                raise ConfigError("--restart", "the checkpoint's energy budget is not at its time")
+            points, masses = scheme.measure()
+            self.budget.resume(saved, points, masses, self.weights, self.attention, self.comm)
+        self.last = StepResult(t=scheme.t, dt=float(saved["dt"]))
+        cv = self.problem.cv
+        self.writer = DensityWriter(cv, self.out / "density.xdmf", keep=int(saved["n_outputs"]))
+        self.metrics = MetricsWriter(
+            self.comm, self.out / "metrics.csv", self.columns, keep=int(saved["n_rows"])
+        )
+        self.density, self.t = scheme.density, scheme.t
+
+    def _load_checkpoint(self) -> dict[str, Any]:
+        """The newest valid checkpoint (read on rank 0, broadcast)."""
+        state, error, name = None, None, None
+        scheme_name = self.problem.cfg["time"]["scheme"]
+        if self.comm.rank == 0:
+            try:
+                state, path = load_latest_checkpoint(self.out)
+                name = path.name
+                if str(state["scheme"]) != scheme_name:
+                    error = (
+                        f"checkpoint {name} is a {state['scheme']} run but the config says "
+                        f"time.scheme = {scheme_name!r}"
+                    )
+            except CheckpointError as exc:
+                error = str(exc)
+        error = self.comm.bcast(error, root=0)
+        if error is not None:
+            raise ConfigError("--restart", error)
+        self.log(f"restarting from {self.comm.bcast(name, root=0)}")
+        return self.comm.bcast(state, root=0)
+
+    # ------------------------------------------------------------------ every step
+    def record(self, scheme: TokenScheme, result: StepResult) -> None:
+        """After a step: budget, output and checkpoint as the cadences say (collective)."""
+        self.last = result
+        k = scheme.steps
+        write = k % self.every == 0 or scheme.t >= self.t_end
+        save = bool(self.checkpoint_every) and k % self.checkpoint_every == 0
+        save = save and scheme.t < self.t_end
+        if write or save or k % self.edi_every == 0:
+            self._record_budget(scheme)
+        if write:
+            self._output(scheme)
+        if save:
+            self._checkpoint(scheme)
+
+    def _record_budget(self, scheme: TokenScheme) -> None:
+        """Add the current state to the energy budget (collective; once per time)."""
+        budget = self.budget
+        if budget is not None and (budget.t is None or scheme.t > budget.t):
+            points, masses = scheme.measure()
+            budget.record(scheme.t, points, masses, self.weights, self.attention, self.comm)
+
+    def _output(self, scheme: TokenScheme) -> None:
+        density = scheme.density
+        diag = scheme.diagnostics()
+        comm, t, last = self.comm, scheme.t, self.last
+        rho_min = comm.allreduce(float(density.min(initial=np.inf)), op=MPI.MIN)
+        rho_max = comm.allreduce(float(density.max(initial=-np.inf)), op=MPI.MAX)
+        self.writer.write(t, density)
+        if self.theta_writer is not None:
+            self.theta_writer.write(t, self.weights.parameter_density(t))
+        row = {
+            "t": t,
+            "step": scheme.steps,
+            "dt": last.dt,
+            "mass": diag.mass,
+            "energy": diag.energy,
+            "min_density": rho_min,
+            "max_density": rho_max,
+            "G2": diag.G2,
+            "dissipation": diag.dissipation,
+            "outflow": last.outflow,
+            "newton_its": last.newton_its,
+            "ksp_its": last.ksp_its,
+            "halvings": last.halvings,
+        }
+        if self.budget is not None:
+            row.update(self.budget.columns())
+        row.update(self.weights.diagnostics(t))
+        self.metrics.write(row)
+        self.density, self.t = density, t
+
+    def _checkpoint(self, scheme: TokenScheme) -> None:
+        state = scheme.state()
+        arrays = {f"state_{k}": self.gathered.gather(v) for k, v in state.cells.items()}
+        if self.comm.rank == 0:
+            save_checkpoint(
+                self.out,
+                state.steps,
+                {
+                    **arrays,
+                    "t": np.float64(state.t),
+                    "steps": np.int64(state.steps),
+                    "dt": np.float64(self.last.dt),
+                    "n_outputs": np.int64(len(self.writer.times)),
+                    "n_rows": np.int64(len(self.metrics.rows)),
+                    "outflow": np.float64(state.scalars.get("outflow", 0.0)),
+                    "scheme": np.array(self.problem.cfg["time"]["scheme"]),
+                    **(self.budget.checkpoint_state() if self.budget is not None else {}),
+                },
+            )
+        self.comm.barrier()
+
+    # ------------------------------------------------------------------ end
+    def finish(self, scheme: TokenScheme, outcome: Outcome, wall: float) -> RunResult:
+        """final.npz (the last written state), summary.json and the pictures; close files."""
+        comm = self.comm
+        final_density = self.gathered.gather(self.density)
+        rows = self.metrics.rows
+        if comm.rank == 0:
+            g = self.gathered
+            write_final(self.out / "final.npz", g.points, g.weights, final_density, self.t)
+            write_json(self.out / "summary.json", self._summary(scheme, outcome, wall))
+            try:
+                self._pictures(final_density)
+            except Exception as exc:  # a picture must never lose a finished run
+                print(
+                    f"[transformer-pde] warning: could not render pictures: {exc}", file=sys.stderr
+                )
+        self.writer.close()
+        self.metrics.close()
+        if self.theta_writer is not None:
+            self.theta_writer.close()
+        steps = scheme.steps
+        self.log(
+            f"{outcome.status}: {outcome.message}; {steps} steps, wall {wall:.1f} s, "
+            f"results in {self.out}"
+        )
+        return RunResult(outcome.status, outcome.message, steps, self.t, rows, outcome.exit_code)
+
+    def _summary(self, scheme: TokenScheme, outcome: Outcome, wall: float) -> dict[str, Any]:
+        cfg, budget = self.problem.cfg, self.budget
+        choices = self.attention.last_choice or ()
+        return {
+            "status": outcome.status,
+            "message": outcome.message,
+            "config": cfg,
+            "versions": _versions(),
+            "ranks": self.comm.size,
+            "wall_time_s": wall,
+            "steps": scheme.steps,
+            "t_final": self.t,
+            "final_metrics": self.metrics.rows[-1] if self.metrics.rows else {},
+            "mesh": self.problem.quality.as_dict(),
+            "edi": (
+                {"every": self.edi_every, "intervals": budget.n_intervals}
+                if budget is not None
+                else None
+            ),
+            "backend": self.attention.backend,
+            "tolerance": cfg["attention"]["tolerance"],
+            "head_choice": [
+                {
+                    k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                    for k, v in dataclasses.asdict(c).items()
+                }
+                for c in choices
+            ],
+        }
+
+    def _pictures(self, final_density: Array) -> None:
+        cfg, rows = self.problem.cfg, self.metrics.rows
+        render_density(
+            self.out / "density.png",
+            self.gathered.vertices,
+            final_density,
+            title=f"density t={self.t:.3g}",
+        )
+        plot_metrics(self.out / "metrics.png", rows, ["mass", "energy", "G2", "min_density"])
+        if self.budget is not None and rows:
+            plot_budget(
+                self.out / "edi.png",
+                rows,
+                title=f"energy budget: {cfg['time']['scheme']}, "
+                f"{self.weights.n_heads} head(s), {cfg['weights']['dynamics']} weights",
+            )
+
+
+def _versions() -> dict[str, str]:
+    import numba
+
+    return {
+        "python": platform.python_version(),
+        "dolfinx": dolfinx.__version__,
+        "petsc": ".".join(map(str, PETSc.Sys.getVersion())),
+        "mpi4py": __import__("mpi4py").__version__,
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "mpi": MPI.Get_library_version().splitlines()[0],
+    }

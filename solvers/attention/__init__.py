@@ -1,0 +1,49 @@
+"""Multi-head softmax attention: the nonlocal velocity of the transformer PDE, by quadrature.
+
+Public face of the attention package (DESIGN M1). :class:`Attention` (beta, sign, backend)
+evaluates, for heads :class:`Head` ``(Q, K, V)`` and a measure given by quadrature points and
+masses, the partition functions Z_h, the softmax means and the velocity
+X = s (1/H) sum_h P_x V_h mean_h; :func:`measure_diagnostics` gives the energy, G^2 and the
+token dissipation of a distributed measure. The sums are brute force (compiled numba kernel,
+log-sum-exp stabilised, in blocks) or a low-rank expansion with an a-priori error bound,
+chosen per head (backend "auto").
+
+Modules: ``_attention`` (Head, Attention, diagnostics), ``_kernels`` (brute-force kernel sums),
+``_lowrank*`` (the low-rank expansion: plans, bounds, cost model, monomial features, sphere
+basis evaluation), :mod:`solvers.attention.sphere_basis` (orthonormal polynomial bases and exact
+quadratures on S^1 and S^2, also used by the JKO Hessian), ``_sources`` (the MPI gather).
+"""
+
+from solvers.attention import sphere_basis
+from solvers.attention._attention import (
+    BACKENDS,
+    DEFAULT_TOLERANCE,
+    Attention,
+    AttentionField,
+    Head,
+    MeasureDiagnostics,
+    gather_measure,
+    kernel_sums,
+    kernel_sums_with_choice,
+    measure_diagnostics,
+)
+from solvers.attention._kernels import HAVE_NUMBA
+from solvers.attention._lowrank import HeadChoice
+from solvers.attention._sources import GlobalSources
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_TOLERANCE",
+    "HAVE_NUMBA",
+    "Attention",
+    "AttentionField",
+    "GlobalSources",
+    "Head",
+    "HeadChoice",
+    "MeasureDiagnostics",
+    "gather_measure",
+    "kernel_sums",
+    "kernel_sums_with_choice",
+    "measure_diagnostics",
+    "sphere_basis",
+]

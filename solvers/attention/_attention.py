@@ -1,0 +1,554 @@
+r"""Multi-head attention: the nonlocal velocity of the transformer PDE, by quadrature.
+
+Model (DESIGN M1, [P1]). Tokens :math:`x \in S^{d-1}` (or :math:`\mathbb{R}^d`), a measure
+:math:`\mu = \sum_j m_j \delta_{y_j}` (quadrature points :math:`y_j` with masses
+:math:`m_j \ge 0`), heads :math:`h = 1, \dots, H` with weights :math:`(Q_h, K_h, V_h)`, an
+inverse temperature :math:`\beta > 0` and a sign :math:`s = \pm 1`:
+
+.. math::
+
+    k_h(x, y) = e^{\beta \langle Q_h x, K_h y \rangle} = e^{x^T A_h y},
+    \qquad A_h = \beta Q_h^T K_h,
+
+    Z_h(x) = \sum_j m_j k_h(x, y_j), \qquad
+    \bar y_h(x) = \frac{1}{Z_h(x)} \sum_j m_j k_h(x, y_j)\, y_j, \qquad
+    a_h(x) = V_h \bar y_h(x),
+
+    X(x) = s \frac{1}{H} \sum_h P_x a_h(x), \qquad P_x = I - \hat x \hat x^T,
+    \quad \hat x = x / |x|,
+
+with :math:`P_x = I` in :math:`\mathbb{R}^d` (``manifold=False``). On the unit sphere
+:math:`\hat x = x` and :math:`P_x = I - x x^T`; targets off it (facet midpoints of a polyhedral
+sphere) get the projection onto the tangent plane at :math:`\hat x`, and the kernel is evaluated
+at :math:`x` itself.
+
+The sums :math:`Z_h, \bar y_h` are evaluated by :func:`kernel_sums` (log-sum-exp stabilised,
+float64, blocked: no target-by-source array), with a compiled numba backend and a blocked numpy
+reference (:mod:`solvers.attention._kernels`), or per head by a low-rank expansion with an
+a-priori error bound (:mod:`solvers.attention._lowrank`, backends "lowrank" and "auto"). In
+parallel, every rank gathers the whole measure with :func:`gather_measure` (``Allgatherv``,
+:math:`O(N)` memory) and evaluates its own targets.
+
+Diagnostics (DESIGN M1, gradient-flow structure when :math:`V_h = Q_h^T K_h` is symmetric),
+computed by :func:`measure_diagnostics` for :math:`\mu = \sum_i m_i \delta_{x_i}`:
+
+.. math::
+
+    E = \frac{1}{2 \beta H} \sum_h \sum_i m_i Z_h(x_i), \qquad
+    b(x) = \Big[\frac{1}{H} \sum_h \frac{1}{Z_h(x)}\Big]^{-1}, \qquad
+    G^2 = \sum_i m_i |X(x_i)|^2 b(x_i),
+
+    \mathcal{D} = \sum_i m_i \Big\langle \frac{1}{H} \sum_h Z_h(x_i) P_{x_i} a_h(x_i),
+    X(x_i) \Big\rangle.
+
+:math:`\mathcal{D}` is the exact rate :math:`\frac{d}{dt} E` along the flow for frozen symmetric
+weights (:math:`\nabla_x Z_h = \beta Z_h a_h` then). For :math:`H = 1`, :math:`b = Z` and
+:math:`X = s P a`, so :math:`\mathcal{D} = s\, G^2`: equal to :math:`G^2` for :math:`s = +1`,
+to :math:`-G^2` for :math:`s = -1` (the energy then decreases at rate :math:`G^2`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from solvers.attention import _kernels as kernels
+from solvers.attention import _lowrank as lowrank
+
+__all__ = [
+    "BACKENDS",
+    "Attention",
+    "AttentionField",
+    "Head",
+    "MeasureDiagnostics",
+    "gather_measure",
+    "kernel_sums",
+    "kernel_sums_with_choice",
+    "measure_diagnostics",
+]
+
+BACKENDS = ("auto", "brute", "lowrank", "numba", "numpy")
+#: Default accuracy of the low-rank expansion (relative for Z_h, relative to max |y| for means).
+DEFAULT_TOLERANCE = 1e-10
+
+
+def _resolve_backend(backend: str) -> str:
+    """ "numba"/"numpy" for brute force ("brute": numba when importable); "auto"/"lowrank" kept."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "brute":
+        return "numba" if kernels.HAVE_NUMBA else "numpy"
+    if backend == "numba" and not kernels.HAVE_NUMBA:
+        raise ValueError("backend='numba' requested but numba is not importable")
+    return backend
+
+
+def _brute_name() -> str:
+    return "numba" if kernels.HAVE_NUMBA else "numpy"
+
+
+def _check_tolerance(tolerance: Any) -> float:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float | np.number):
+        raise ValueError(f"tolerance must be a real number, got {tolerance!r}")
+    if not (0 < tolerance < 1):
+        raise ValueError(f"tolerance must lie in (0, 1), got {tolerance!r}")
+    return float(tolerance)
+
+
+def _as_matrix(name: str, value: Any, d: int | None = None) -> np.ndarray:
+    """A finite float64 (n, d) array (a copy when the input is not already one)."""
+    a = np.asarray(value, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D (n, d) array, got shape {a.shape}")
+    if d is not None and a.shape[1] != d:
+        raise ValueError(f"{name} must have {d} columns (the dimension d), got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} contains non-finite values")
+    return a
+
+
+def _as_masses(name: str, value: Any, n: int) -> np.ndarray:
+    w = np.asarray(value, dtype=np.float64)
+    if w.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},) to match the points, got {w.shape}")
+    if not np.all(np.isfinite(w)):
+        raise ValueError(f"{name} contains non-finite values")
+    if np.any(w < 0):
+        raise ValueError(f"{name} must be >= 0, got minimum {w.min():.3e}")
+    return w
+
+
+@dataclass(frozen=True, eq=False)
+class Head:
+    r"""One attention head :math:`(Q, K, V)`, three :math:`(d, d)` float64 matrices (read-only)."""
+
+    Q: np.ndarray
+    K: np.ndarray
+    V: np.ndarray
+
+    def __post_init__(self) -> None:
+        for name in ("Q", "K", "V"):
+            a = np.array(getattr(self, name), dtype=np.float64)  # always a private copy
+            if a.ndim != 2 or a.shape[0] != a.shape[1]:
+                raise ValueError(f"Head.{name} must be a square (d, d) matrix, got {a.shape}")
+            if not np.all(np.isfinite(a)):
+                raise ValueError(f"Head.{name} contains non-finite values")
+            a.setflags(write=False)
+            object.__setattr__(self, name, a)
+        if not self.Q.shape == self.K.shape == self.V.shape:
+            raise ValueError(
+                f"Head matrices must share one shape, got Q {self.Q.shape}, K {self.K.shape}, "
+                f"V {self.V.shape}"
+            )
+
+    @property
+    def d(self) -> int:
+        """The token dimension :math:`d`."""
+        return self.Q.shape[0]
+
+    @classmethod
+    def identity(cls, d: int) -> Head:
+        """The head :math:`Q = K = V = I_d`."""
+        if int(d) != d or d < 1:
+            raise ValueError(f"d must be a positive integer, got {d!r}")
+        eye = np.eye(int(d))
+        return cls(eye, eye, eye)
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionField:
+    r"""Attention at :math:`m` targets.
+
+    Attributes:
+        log_Z: (H, m), :math:`\log Z_h(x_i)`.
+        mean: (H, m, d), the softmax means :math:`\bar y_h(x_i)` (before :math:`V_h`).
+        velocity: (m, d), :math:`X(x_i)`.
+    """
+
+    log_Z: np.ndarray
+    mean: np.ndarray
+    velocity: np.ndarray
+
+
+def kernel_sums(
+    targets: np.ndarray,
+    sources: np.ndarray,
+    masses: np.ndarray,
+    A: np.ndarray,
+    backend: str = "auto",
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Log partition functions and softmax means of the kernels :math:`e^{x^T A_h y}`.
+
+    .. math::
+
+        \log Z_h(x_i) = \log \sum_j m_j e^{x_i^T A_h y_j}, \qquad
+        \bar y_h(x_i) = \sum_j m_j e^{x_i^T A_h y_j} y_j / Z_h(x_i).
+
+    Float64, log-sum-exp stabilised (no overflow for any finite exponents, e.g. large
+    :math:`\beta |A_h|`), no :math:`m \times n` array. Sources with zero mass are dropped.
+
+    Args:
+        targets: (m, d) the points :math:`x_i` (m may be 0).
+        sources: (n, d) the points :math:`y_j`.
+        masses: (n,) :math:`m_j \ge 0`, not all zero.
+        A: (H, d, d) the matrices :math:`A_h`.
+        backend: brute force: "numba" (compiled, parallel over targets), "numpy" (blocked
+            reference), "brute" (numba when importable); per head: "lowrank" (the expansion of
+            :mod:`solvers.attention._lowrank` whenever its a-priori bound meets ``tolerance``,
+            else brute force), "auto" (the expansion when its bound meets ``tolerance`` and the
+            cost model finds it cheaper, else brute force; tiny problems go straight to brute
+            force).
+        tolerance: accuracy asked of the low-rank expansion: relative error of :math:`Z_h`,
+            and error of :math:`\bar y_h` relative to :math:`\max_j |y_j|` (ignored by brute
+            force, which is accurate to rounding).
+
+    Returns:
+        ``(log_Z, mean)``: log_Z (H, m) and mean (H, m, d).
+    """
+    log_Z, mean, _ = kernel_sums_with_choice(targets, sources, masses, A, backend, tolerance)
+    return log_Z, mean
+
+
+def kernel_sums_with_choice(
+    targets: np.ndarray,
+    sources: np.ndarray,
+    masses: np.ndarray,
+    A: np.ndarray,
+    backend: str = "auto",
+    tolerance: float = DEFAULT_TOLERANCE,
+    frozen_heads: bool = False,
+) -> tuple[np.ndarray, np.ndarray, tuple[lowrank.HeadChoice, ...]]:
+    """:func:`kernel_sums` plus how each head was evaluated (:class:`lowrank.HeadChoice`).
+
+    The other arguments are those of :func:`kernel_sums`.
+
+    Args:
+        frozen_heads: the caller evaluates the same matrices A over and over (constant
+            weights), so the cost model leaves out the set-up that the sphere basis caches per
+            head.
+
+    Returns:
+        ``(log_Z, mean, choices)``: as :func:`kernel_sums`, and one
+        :class:`lowrank.HeadChoice` per head.
+    """
+    name = _resolve_backend(backend)
+    tolerance = _check_tolerance(tolerance)
+    X = _as_matrix("targets", targets)
+    d = X.shape[1]
+    Y = _as_matrix("sources", sources, d)
+    w = _as_masses("masses", masses, Y.shape[0])
+    A = np.asarray(A, dtype=np.float64)
+    if A.ndim != 3 or A.shape[1:] != (d, d) or A.shape[0] < 1:
+        raise ValueError(f"A must have shape (H, {d}, {d}) with H >= 1, got {A.shape}")
+    if not np.all(np.isfinite(A)):
+        raise ValueError("A contains non-finite values")
+    positive = w > 0
+    if not np.any(positive):
+        raise ValueError("masses are all zero: Z_h = 0 and the softmax mean is undefined")
+    Y = np.ascontiguousarray(Y[positive])
+    w = w[positive]
+    H = A.shape[0]
+    if name in ("auto", "lowrank"):
+        brute = _brute_name()
+        # decided from the (global) number of sources only, so that every rank of a
+        # distributed evaluation makes the same choice (rank-independent results)
+        if name == "auto" and Y.shape[0] * Y.shape[0] <= lowrank.COST_OVERHEAD:
+            choices = [lowrank.HeadChoice(brute, math.nan, reason="tiny problem")] * H
+            plans = None
+        else:
+            choices, plans = lowrank.choose_heads(
+                X, Y, A, tolerance, name, brute, setup_once=frozen_heads
+            )
+    else:
+        choices, plans = [lowrank.HeadChoice(name, math.nan, reason="requested")] * H, None
+    low = [h for h in range(H) if choices[h].method == "lowrank"]
+    rest = [h for h in range(H) if choices[h].method != "lowrank"]
+    log_Z = np.empty((H, X.shape[0]))
+    mean = np.empty((H, X.shape[0], d))
+    if low:
+        log_Z[low], mean[low] = lowrank.lowrank_kernel_sums(
+            X, Y, w, A[low], tolerance, [plans[h] for h in low]
+        )
+    if rest:
+        brute_sums = kernels.kernel_sums_numba if kernels.HAVE_NUMBA else kernels.kernel_sums_numpy
+        if name == "numpy":
+            brute_sums = kernels.kernel_sums_numpy
+        log_Z[rest], mean[rest] = brute_sums(X, Y, np.log(w), np.ascontiguousarray(A[rest]))
+    return log_Z, mean, tuple(choices)
+
+
+class Attention:
+    r"""The multi-head attention velocity :math:`X[\mu](x)` (module docstring).
+
+    After each evaluation :attr:`last_choice` tells how every head was evaluated.
+
+    Args:
+        beta: inverse temperature :math:`\beta > 0`.
+        sign: :math:`s \in \{+1, -1\}`; :math:`+1` is the attention ODE of Geshkovski et al.,
+            :math:`-1` makes tokens descend the energy (the choice of [P1]'s experiments).
+        manifold: True on the sphere :math:`S^{d-1}` (tangent projection :math:`P_x`), False
+            in :math:`\mathbb{R}^d` (:math:`P_x = I`).
+        backend: "auto", "brute", "lowrank", "numba" or "numpy" (see :func:`kernel_sums`).
+        tolerance: accuracy of the low-rank expansion (see :func:`kernel_sums`).
+        frozen_heads: the heads are the same at every evaluation (constant weights): the
+            low-rank cost model then amortises the sphere basis's per-head set-up over the run
+            (:func:`kernel_sums_with_choice`). Only the choice of method depends on it.
+    """
+
+    def __init__(
+        self,
+        beta: float,
+        sign: int,
+        *,
+        manifold: bool = True,
+        backend: str = "auto",
+        tolerance: float = DEFAULT_TOLERANCE,
+        frozen_heads: bool = False,
+    ) -> None:
+        if isinstance(beta, bool) or not isinstance(beta, int | float | np.number):
+            raise ValueError(f"beta must be a real number, got {beta!r}")
+        if not math.isfinite(beta) or beta <= 0:
+            raise ValueError(f"beta must be finite and > 0, got {beta!r}")
+        if isinstance(sign, bool) or sign not in (1, -1):
+            raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+        self._beta = float(beta)
+        self._sign = int(sign)
+        self._manifold = bool(manifold)
+        self._backend = _resolve_backend(backend)
+        self._tolerance = _check_tolerance(tolerance)
+        self._frozen_heads = bool(frozen_heads)
+        self.last_choice: tuple[lowrank.HeadChoice, ...] | None = None
+
+    @property
+    def beta(self) -> float:
+        return self._beta
+
+    @property
+    def sign(self) -> int:
+        return self._sign
+
+    @property
+    def manifold(self) -> bool:
+        return self._manifold
+
+    @property
+    def backend(self) -> str:
+        """The backend: "numba" or "numpy" (brute force), "lowrank" or "auto" (per head)."""
+        return self._backend
+
+    @property
+    def tolerance(self) -> float:
+        """Accuracy asked of the low-rank expansion."""
+        return self._tolerance
+
+    def __repr__(self) -> str:
+        return (
+            f"Attention(beta={self._beta!r}, sign={self._sign:+d}, manifold={self._manifold}, "
+            f"backend={self._backend!r}, tolerance={self._tolerance!r})"
+        )
+
+    def attention_matrices(self, heads: Sequence[Head], d: int | None = None) -> np.ndarray:
+        r"""The stack :math:`A_h = \beta Q_h^T K_h`, shape (H, d, d)."""
+        if isinstance(heads, Head) or len(heads) == 0:
+            raise ValueError("heads must be a non-empty sequence of Head")
+        for h, head in enumerate(heads):
+            if not isinstance(head, Head):
+                raise ValueError(f"heads[{h}] is a {type(head).__name__}, not a Head")
+            if d is not None and head.d != d:
+                raise ValueError(f"heads[{h}] acts on R^{head.d} but the points are in R^{d}")
+        return np.stack([self._beta * head.Q.T @ head.K for head in heads])
+
+    def _head_outputs(
+        self, targets: Any, sources: Any, masses: Any, heads: Sequence[Head]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Validated targets, log_Z (H, m), mean (H, m, d), projected outputs P a_h (H, m, d)."""
+        X = _as_matrix("targets", targets)
+        d = X.shape[1]
+        A = self.attention_matrices(heads, d)
+        log_Z, mean, choice = kernel_sums_with_choice(
+            X, sources, masses, A, self._backend, self._tolerance, self._frozen_heads
+        )
+        self.last_choice = choice
+        V = np.stack([head.V for head in heads])
+        a = np.einsum("hkl,hil->hik", V, mean)
+        if self._manifold:
+            norm = np.linalg.norm(X, axis=1, keepdims=True)
+            xhat = np.divide(X, norm, out=np.zeros_like(X), where=norm > 0)
+            a -= xhat[None] * np.einsum("hik,ik->hi", a, xhat)[:, :, None]
+        return X, log_Z, mean, a
+
+    def evaluate(
+        self,
+        targets: np.ndarray,
+        sources: np.ndarray,
+        masses: np.ndarray,
+        heads: Sequence[Head],
+        head_weights: np.ndarray | None = None,
+    ) -> AttentionField:
+        r"""Attention of the measure :math:`\sum_j m_j \delta_{y_j}` at the targets.
+
+        Args:
+            targets: (m, d) the points :math:`x_i`.
+            sources: (n, d) the points :math:`y_j`.
+            masses: (n,) :math:`m_j \ge 0`, not all zero.
+            heads: H heads acting on :math:`\mathbb{R}^d`.
+            head_weights: optional (H,) weights :math:`w_h \ge 0` (normalised to sum 1 here;
+                default :math:`w_h = 1/H`), giving :math:`X = s \sum_h w_h P_x a_h` (a
+                quadrature of a weight measure over its heads).
+
+        Returns:
+            :class:`AttentionField` (log_Z, mean, velocity).
+
+        Raises:
+            ValueError: naming the offending argument.
+        """
+        _, log_Z, mean, Pa = self._head_outputs(targets, sources, masses, heads)
+        w = _head_weights(head_weights, len(heads))
+        if w is None:
+            velocity = (self._sign / len(heads)) * Pa.sum(axis=0)
+        else:
+            velocity = self._sign * np.einsum("h,hik->ik", w, Pa)
+        return AttentionField(log_Z=log_Z, mean=mean, velocity=velocity)
+
+    def velocity(
+        self,
+        targets: np.ndarray,
+        sources: np.ndarray,
+        masses: np.ndarray,
+        heads: Sequence[Head],
+        head_weights: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """The velocity :math:`X(x_i)`, shape (m, d) (= ``evaluate(...).velocity``)."""
+        return self.evaluate(targets, sources, masses, heads, head_weights).velocity
+
+
+def _head_weights(head_weights: Any, H: int) -> np.ndarray | None:
+    """None (uniform 1/H), or the (H,) weights >= 0 normalised to sum 1."""
+    if head_weights is None:
+        return None
+    w = np.asarray(head_weights, dtype=np.float64)
+    if w.shape != (H,):
+        raise ValueError(f"head_weights must have shape ({H},) (one per head), got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("head_weights must be finite and >= 0")
+    total = math.fsum(w)
+    if total <= 0:
+        raise ValueError("head_weights are all zero")
+    return w / total
+
+
+def _comm_size(comm: Any) -> int:
+    return 1 if comm is None else comm.Get_size()
+
+
+def gather_measure(
+    comm: Any, points: np.ndarray, masses: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""All ranks' (point, mass) pairs on every rank, ordered by rank (``Allgatherv``).
+
+    Args:
+        comm: an mpi4py communicator, or None (serial).
+        points: (n_local, d) this rank's points (n_local may be 0; d the same on every rank).
+        masses: (n_local,) their masses, >= 0.
+
+    Returns:
+        ``(points_all, masses_all)``: (N, d) and (N,), :math:`N = \sum_r n_r`: new arrays
+        (copies when serial).
+
+    Raises:
+        ValueError: on every rank when the input on any rank is invalid (no rank is left
+            waiting).
+    """
+    error = None
+    try:
+        P = _as_matrix("points", points)
+        w = _as_masses("masses", masses, P.shape[0])
+    except ValueError as exc:
+        error = str(exc)
+    if _comm_size(comm) == 1:
+        if error is not None:
+            raise ValueError(error)
+        return P.copy(), w.copy()
+    local = (error, None if error else P.shape)
+    infos = comm.allgather(local)
+    errors = [f"rank {r}: {e}" for r, (e, _) in enumerate(infos) if e is not None]
+    if errors:
+        raise ValueError("gather_measure: " + "; ".join(errors))
+    dims = {shape[1] for _, shape in infos}
+    if len(dims) != 1:
+        raise ValueError(f"gather_measure: points have different dimensions on the ranks: {dims}")
+    d = dims.pop()
+    counts = np.array([shape[0] for _, shape in infos], dtype=np.int64)
+    points_all = np.empty((int(counts.sum()), d))
+    masses_all = np.empty(int(counts.sum()))
+    comm.Allgatherv(np.ascontiguousarray(P), [points_all, counts * d])
+    comm.Allgatherv(np.ascontiguousarray(w), [masses_all, counts])
+    return points_all, masses_all
+
+
+@dataclass(frozen=True)
+class MeasureDiagnostics:
+    r"""Energy :math:`E`, :math:`G^2`, dissipation :math:`\mathcal{D}` and mass (see the module)."""
+
+    energy: float
+    G2: float
+    dissipation: float
+    mass: float
+
+
+def measure_diagnostics(
+    attention: Attention,
+    heads: Sequence[Head],
+    points_local: np.ndarray,
+    masses_local: np.ndarray,
+    comm: Any,
+    sources: np.ndarray | None = None,
+    masses_all: np.ndarray | None = None,
+    head_weights: np.ndarray | None = None,
+) -> MeasureDiagnostics:
+    r"""Energy, :math:`G^2`, dissipation and mass of :math:`\mu = \sum_i m_i \delta_{x_i}`.
+
+    The measure is distributed: rank r holds points_local (n_r, d) and masses_local (n_r,).
+    The kernel sums use ``sources``/``masses_all`` (the whole measure; gathered from the local
+    parts with :func:`gather_measure` when both are None) and are evaluated at the local points;
+    the local sums over :math:`i` are then combined over the ranks in rank order with
+    ``math.fsum`` (an allgather, not an allreduce), so every rank gets the identical value.
+    Formulas in the module docstring; with ``head_weights`` (H,) (normalised to sum 1) the
+    weights :math:`w_h` replace :math:`1/H` in :math:`X`, :math:`E`, :math:`b` and
+    :math:`\mathcal{D}`. Collective: call it on every rank of ``comm``.
+    """
+    if (sources is None) != (masses_all is None):
+        raise ValueError("pass both sources and masses_all, or neither")
+    if sources is None:
+        sources, masses_all = gather_measure(comm, points_local, masses_local)
+    X, log_Z, _, Pa = attention._head_outputs(points_local, sources, masses_all, heads)
+    w = _as_masses("masses_local", masses_local, X.shape[0])
+    H = len(heads)
+    hw = _head_weights(head_weights, H)
+    Z = np.exp(log_Z)
+    if hw is None:
+        velocity = (attention.sign / H) * Pa.sum(axis=0)
+        b = 1.0 / np.mean(np.exp(-log_Z), axis=0)
+        drift = np.einsum("hi,hik->ik", Z, Pa) / H  # (1/H) sum_h Z_h P a_h
+        energy = np.sum(w * Z.sum(axis=0)) / (2.0 * attention.beta * H)
+    else:
+        velocity = attention.sign * np.einsum("h,hik->ik", hw, Pa)
+        b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
+        drift = np.einsum("h,hi,hik->ik", hw, Z, Pa)  # sum_h w_h Z_h P a_h
+        energy = np.sum(w * (hw @ Z)) / (2.0 * attention.beta)
+    partial = np.array(
+        [
+            energy,
+            np.sum(w * np.einsum("ik,ik->i", velocity, velocity) * b),
+            np.sum(w * np.einsum("ik,ik->i", drift, velocity)),
+            np.sum(w),
+        ]
+    )
+    parts = [partial] if _comm_size(comm) == 1 else comm.allgather(partial)
+    energy, G2, dissipation, mass = (math.fsum(p[q] for p in parts) for q in range(4))
+    return MeasureDiagnostics(energy=energy, G2=G2, dissipation=dissipation, mass=mass)

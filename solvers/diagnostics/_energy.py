@@ -1,0 +1,274 @@
+r"""The interaction energy of multi-head attention and its derivatives in the weights (DESIGN M1).
+
+Setting. Heads :math:`(Q_h, K_h, V_h)`, :math:`M_h := Q_h^T K_h` (OU and oscillating weights:
+:math:`M_h = V_h = D_h(t)` symmetric), :math:`k_h(x, y) = e^{\beta x^T M_h y}`, head weights
+:math:`w_h` (:math:`1/H`, or ``weights.head_weights_at(t)`` for a quadrature of a weight
+measure) and the interaction energy
+
+.. math::
+
+    E(\mu, M, w) = \sum_h w_h e_h, \qquad e_h = \frac{1}{2\beta} \iint k_h\, d\mu\, d\mu.
+
+At one state (a measure and the weights) :func:`energy_derivatives` returns :math:`E`, the
+metric speed :math:`G^2`, the token dissipation :math:`\mathcal{D}` and the mass (as
+:func:`~solvers.attention.measure_diagnostics`), the head energies
+:math:`e_h = \partial E / \partial w_h` and the weight derivatives of :math:`E`;
+:func:`interaction_energy` returns :math:`E` alone.
+
+Weight derivatives (general :math:`d \times d` :math:`M_h`; symmetric for symmetric
+:math:`M_h`), with :math:`Z_h(x) = \int k_h(x, y) d\mu(y)`, :math:`\bar y_h = Z_h^{-1} \int k_h y\,
+d\mu` and :math:`\bar S_h = Z_h^{-1} \int k_h y y^T d\mu`:
+
+.. math::
+
+    \frac{\partial E}{\partial M_h} = \frac{w_h}{2} \iint x y^T k_h\, d\mu\, d\mu
+        = \frac{w_h}{2} \int Z_h\, x\, \bar y_h^T d\mu, \qquad
+    \frac{\partial^2 E}{\partial M_{h,ab} \partial M_{h,cd}}
+        = \frac{\beta w_h}{2} \int Z_h\, x_a x_c\, (\bar S_h)_{bd}\, d\mu
+
+(heads do not interact). All moments come from one log-sum-exp kernel sum
+(:func:`solvers.attention.kernel_sums`, blocked, no :math:`N \times N` array, brute force) on the
+lifted points :math:`\tilde y = (y, (y_a y_b)_{a \le b})`, :math:`\tilde x = (x, 0)` with the
+matrix :math:`\mathrm{diag}(\beta M_h, 0)`: its softmax mean is :math:`(\bar y_h, \bar S_h)`.
+
+Noise terms. For the symmetric noise :math:`\xi = (Z + Z^T)/2` (:math:`Z` a matrix of
+independent standard normals) of the Ornstein-Uhlenbeck weights,
+:math:`\mathbb E[\xi_{ab} \xi_{cd}] = (\delta_{ac}\delta_{bd} + \delta_{ad}\delta_{bc})/2`, so the
+expected second variation is (:func:`noise_contraction`)
+
+.. math::
+
+    \sum_h \mathbb E\, \partial^2 E[\xi_h, \xi_h]
+    = \tfrac12 \sum_h \sum_{ab} (\partial^2_{ab,ab} E + \partial^2_{ab,ba} E)
+    = \frac{\beta}{2} \sum_h w_h \iint \tfrac12 (|x|^2|y|^2 + (x \cdot y)^2) k_h
+      \, d\mu\, d\mu,
+
+and :math:`\tfrac{\sigma^2}{2}` times it is the Ito correction rate of
+:math:`dD = (I - D)dt + \sigma\, dW_{\rm sym}` (the budget of ``_edi``).
+
+Parallel. Every function here is collective: the kernel sums are evaluated at the local points
+against the gathered measure (:func:`~solvers.attention.gather_measure`), and the per-rank
+partial sums are added in rank order (an allgather), so every rank holds identical values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from solvers.attention import HAVE_NUMBA, Attention, gather_measure, kernel_sums
+
+__all__ = [
+    "EnergyDerivatives",
+    "brute_force_backend",
+    "energy_derivatives",
+    "interaction_energy",
+    "noise_contraction",
+]
+
+
+def _ordered_sum(comm: Any, partial: np.ndarray) -> np.ndarray:
+    """Sum of per-rank arrays, added in rank order (bitwise identical on every rank)."""
+    partial = np.asarray(partial, dtype=np.float64)
+    if comm is None or comm.Get_size() == 1:
+        return partial.copy()
+    total = np.zeros_like(partial)
+    for part in comm.allgather(partial):
+        total += part
+    return total
+
+
+def brute_force_backend(backend: str | None) -> str:
+    """A brute-force kernel backend: "numba" (when importable) unless "numpy" is asked.
+
+    Args:
+        backend: None, "numba" or "numpy".
+
+    Returns:
+        "numba" or "numpy".
+
+    Raises:
+        ValueError: for any other ``backend``.
+    """
+    if backend not in (None, "numba", "numpy"):
+        raise ValueError(f"backend must be None, 'numba' or 'numpy', got {backend!r}")
+    if backend == "numpy" or not HAVE_NUMBA:
+        return "numpy"
+    return "numba"
+
+
+def _moments(
+    attention: Attention,
+    M: np.ndarray,
+    targets: np.ndarray,
+    sources: np.ndarray,
+    masses_all: np.ndarray,
+    second: bool,
+    backend: str | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    r"""log Z_h (H, m), \bar y_h (H, m, d) and, if ``second``, \bar S_h (H, m, d, d).
+
+    Always brute force (accurate to rounding; ``backend`` picks numba or numpy), whatever the
+    attention's own backend: the budget compares energies to many digits.
+    """
+    backend = brute_force_backend(backend)
+    A = attention.beta * np.asarray(M, dtype=np.float64)
+    if not second:
+        log_Z, mean = kernel_sums(targets, sources, masses_all, A, backend)
+        return log_Z, mean, None
+    H, d = A.shape[0], A.shape[1]
+    iu, ju = np.triu_indices(d)
+    p = len(iu)
+    lifted_src = np.hstack([sources, sources[:, iu] * sources[:, ju]])
+    lifted_tgt = np.hstack([targets, np.zeros((targets.shape[0], p))])
+    A_lift = np.zeros((H, d + p, d + p))
+    A_lift[:, :d, :d] = A
+    log_Z, mean = kernel_sums(lifted_tgt, lifted_src, masses_all, A_lift, backend)
+    S = np.empty(mean.shape[:2] + (d, d))
+    S[:, :, iu, ju] = mean[:, :, d:]
+    S[:, :, ju, iu] = mean[:, :, d:]
+    return log_Z, np.ascontiguousarray(mean[:, :, :d]), S
+
+
+@dataclass(frozen=True)
+class EnergyDerivatives:
+    r"""Energy and its weight derivatives at one state (identical on every rank).
+
+    Attributes:
+        energy, G2, dissipation, mass: floats (as
+            :func:`~solvers.attention.measure_diagnostics`).
+        gradient: (H, d, d), :math:`\partial E / \partial M_h`.
+        hessian: (H, d, d, d, d) with ``hessian[h, a, b, c, d]`` =
+            :math:`\partial^2 E / \partial M_{h,ab} \partial M_{h,cd}`, or None when not
+            requested.
+        head_energies: (H,), :math:`e_h = (2\beta)^{-1} \iint k_h d\mu d\mu`, so that
+            :math:`E = \sum_h w_h e_h` and :math:`e_h = \partial E / \partial w_h`.
+    """
+
+    energy: float
+    G2: float
+    dissipation: float
+    mass: float
+    gradient: np.ndarray
+    hessian: np.ndarray | None
+    head_energies: np.ndarray
+
+
+def energy_derivatives(
+    attention: Attention,
+    matrices: np.ndarray,
+    points_local: np.ndarray,
+    masses_local: np.ndarray,
+    comm: Any,
+    *,
+    values: np.ndarray | None = None,
+    sources: np.ndarray | None = None,
+    masses_all: np.ndarray | None = None,
+    second: bool = True,
+    backend: str | None = None,
+    head_weights: np.ndarray | None = None,
+) -> EnergyDerivatives:
+    r"""Energy, :math:`G^2`, dissipation, :math:`\partial_M E` and :math:`\partial^2_M E` (module doc).
+
+    Args:
+        attention: beta, sign and manifold of the model.
+        matrices: (H, d, d) the :math:`M_h = Q_h^T K_h` (kernel :math:`e^{\beta x^T M_h y}`).
+        points_local, masses_local: this rank's part of :math:`\mu` ((n_r, d), (n_r,)).
+        comm: mpi4py communicator or None. Collective.
+        values: (H, d, d) the :math:`V_h` (default ``matrices``, the gradient-flow case).
+        sources, masses_all: the gathered measure (gathered here when both are None).
+        second: also compute the Hessian (a kernel sum on lifted points, about 3x the cost).
+        backend: brute-force kernel backend, None (numba when importable) or "numpy".
+        head_weights: (H,) weights :math:`w_h` (sum 1) replacing :math:`1/H` in
+            :math:`E, X, b, \mathcal D` and the derivatives (None: uniform), as in
+            ``measure_diagnostics``.
+
+    Returns:
+        The :class:`EnergyDerivatives`, identical on every rank.
+    """
+    if (sources is None) != (masses_all is None):
+        raise ValueError("pass both sources and masses_all, or neither")
+    if sources is None:
+        sources, masses_all = gather_measure(comm, points_local, masses_local)
+    M = np.asarray(matrices, dtype=np.float64)
+    V = M if values is None else np.asarray(values, dtype=np.float64)
+    if M.ndim != 3 or V.shape != M.shape:
+        raise ValueError(f"matrices and values must be (H, d, d) stacks, got {M.shape}, {V.shape}")
+    X = np.asarray(points_local, dtype=np.float64).reshape(-1, M.shape[1])
+    w = np.asarray(masses_local, dtype=np.float64)
+    H, d = M.shape[0], M.shape[1]
+    beta = attention.beta
+    log_Z, ybar, S = _moments(attention, M, X, sources, masses_all, second, backend)
+    Z = np.exp(log_Z)
+    a = np.einsum("hkl,hil->hik", V, ybar)
+    if attention.manifold:
+        norm = np.linalg.norm(X, axis=1, keepdims=True)
+        xhat = np.divide(X, norm, out=np.zeros_like(X), where=norm > 0)
+        a -= xhat[None] * np.einsum("hik,ik->hi", a, xhat)[:, :, None]
+    hw = np.full(H, 1.0 / H) if head_weights is None else np.asarray(head_weights, float)
+    velocity = attention.sign * np.einsum("h,hik->ik", hw, a)
+    b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
+    drift = np.einsum("h,hi,hik->ik", hw, Z, a)  # sum_h w_h Z_h P a_h
+    wZ = w[None, :] * Z  # (H, m)
+    head_energies = wZ.sum(axis=1) / (2.0 * beta)
+    scalars = np.array(
+        [
+            np.sum(w * np.einsum("ik,ik->i", velocity, velocity) * b),
+            np.sum(w * np.einsum("ik,ik->i", drift, velocity)),
+            w.sum(),
+        ]
+    )
+    gradient = np.einsum("hi,ia,hib->hab", wZ, X, ybar) * (0.5 * hw)[:, None, None]
+    packed = [scalars, head_energies, gradient.ravel()]
+    if second:
+        hessian = np.einsum("hi,ia,ic,hibd->habcd", wZ, X, X, S)
+        packed.append((hessian * (0.5 * beta * hw)[:, None, None, None, None]).ravel())
+    total = _ordered_sum(comm, np.concatenate(packed))
+    G2, dissipation, mass = (float(v) for v in total[:3])
+    head_energies = total[3 : 3 + H]
+    n = 3 + H + H * d * d
+    gradient = total[3 + H : n].reshape(H, d, d)
+    hessian = total[n:].reshape(H, d, d, d, d) if second else None
+    energy = float(hw @ head_energies)
+    return EnergyDerivatives(energy, G2, dissipation, mass, gradient, hessian, head_energies)
+
+
+def interaction_energy(
+    attention: Attention,
+    matrices: np.ndarray,
+    points_local: np.ndarray,
+    masses_local: np.ndarray,
+    comm: Any,
+    *,
+    sources: np.ndarray | None = None,
+    masses_all: np.ndarray | None = None,
+    backend: str | None = None,
+    head_weights: np.ndarray | None = None,
+) -> float:
+    r""":math:`E(\mu, M) = (2\beta)^{-1} \sum_h w_h \sum_i m_i Z_h(x_i)`, :math:`w_h = 1/H` by
+    default (collective)."""
+    if (sources is None) != (masses_all is None):
+        raise ValueError("pass both sources and masses_all, or neither")
+    if sources is None:
+        sources, masses_all = gather_measure(comm, points_local, masses_local)
+    M = np.asarray(matrices, dtype=np.float64)
+    X = np.asarray(points_local, dtype=np.float64).reshape(-1, M.shape[1])
+    log_Z, _, _ = _moments(attention, M, X, sources, masses_all, False, backend)
+    H = M.shape[0]
+    hw = np.full(H, 1.0 / H) if head_weights is None else np.asarray(head_weights, float)
+    local = np.exp(log_Z) @ np.asarray(masses_local, dtype=np.float64)
+    return float(hw @ _ordered_sum(comm, local)) / (2.0 * attention.beta)
+
+
+def noise_contraction(hessian: np.ndarray) -> float:
+    r"""Expected second variation :math:`\sum_h \mathbb E\, \partial^2 E[\xi_h, \xi_h]`, :math:`\xi = (Z+Z^T)/2`.
+
+    :math:`\mathbb E[\xi_{ab}\xi_{cd}] = (\delta_{ac}\delta_{bd} + \delta_{ad}\delta_{bc})/2`, so the
+    value is :math:`\tfrac12 \sum_h \sum_{ab} (\partial^2_{ab,ab} E + \partial^2_{ab,ba} E)`. The
+    Ito correction rate of :math:`dD = (I - D)dt + \sigma\, dW_{\rm sym}` is
+    :math:`\tfrac{\sigma^2}{2}` times it.
+    """
+    h = np.asarray(hessian)
+    return 0.5 * float(np.einsum("habab->", h) + np.einsum("habba->", h))

@@ -1,0 +1,84 @@
+"""Gaussian transformer dynamics [P3]: moment ODE, blow-up, reachability, Gaussianity.
+
+Public face of the gaussian package (DESIGN M3). Tokens in R^d under self-attention with an
+affine feed-forward layer stay Gaussian; :func:`solve_moments` integrates the mean and the
+(Riccati-type) covariance equation and reports a finite-time blow-up with its bracket, with
+closed forms for the isotropic case and for V = vI (through P = S^-1); :func:`classify` sorts
+time-invariant parameters; :func:`reach` constructs controls steering a Gaussian to any
+target of equal rank; :func:`gaussianity` measures how far the layers of a network (random,
+or the pretrained all-MiniLM-L6-v2) are from Gaussian. :class:`GaussianParticles` is the
+particle system of the same model.
+
+Modules: ``_moments`` (controls, the moment ODE, blow-up detection), ``_closed_forms``
+(isotropic controls, V = vI through P = S^-1), ``_classification`` (time-invariant
+parameters), ``_particles`` (the particle system), ``_reachability``, ``_gaussianity``.
+"""
+
+from solvers.gaussian._classification import Classification, classify
+from solvers.gaussian._closed_forms import (
+    blowup_time_vI,
+    isotropic_blowup_time,
+    isotropic_eigenvalues,
+    isotropic_equilibrium,
+    precision_vI,
+)
+from solvers.gaussian._gaussianity import (
+    Encoder,
+    EncoderLayer,
+    Gaussianity,
+    gaussianity,
+    layer_gaussianity,
+    load_minilm,
+    minilm_dir,
+    random_encoder,
+    read_safetensors,
+    sentence_embedding,
+)
+from solvers.gaussian._moments import (
+    BlowUp,
+    Controls,
+    ControlValues,
+    MomentSolution,
+    moment_rhs,
+    solve_moments,
+)
+from solvers.gaussian._particles import GaussianParticles
+from solvers.gaussian._reachability import (
+    ReachPlan,
+    gaussian_rank,
+    reach,
+    real_log_rotation,
+    transport_matrix,
+)
+
+__all__ = [
+    "BlowUp",
+    "Classification",
+    "ControlValues",
+    "Controls",
+    "Encoder",
+    "EncoderLayer",
+    "GaussianParticles",
+    "Gaussianity",
+    "MomentSolution",
+    "ReachPlan",
+    "blowup_time_vI",
+    "classify",
+    "gaussian_rank",
+    "gaussianity",
+    "isotropic_blowup_time",
+    "isotropic_eigenvalues",
+    "isotropic_equilibrium",
+    "layer_gaussianity",
+    "load_minilm",
+    "minilm_dir",
+    "moment_rhs",
+    "precision_vI",
+    "random_encoder",
+    "reach",
+    "read_safetensors",
+    "real_log_rotation",
+    "sentence_embedding",
+    "solve_moments",
+    "transport_matrix",
+]

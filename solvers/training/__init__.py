@@ -1,0 +1,38 @@
+"""Training dynamics of the head law [P2]: forward-backward system, adjoint, Langevin.
+
+Public face of the training package (DESIGN M2). :class:`TokenTransportModel` is the forward
+map (upwind transport of the tokens through depth); :class:`AdjointGradient` its exact
+discrete adjoint and the functional gradient dL/drho(theta) of a readout loss
+(:class:`PotentialLoss`, :class:`MMDLoss`); :class:`MeanFieldTraining` evolves the head law
+rho by mean-field Langevin dynamics through the Fokker-Planck solver, and
+:class:`ParticleTraining` trains N tokens / H heads as particles for comparison.
+
+Modules: ``_adjoint``, ``_losses``, ``_mean_field``, ``_particles``.
+"""
+
+from solvers.training._adjoint import (
+    AdjointGradient,
+    ForwardSolution,
+    TokenTransportModel,
+    softmax_sums,
+    softmax_transposed_sums,
+)
+from solvers.training._losses import MMDLoss, PotentialLoss, gaussian_kernel_sums
+from solvers.training._mean_field import MeanFieldTraining, TrainingState, fit_exponential_rate
+from solvers.training._particles import ParticleState, ParticleTraining
+
+__all__ = [
+    "AdjointGradient",
+    "ForwardSolution",
+    "MMDLoss",
+    "MeanFieldTraining",
+    "ParticleState",
+    "ParticleTraining",
+    "PotentialLoss",
+    "TokenTransportModel",
+    "TrainingState",
+    "fit_exponential_rate",
+    "gaussian_kernel_sums",
+    "softmax_sums",
+    "softmax_transposed_sums",
+]

@@ -1,0 +1,78 @@
+"""Schemes for the transformer PDE d/dt mu + div(mu X[mu, t]) = 0 on meshes (DESIGN M1, 2).
+
+Public face of the transport package: every scheme that the run loop steps.
+
+- :class:`TransportSolver` ("fv"): explicit conservative finite volumes (upwind or MUSCL,
+  SSP Runge-Kutta, dt from the CFL number);
+- :class:`JKOSolver` ("jko"): the minimizing-movement step, a variational finite-volume
+  optimal-transport problem solved by Newton (PETSc SNES);
+- :class:`ParticleSystem`: the discrete transformer (weighted particles, RK4/Euler), and
+  :class:`MeshParticles` ("particles"): particles started at the cell centres of a mesh, with
+  a CFL step and densities by deposit.
+
+Initial data (:func:`initial_density`) and the particle deposit (:func:`deposit_to_cells`)
+live here too. Modules: ``_finite_volume``, ``_jko`` (with ``_jko_fv``: the two-point operator,
+``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_result``: the
+step's result and the PETSc defaults),
+``_particles``, ``_initial``, ``_deposit``, ``_registry`` (the scheme registry: ``[time]
+scheme`` names to constructors, :func:`make_scheme`, :func:`register_scheme`).
+"""
+
+from solvers.transport._deposit import deposit_to_cells
+from solvers.transport._finite_volume import POSITIVITY_LIMIT, TransportSolver, TransportStep
+from solvers.transport._initial import (
+    DensityError,
+    cell_averages,
+    density_function,
+    initial_density,
+)
+from solvers.transport._jko import (
+    DEFAULT_OPTIONS,
+    HESSIANS,
+    VARIANTS,
+    JKOSolver,
+    JKOStep,
+    circumcentres,
+)
+from solvers.transport._particles import INTEGRATORS, MeshParticles, ParticleSystem, retract
+from solvers.transport._registry import (
+    SCHEMES,
+    SchemeFactory,
+    SchemeOptions,
+    make_scheme,
+    register_scheme,
+)
+
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "HESSIANS",
+    "INTEGRATORS",
+    "POSITIVITY_LIMIT",
+    "VARIANTS",
+    "DensityError",
+    "JKOSolver",
+    "JKOStep",
+    "MeshParticles",
+    "ParticleSystem",
+    "SCHEMES",
+    "SchemeFactory",
+    "SchemeOptions",
+    "TransportSolver",
+    "TransportStep",
+    "cell_averages",
+    "circumcentres",
+    "density_function",
+    "deposit_to_cells",
+    "initial_density",
+    "make_scheme",
+    "register_scheme",
+    "retract",
+]
+
+
+def __getattr__(name: str) -> object:
+    if name == "GlobalSources":  # lived in the flat module solvers.transport before 0.2
+        from solvers.attention import GlobalSources
+
+        return GlobalSources
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,415 @@
+r"""Explicit conservative finite volumes for the transformer PDE on S^1 and S^2.
+
+Problem (DESIGN M1). Find the density rho(t) of mu_t on the sphere with
+
+.. math::
+    \partial_t \rho + \mathrm{div}_S(\rho X[\mu_t, t]) = 0, \qquad
+    X[\mu, t](x) = s \frac1H \sum_h P_x a_h[\mu](x),
+
+where X is the nonlocal attention velocity (``solvers.attention``) of the heads given by a
+``WeightDynamics`` at time t.
+
+Discretisation. Cell-centred finite volumes on the spherical control volumes of
+``meshes.control_volumes`` (cell masses m_i = rho_i |K_i| are the unknowns):
+
+.. math::
+    \frac{d m_i}{dt} = -\sum_{f \in \partial K_i} |f| \left( u_f^+ \rho_{i,f} - u_f^- \rho_{j,f} \right),
+    \qquad u_f = X(x_f) \cdot n_f,
+
+with X evaluated at the facet midpoints x_f by quadrature over the cell centres (masses m_j),
+n_f the outward unit normal (tangent to the sphere) and rho_{i,f} the upwind face value:
+either rho_i (first-order upwind) or the MUSCL reconstruction
+``rho_i + phi_i g_i . (x_f - c_i)_T`` with a least-squares tangent gradient g_i and the
+Barth-Jespersen limiter phi_i, tightened so that 0 <= rho_{i,f} <= 2 rho_i.
+
+Each facet flux is computed once and added to one cell and subtracted from the other, so the
+total mass is conserved to round-off; facets on rank boundaries are computed bitwise
+identically on both ranks (same ordered sources, same canonical orientation).
+
+Time stepping. Forward Euler, SSP-RK2 or SSP-RK3 (Shu-Osher form, convex combinations of
+Euler steps). With the CFL number ``c = dt max_i sum_f |f| u_f^+ / |K_i|``, each Euler stage
+keeps rho >= 0 if c <= 1 (upwind) or c <= 1/2 (MUSCL); dt is chosen from the requested
+``cfl`` at the start of every step, and a step whose later stage (with its own velocity)
+exceeds the positivity bound is rejected and retried with a smaller dt.
+
+References: LeVeque, *Finite Volume Methods for Hyperbolic Problems* (2002), ch. 6 and 10;
+Barth & Jespersen, AIAA 89-0366 (1989); Gottlieb, Shu & Tadmor, SIAM Rev. 43 (2001).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+
+import dolfinx.la
+import numpy as np
+import numpy.typing as npt
+
+from meshes.control_volumes import ControlVolumes
+from solvers.attention import Attention, GlobalSources, MeasureDiagnostics, measure_diagnostics
+from solvers.errors import BlowUpError
+from solvers.stepping import SchemeState, StepResult, step_towards
+from solvers.weights import WeightDynamics, head_weights_at
+
+__all__ = ["TransportSolver", "TransportStep", "POSITIVITY_LIMIT"]
+
+Array = npt.NDArray[np.float64]
+
+#: Largest CFL number for which an Euler stage is positivity preserving.
+POSITIVITY_LIMIT = {"upwind": 1.0, "muscl": 0.5}
+#: SSP Runge-Kutta schemes in Shu-Osher form: rows (alpha, beta, c) meaning
+#: u_k = alpha u_0 + (1 - alpha) (u_{k-1} + beta dt L(u_{k-1}, t + c dt)).
+_RK = {
+    "euler": [(0.0, 1.0, 0.0)],
+    "ssp2": [(0.0, 1.0, 0.0), (0.5, 1.0, 1.0)],
+    "ssp3": [(0.0, 1.0, 0.0), (0.75, 1.0, 1.0), (1.0 / 3.0, 1.0, 0.5)],
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransportStep(StepResult):
+    """Result of one time step (identical on every rank).
+
+    Attributes:
+        cfl: the CFL number of the step (first stage).
+        rejected: number of rejected attempts (positivity bound exceeded in a later stage;
+            also reported as ``halvings``).
+        mass: total mass after the step.
+        min_density: smallest cell density after the step.
+    """
+
+    cfl: float
+    rejected: int
+    mass: float
+    min_density: float
+
+
+class TransportSolver:
+    """Explicit finite-volume solver of the transformer PDE on a sphere mesh.
+
+    Args:
+        cv: control volumes of the distributed mesh.
+        attention: the attention model (beta, sign, backend).
+        weights: the head weights as functions of time.
+        density: (n_owned,) initial cell densities (>= 0).
+        t0: initial time.
+        reconstruction: "upwind" (first order) or "muscl" (second order, limited).
+        rk: "euler", "ssp2" or "ssp3".
+        cfl: target CFL number, 0 < cfl <= the positivity bound of the reconstruction.
+        dt_min: a step below this is reported as a collapse (BlowUpError).
+        dt_max: the largest step (a cap on the CFL step; default none).
+        background: an extra local velocity v(x (n, d), t) -> (n, d) added to the attention
+            velocity (the affine feed-forward layer A x + b of DESIGN M3 on boxes).
+
+    On box meshes (``cv.curved`` False) mass leaves through the boundary where the velocity
+    points outward (upwind outflow, no inflow); ``outflow`` accumulates the mass that left.
+    """
+
+    def __init__(
+        self,
+        cv: ControlVolumes,
+        attention: Attention,
+        weights: WeightDynamics,
+        density: Array,
+        *,
+        t0: float = 0.0,
+        reconstruction: str = "muscl",
+        rk: str = "ssp3",
+        cfl: float = 0.4,
+        dt_min: float = 1e-12,
+        dt_max: float = math.inf,
+        background: Callable[[Array, float], Array] | None = None,
+    ) -> None:
+        if reconstruction not in POSITIVITY_LIMIT:
+            raise ValueError(f"reconstruction must be 'upwind' or 'muscl', got {reconstruction!r}")
+        if rk not in _RK:
+            raise ValueError(f"rk must be one of {sorted(_RK)}, got {rk!r}")
+        limit = POSITIVITY_LIMIT[reconstruction]
+        if not (0.0 < cfl <= limit):
+            raise ValueError(
+                f"cfl must be in (0, {limit}] for {reconstruction} (positivity bound), got {cfl}"
+            )
+        density = np.asarray(density, dtype=np.float64)
+        if density.shape != (cv.n_owned,):
+            raise ValueError(f"density must have shape ({cv.n_owned},), got {density.shape}")
+        if not np.all(np.isfinite(density)) or np.any(density < 0):
+            raise ValueError("initial density must be finite and >= 0")
+        if bool(getattr(attention, "manifold", cv.curved)) != cv.curved:
+            raise ValueError(f"Attention(manifold=...) must be {cv.curved} on a {cv.manifold} mesh")
+        self.cv, self.attention, self.weights = cv, attention, weights
+        self.background = background
+        self.outflow = 0.0
+        if not dt_max > 0:
+            raise ValueError(f"dt_max must be > 0, got {dt_max}")
+        self.reconstruction, self.rk, self.cfl, self.dt_min = reconstruction, rk, cfl, dt_min
+        self.dt_max = float(dt_max)
+        self.t = float(t0)
+        self.steps = 0
+        self._comm = cv.comm
+        imap = cv.mesh.topology.index_map(cv.mesh.topology.dim)
+        self._mass = dolfinx.la.vector(imap, 1)
+        self._grad = dolfinx.la.vector(imap, cv.d)
+        self._mass.array[: cv.n_owned] = density * cv.measures[: cv.n_owned]
+        self._mass.scatter_forward()
+        self._sources = GlobalSources(
+            self._comm, cv.centres[: cv.n_owned], cv.original_index[: cv.n_owned]
+        )
+        self._prepare_geometry()
+
+    # ------------------------------------------------------------------ geometry
+    def _prepare_geometry(self) -> None:
+        cv = self.cv
+        L, R = cv.facet_cells[:, 0], cv.facet_cells[:, 1]
+        c = cv.centres
+        self._L, self._R = L, R
+        self._owned_L = L < cv.n_owned
+        self._owned_R = R < cv.n_owned
+        # tangent displacements to the facet midpoint and to the neighbour centre
+        self._rL = cv.tangent(c[L], cv.facet_midpoint - c[L])
+        self._rR = cv.tangent(c[R], cv.facet_midpoint - c[R])
+        dLR = cv.tangent(c[L], c[R] - c[L])
+        dRL = cv.tangent(c[R], c[L] - c[R])
+        self._dLR, self._dRL = dLR, dRL
+        n = cv.n_local
+        if cv.curved:
+            M = np.einsum("ni,nj->nij", c, c)  # pins the normal component of g to zero
+        else:
+            M = np.zeros((n, cv.d, cv.d))
+        np.add.at(M, L, np.einsum("fi,fj->fij", dLR, dLR))
+        np.add.at(M, R, np.einsum("fi,fj->fij", dRL, dRL))
+        self._Minv = np.linalg.inv(M[: cv.n_owned])
+        self._flux_len = cv.facet_measure
+        self._inv_measure = 1.0 / cv.measures
+        self._n_local = n
+        # boundary facets of a box (outflow only); empty on the spheres
+        self._B = cv.boundary_cells
+        self._rB = cv.boundary_midpoint - c[self._B] if len(self._B) else np.zeros((0, cv.d))
+        self._targets = np.concatenate([cv.facet_midpoint, cv.boundary_midpoint.reshape(-1, cv.d)])
+        self._normals = np.concatenate([cv.facet_normal, cv.boundary_normal.reshape(-1, cv.d)])
+        self._n_f = len(L)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def masses(self) -> Array:
+        """Owned cell masses m_i = rho_i |K_i| (a view)."""
+        return self._mass.array[: self.cv.n_owned]
+
+    @property
+    def density(self) -> Array:
+        """Owned cell densities rho_i (a copy)."""
+        return self.masses / self.cv.measures[: self.cv.n_owned]
+
+    def set_state(self, t: float, masses: Array, steps: int | None = None) -> None:
+        """Reset the time, the owned cell masses and the step counter (e.g. on restart)."""
+        self.t = float(t)
+        if steps is not None:
+            self.steps = int(steps)
+        self._mass.array[: self.cv.n_owned] = masses
+        self._mass.scatter_forward()
+
+    def measure(self) -> tuple[Array, Array]:
+        """This rank's part of mu_t: owned cell centres (n_owned, d) and masses (copies)."""
+        n = self.cv.n_owned
+        return self.cv.centres[:n].copy(), self.masses.copy()
+
+    def state(self) -> SchemeState:
+        """Time, steps, owned cell masses and the outflow (:class:`solvers.stepping.Stepper`)."""
+        return SchemeState(
+            self.t, self.steps, {"masses": self.masses.copy()}, {"outflow": self.outflow}
+        )
+
+    def restore(self, state: SchemeState) -> None:
+        """Continue from :meth:`state` (masses on this rank's owned cells; collective)."""
+        self.set_state(state.t, state.cells["masses"], state.steps)
+        self.outflow = float(state.scalars.get("outflow", 0.0))
+
+    def total_mass(self) -> float:
+        return self._comm.allreduce(float(self.masses.sum()), op=MPI.SUM)
+
+    def min_density(self) -> float:
+        return self._comm.allreduce(float(self.density.min(initial=np.inf)), op=MPI.MIN)
+
+    # ------------------------------------------------------------------ velocity
+    def facet_velocity(self, t: float, masses_local: Array | None = None) -> Array:
+        """Normal velocities u_f = X(x_f) . n_f at the rank's facets for owned masses.
+
+        Interior facets first, then boundary facets (boxes only).
+        """
+        m = self.masses if masses_local is None else masses_local[: self.cv.n_owned]
+        heads = self.weights.heads_at(t)
+        X = self.attention.velocity(
+            self._targets,
+            self._sources.points,
+            self._sources.masses(m),
+            heads,
+            head_weights_at(self.weights, t),
+        )
+        if self.background is not None:
+            X = X + self.background(self._targets, t)
+        u = np.einsum("fd,fd->f", X, self._normals)
+        if not np.all(np.isfinite(u)):
+            raise BlowUpError(f"non-finite velocity at t = {t:.6g}", t=t)
+        return u
+
+    def cfl_rate(self, u: Array) -> float:
+        """max_i sum_f |f| u_f^+ / |K_i| over owned cells (allreduced): CFL = dt * rate."""
+        out = np.zeros(self._n_local)
+        ui, ub = u[: self._n_f], u[self._n_f :]
+        np.add.at(out, self._L, self._flux_len * np.maximum(ui, 0.0))
+        np.add.at(out, self._R, self._flux_len * np.maximum(-ui, 0.0))
+        np.add.at(out, self._B, self.cv.boundary_measure * np.maximum(ub, 0.0))
+        rate = float(
+            (out[: self.cv.n_owned] * self._inv_measure[: self.cv.n_owned]).max(initial=0.0)
+        )
+        return self._comm.allreduce(rate, op=MPI.MAX)
+
+    # ------------------------------------------------------------------ fluxes
+    def _face_values(self, rho: Array) -> tuple[Array, Array, Array]:
+        """Upwind candidates rho_{L,f}, rho_{R,f} (interior) and rho_{B,f} (boundary)."""
+        L, R = self._L, self._R
+        if self.reconstruction == "upwind":
+            return rho[L], rho[R], rho[self._B]
+        cv = self.cv
+        n_owned = cv.n_owned
+        diff = rho[R] - rho[L]
+        rhs = np.zeros((self._n_local, cv.d))
+        np.add.at(rhs, L, self._dLR * diff[:, None])
+        np.add.at(rhs, R, self._dRL * (-diff)[:, None])
+        g = np.einsum("nij,nj->ni", self._Minv, rhs[:n_owned])
+        # Barth-Jespersen limiter with the extra bound rho_{i,f} <= 2 rho_i
+        lo = rho.copy()
+        hi = rho.copy()
+        np.minimum.at(lo, L, rho[R])
+        np.minimum.at(lo, R, rho[L])
+        np.maximum.at(hi, L, rho[R])
+        np.maximum.at(hi, R, rho[L])
+        hi = np.minimum(hi, 2.0 * rho)
+        phi = np.ones(self._n_local)
+        faces = [(L, self._rL, self._owned_L), (R, self._rR, self._owned_R)]
+        faces.append((self._B, self._rB, np.ones(len(self._B), dtype=bool)))
+        for cells, r, own in faces:
+            ci = cells[own]
+            delta = np.einsum("fd,fd->f", g[ci], r[own])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(
+                    delta > 0,
+                    (hi[ci] - rho[ci]) / delta,
+                    np.where(delta < 0, (lo[ci] - rho[ci]) / delta, np.inf),
+                )
+            np.minimum.at(phi, ci, np.minimum(ratio, 1.0))
+        grad = self._grad.array.reshape(-1, cv.d)
+        grad[:n_owned] = np.maximum(phi[:n_owned], 0.0)[:, None] * g
+        self._grad.scatter_forward()
+        grad = self._grad.array.reshape(-1, cv.d)
+        rho_L = rho[L] + np.einsum("fd,fd->f", grad[L], self._rL)
+        rho_R = rho[R] + np.einsum("fd,fd->f", grad[R], self._rR)
+        rho_B = rho[self._B] + np.einsum("fd,fd->f", grad[self._B], self._rB)
+        return np.maximum(rho_L, 0.0), np.maximum(rho_R, 0.0), np.maximum(rho_B, 0.0)
+
+    def _rate_of_change(self, m_local: Array, u: Array) -> Array:
+        """dm/dt on all local cells (only the owned entries are meaningful)."""
+        rho = m_local * self._inv_measure
+        rho_L, rho_R, rho_B = self._face_values(rho)
+        ui, ub = u[: self._n_f], u[self._n_f :]
+        flux = self._flux_len * (np.maximum(ui, 0.0) * rho_L - np.maximum(-ui, 0.0) * rho_R)
+        dm = np.bincount(self._R, weights=flux, minlength=self._n_local)
+        dm -= np.bincount(self._L, weights=flux, minlength=self._n_local)
+        if len(self._B):  # outflow through the box boundary; nothing flows in
+            out = self.cv.boundary_measure * np.maximum(ub, 0.0) * rho_B
+            dm -= np.bincount(self._B, weights=out, minlength=self._n_local)
+        return dm
+
+    # ------------------------------------------------------------------ stepping
+    def step(self, t_stop: float = math.inf) -> TransportStep:
+        """Advance by one step of size min(dt_cfl, dt_max, t_stop - t); collective.
+
+        A step that reaches ``t_stop`` ends exactly there (``self.t == t_stop``); so does a
+        ``dt_max`` step that would stop short of it by a rounding sliver
+        (:func:`solvers.stepping.step_towards`).
+
+        Raises:
+            BlowUpError: non-finite velocity/density or dt below ``dt_min``.
+        """
+        t0 = self.t
+        if self.dt_max < math.inf:
+            t_stop = step_towards(t0, self.dt_max, t_stop)[1]
+        m0 = self._mass.array.copy()
+        mass0 = 0.0 if self.cv.curved else self.total_mass()
+        u0 = self.facet_velocity(t0)
+        rate = self.cfl_rate(u0)
+        dt_max = t_stop - t0
+        dt = min(self.cfl / rate if rate > 0 else math.inf, dt_max)
+        if not math.isfinite(dt):
+            raise BlowUpError(
+                f"cannot choose a time step at t = {t0:.6g}: zero velocity, no t_stop", t=t0
+            )
+        limit = POSITIVITY_LIMIT[self.reconstruction]
+        rejected = 0
+        while True:
+            if dt < self.dt_min and dt < dt_max:
+                raise BlowUpError(
+                    f"time step collapsed to {dt:.3e} at t = {t0:.6g} (CFL rate {rate:.3e}, "
+                    f"cfl {self.cfl:g}): the velocity blew up (or the cfl is too small)",
+                    t=t0,
+                )
+            ok = self._try_step(m0, u0, t0, dt, limit)
+            if ok is None:
+                break
+            rejected += 1
+            dt *= min(0.5, 0.9 * limit / ok)
+        self.t = t_stop if dt == dt_max else t0 + dt
+        self.steps += 1
+        mass = self.total_mass()
+        if not self.cv.curved:
+            self.outflow += mass0 - mass
+        if not np.all(np.isfinite(self.masses)):
+            raise BlowUpError(f"non-finite density after the step to t = {self.t:.6g}", t=self.t)
+        return TransportStep(
+            t=self.t,
+            dt=dt,
+            halvings=rejected,
+            outflow=self.outflow,
+            cfl=dt * rate,
+            rejected=rejected,
+            mass=mass,
+            min_density=self.min_density(),
+        )
+
+    def _try_step(self, m0: Array, u0: Array, t0: float, dt: float, limit: float) -> float | None:
+        """One SSP-RK step from m0; returns None on success or the offending stage CFL."""
+        m_prev = m0
+        n_owned = self.cv.n_owned
+        for k, (alpha, beta, c) in enumerate(_RK[self.rk]):
+            if k == 0:
+                u = u0
+            else:
+                u = self.facet_velocity(t0 + c * dt, m_prev)
+                stage_cfl = dt * self.cfl_rate(u)
+                if stage_cfl > limit:
+                    self._mass.array[:] = m0
+                    return stage_cfl
+            euler = m_prev + beta * dt * self._rate_of_change(m_prev, u)
+            m_new = self._mass.array
+            m_new[:n_owned] = alpha * m0[:n_owned] + (1.0 - alpha) * euler[:n_owned]
+            self._mass.scatter_forward()
+            m_prev = m_new.copy()
+        return None
+
+    # ------------------------------------------------------------------ diagnostics
+    def diagnostics(self) -> MeasureDiagnostics:
+        """Energy, G^2, token dissipation and mass of the current measure (collective)."""
+        n = self.cv.n_owned
+        return measure_diagnostics(
+            self.attention,
+            self.weights.heads_at(self.t),
+            self.cv.centres[:n],
+            self.masses.copy(),
+            self._comm,
+            sources=self._sources.points,
+            masses_all=self._sources.masses(self.masses),
+            head_weights=head_weights_at(self.weights, self.t),
+        )

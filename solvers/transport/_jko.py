@@ -1,0 +1,585 @@
+r"""JKO minimizing movement for the transformer PDE: a variational finite-volume scheme.
+
+Problem (DESIGN M1, "JKO"). Given the measure :math:`\mu^k` at time :math:`t_k`, find
+
+.. math::
+    \mu^{k+1} \in \operatorname{argmin}_\mu \; \frac{W_b^2(\mu, \mu^k)}{2\tau}
+    + s' E(\mu, t_{k+1}), \qquad s' = -s,
+    \qquad E(\mu, t) = \frac{1}{2\beta H} \sum_h \iint k_h(x, y)\, d\mu(x)\, d\mu(y),
+
+with :math:`k_h(x, y) = e^{x^T A_h y}`, :math:`A_h = \beta Q_h^T K_h` (heads at
+:math:`t_{k+1}`) and :math:`W_b` the Wasserstein distance with action
+:math:`\iint b |v|^2 d\mu\, ds`, :math:`b = [(1/H) \sum_h 1/Z_h]^{-1}` frozen at :math:`\mu^k`.
+The step is a descent for :math:`s' E`: for :math:`s = +1` the tokens ascend :math:`E`.
+
+Consistency with the velocity of M1. For symmetric :math:`A_h`,
+:math:`\delta E/\delta\mu = (1/(\beta H)) \sum_h Z_h` and
+:math:`\nabla_S Z_h = Z_h P_x A_h \bar y_h = \beta Z_h P_x D_h \bar y_h`. The gradient flow of
+:math:`s' E` in the metric of action :math:`b |v|^2` has velocity
+:math:`v = -(1/b) \nabla_S (s' \delta E/\delta\mu) = s (1/b) \nabla_S \delta E/\delta\mu`. For
+:math:`H = 1`, :math:`b = Z` and :math:`v = s P_x D \bar y = s P_x a = X` exactly when
+:math:`V = Q^T K = D` (``tests/test_jko.py`` checks this identity numerically). For
+:math:`H > 1` the two flows differ: :math:`X = s (1/H) \sum_h (1/Z_h) \nabla_S Z_h / \beta`
+while the JKO velocity is :math:`s\, \overline{(1/Z)}\, \overline{\nabla_S Z} / \beta` (head
+means).
+
+Discretisation (in the spirit of Cancès-Gallouët-Todeschi [CGT20]). Densities
+:math:`\rho_K` on the spherical control volumes :math:`K` (measure :math:`|K|`), each with its
+spherical *circumcentre* :math:`x_K` as cell point (``solvers._jko_fv``: with the vertex means
+the two-point fluxes are inconsistent on the icosphere, measured there); each facet
+:math:`\sigma = K|L` has the two-point transmissivity :math:`a_\sigma = |\sigma| / d_\sigma`
+(:math:`d_\sigma` the geodesic distance of the two cell points) and the weight
+:math:`w_\sigma = a_\sigma \tfrac12 (1/b_K + 1/b_L)` (:math:`b` at the cell points, from
+:math:`\mu^k`). The discrete transport cost is the dual one-step Benamou-Brenier action
+
+.. math::
+    \tfrac12 W^2(\rho^k, \rho) = \sup_\phi \sum_K \phi_K (\rho_K - \rho^k_K) |K|
+    - \tfrac12 \sum_\sigma w_\sigma \big[\rho_K (\phi_L - \phi_K)_+^2
+    + \rho_L (\phi_K - \phi_L)_+^2\big],
+
+i.e. upwind mobility (the density of the cell the mass leaves). The energy is the quadrature
+:math:`E(\rho) = \frac{1}{2\beta H} \sum_h \sum_{K, L} m_K m_L k_h(x_K, x_L)`,
+:math:`m_K = \rho_K |K|`. With :math:`\phi = \tau\psi` the saddle point of the step is the
+system (unknowns :math:`(\rho, \psi)`, all :math:`K`)
+
+.. math::
+    (\rho_K - \rho^k_K) |K| + \tau \sum_{\sigma \ni K} w_\sigma
+    \big[\rho_K (\psi_L - \psi_K)_+ - \rho_L (\psi_K - \psi_L)_+\big] = 0,
+
+    \psi_K - \frac{\tau}{2 |K|} \sum_{\sigma \ni K} w_\sigma (\psi_L - \psi_K)_+^2
+    + s' \frac{\delta E}{\delta \mu}(x_K) = 0:
+
+an implicit upwind finite-volume step with velocity :math:`\nabla\psi / b` plus the
+:math:`O(\tau)` discrete Hamilton-Jacobi term that makes it the exact optimality system of the
+minimizing movement. At the solution
+:math:`W^2 = \tau^2 \sum_\sigma w_\sigma \rho_\sigma (\psi_K - \psi_L)^2` (reported), and
+the upwind structure gives :math:`\rho_K (1 + \tau\,\mathrm{out}_K / |K|) = \rho^k_K +
+\mathrm{inflow} > 0`: positivity. Rows are scaled by :math:`|K|^{\mp 1/2}` so that Euclidean
+residual norms are :math:`L^2(S)` norms (mesh-independent tolerances).
+
+Why (density, potential) and not the density alone: eliminating
+:math:`\psi = -s' \delta E/\delta\mu` drops the Hamilton-Jacobi term, i.e. changes the scheme
+into an implicit upwind scheme that is no longer a minimizing movement; with both unknowns the
+transport cost and the inequality :math:`s'E^{k+1} + W^2/(2\tau) \le s'E^k` come with the
+scheme (checked at every step, below). The Newton system has twice the unknowns, but the extra
+blocks are sparse.
+
+Solver. Newton (PETSc SNES ``newtonls``, backtracking line search) on the system above. A
+line-search pre-check (i) shifts the density update uniformly so that every iterate has
+exactly the mass of :math:`\rho^k` (mass to round-off, whatever the Krylov tolerance) and
+(ii) damps the step so that :math:`\rho \ge (1 - \theta) \rho_{\mathrm{old}} > 0`
+(fraction to the boundary, :math:`\theta = 0.9`). The Jacobian is a shell matrix: the sparse
+two-point blocks (AIJ, assembled by COO each Newton iteration) plus the dense block
+:math:`s' |K|^{1/2} \partial (\delta E/\delta\mu) / \partial \rho`, applied matrix-free
+(``solvers._jko_hessian``: direct kernel sums, or a harmonic expansion whose truncation error
+is measured below 1e-12; never an N x N array). The preconditioner is the sparse part. It is
+block triangular in the ordering :math:`(\psi, \rho)`, so ``fieldsplit`` (multiplicative,
+:math:`\psi` first, LU blocks through MUMPS) applies its exact inverse; the preconditioned
+operator is the identity plus :math:`\tau\,\mathrm{div}(\rho b^{-1} \nabla \cdot)` times
+the smoothing kernel, a compact perturbation: 5 GMRES iterations per Newton step at every
+level (measured, levels 3-6). ILU(0) blocks are cheaper per iteration but not mesh
+independent (10, 16, 31 GMRES iterations per Newton step at levels 3, 4, 5).
+
+Residual cost. :math:`\delta E/\delta\mu` is linear in the masses; with the expansion
+operator a residual uses :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)`: one exact
+:math:`O(N^2)` kernel sum per step, at :math:`\rho^k`, and :math:`O(N R)` increments whose
+error is the expansion's (relative 1e-12) times :math:`|m - m^k|_1 = O(\tau)`. With
+``hessian="kernel"`` every residual is an exact kernel sum.
+
+Variants. ``variant="implicit"`` (default) evaluates :math:`\delta E/\delta\mu` at
+:math:`\rho^{k+1}`. For :math:`s = -1` (:math:`s'E = E`, convex: the kernel is positive
+definite) the step is a convex problem with a unique solution, and any :math:`\tau` decreases
+:math:`E`. ``variant="semi-implicit"`` freezes :math:`\delta E/\delta\mu` at :math:`\rho^k`
+(a linear potential, sparse Newton); for :math:`s = +1` (:math:`s'E = -E` concave) this is
+Eyre's convex-concave splitting and decreases :math:`-E` for every :math:`\tau`. Measured
+(level 3, beta = 3, 10 steps): implicit is monotone for both signs at 0.1x-10x the explicit CFL
+step; at 30x, s = +1, two Newton limits were non-minimising critical points (rejected by the
+check below, retried with tau / 2); semi-implicit is monotone for s = +1 at 30x but *not* for
+s = -1 (E rose by 1.1e-2 in a step): the implicit variant is the default because it is
+unconditionally energy-stable in [P1]'s case s = -1.
+
+Adaptive step. An attempt is rejected and retried with :math:`\tau/2` (at most
+``max_halvings`` times, counted in :class:`JKOStep`) when SNES does not converge, a density is
+not positive, or the Newton limit violates :math:`W^2/(2\tau) + s'E^{k+1} \le s'E^k` (the
+minimiser's defining property; for the semi-implicit variant with its linearised energy).
+Then :class:`SolverError` is raised, naming the PETSc converged reason.
+
+References: [CGT20] C. Cancès, T. O. Gallouët, G. Todeschi, *A variational finite volume scheme
+for Wasserstein gradient flows*, Numer. Math. 146 (2020) 437-480; R. Jordan, D. Kinderlehrer,
+F. Otto, SIAM J. Math. Anal. 29 (1998) 1-17; D. J. Eyre, *Unconditionally gradient stable time
+marching the Cahn-Hilliard equation*, MRS Proc. 529 (1998); R. Eymard, T. Gallouët, R. Herbin,
+*Finite volume methods*, Handb. Numer. Anal. VII (2000); [P1] (DESIGN M1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+from petsc4py import PETSc
+
+import dolfinx.la
+import numpy as np
+import numpy.typing as npt
+
+from meshes.control_volumes import ControlVolumes
+from solvers import _petsc
+from solvers.attention import (
+    Attention,
+    GlobalSources,
+    MeasureDiagnostics,
+    measure_diagnostics,
+)
+from solvers.errors import SolverError
+from solvers.stepping import SchemeState
+from solvers.transport._jko_energy import InteractionEnergy
+from solvers.transport._jko_fv import TwoPointOperator, circumcentres
+from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian, make_hessian
+from solvers.transport._jko_result import DEFAULT_OPTIONS, HESSIANS, VARIANTS, JKOStep
+from solvers.weights import WeightDynamics, head_weights_at
+
+__all__ = ["DEFAULT_OPTIONS", "HESSIANS", "JKOSolver", "JKOStep", "VARIANTS", "circumcentres"]
+
+Array = npt.NDArray[np.float64]
+
+_FRACTION = 0.9  # fraction to the boundary: rho_new >= (1 - _FRACTION) rho_old
+
+
+def _dot(a: Array, b: Array) -> float:
+    """Local dot product without BLAS (threaded BLAS on vectors thrashes shared cores)."""
+    return float(np.sum(a * b))
+
+
+class JKOSolver:
+    """Minimizing-movement (JKO) solver of the transformer PDE on a sphere mesh.
+
+    Args:
+        cv: control volumes of the distributed mesh (S^1 or S^2, Delaunay).
+        attention: beta, the sign s (each step minimises W^2/(2 tau) - s E) and the backend.
+        weights: the heads as functions of time (E uses A_h = beta Q_h^T K_h at t_{k+1}).
+        density: (n_owned,) initial cell densities, finite and > 0.
+        tau: default step.
+        petsc_options_prefix: mandatory prefix of every SNES/KSP/PC option (e.g. ``"jko_"``).
+        petsc_options: options (without prefix) that override the defaults
+            (:data:`DEFAULT_OPTIONS`) and the command line.
+        variant: "implicit" (default) or "semi-implicit" (module docstring).
+        t0: initial time.
+        hessian: the dense block's operator: "kernel" (direct kernel sums everywhere),
+            "expansion" (checked harmonic expansion, error <= 1e-12, in the Jacobian and for
+            the residual increments) or "auto" (expansion when the check passes, else kernel).
+        max_halvings: retries with tau / 2 after a failed attempt before SolverError.
+    """
+
+    def __init__(
+        self,
+        cv: ControlVolumes,
+        attention: Attention,
+        weights: WeightDynamics,
+        density: Array,
+        *,
+        tau: float,
+        petsc_options_prefix: str,
+        petsc_options: dict[str, Any] | None = None,
+        variant: str = "implicit",
+        t0: float = 0.0,
+        hessian: str = "auto",
+        max_halvings: int = 4,
+    ) -> None:
+        self._prefix = _petsc.validate_prefix(petsc_options_prefix)
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if not (math.isfinite(tau) and tau > 0):
+            raise ValueError(f"tau must be finite and > 0, got {tau!r}")
+        if hessian not in HESSIANS:
+            raise ValueError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
+        if int(max_halvings) != max_halvings or max_halvings < 0:
+            raise ValueError(f"max_halvings must be an integer >= 0, got {max_halvings!r}")
+        density = np.asarray(density, dtype=np.float64)
+        n = cv.n_owned
+        if density.shape != (n,):
+            raise ValueError(f"density must have shape ({n},), got {density.shape}")
+        bad = not np.all(np.isfinite(density)) or bool(np.any(density <= 0))
+        if cv.comm.allreduce(bad, op=MPI.LOR):
+            raise ValueError(
+                "the JKO scheme needs a finite density > 0 in every cell (its upwind mobility "
+                "keeps rho > 0 but cannot create mass in an empty cell): add a small floor"
+            )
+        if weights.d != cv.d:
+            raise ValueError(f"the heads act on R^{weights.d} but the mesh is in R^{cv.d}")
+        self.cv, self.attention, self.weights = cv, attention, weights
+        self.variant, self.tau, self.t = variant, float(tau), float(t0)
+        self.max_halvings = int(max_halvings)
+        self.steps = 0
+        self._comm = cv.comm
+        self._sprime = -attention.sign
+        self._rho = density.copy()
+        self._psi: Array | None = None
+        self._points = circumcentres(cv)
+        self._op = TwoPointOperator(cv, self._points)
+        self._meas = self._op.meas
+        self._total_measure = self._comm.allreduce(float(self._meas.sum()), op=MPI.SUM)
+        imap = cv.mesh.topology.index_map(cv.mesh.topology.dim)
+        self._state = dolfinx.la.vector(imap, 2)  # (rho, psi) with ghosts
+        self._invb = dolfinx.la.vector(imap, 1)  # 1 / b at the cell points, with ghosts
+        self._sources = GlobalSources(self._comm, self._points[:n], cv.original_index[:n])
+        self._energy = InteractionEnergy(attention, weights, self._points[:n], self._sources)
+        self._hessian_kind = hessian
+        self._hessian: KernelHessian | ExpansionHessian | None = None
+        self._hessian_key: bytes | None = None
+        self._ctx: dict[str, Any] = {}
+        self._create_petsc_objects(petsc_options)
+
+    # ------------------------------------------------------------------ PETSc set-up
+    def _create_petsc_objects(self, petsc_options: dict[str, Any] | None) -> None:
+        comm, n = self._comm, self.cv.n_owned
+        sizes = ((2 * n, PETSc.DECIDE), (2 * n, PETSc.DECIDE))
+        self._x = PETSc.Vec().createMPI((2 * n, PETSc.DECIDE), comm=comm)
+        self._f = self._x.duplicate()
+        self._P = PETSc.Mat().create(comm=comm)
+        self._P.setSizes(sizes)
+        self._P.setType(PETSc.Mat.Type.AIJ)
+        rows, cols = self._op.coo_pattern()
+        self._P.setPreallocationCOO(rows.astype(PETSc.IntType), cols.astype(PETSc.IntType))
+        self._J = PETSc.Mat().createPython(sizes, context=_JacobianShell(self), comm=comm)
+        self._J.setUp()
+        snes = PETSc.SNES().create(comm=comm)
+        snes.setOptionsPrefix(self._prefix)
+        snes.setFunction(self._residual, self._f)
+        snes.setJacobian(self._jacobian, self.jacobian, self._P)
+        snes.setLineSearchPreCheck(self._precheck)
+        first = self._op.first_row
+        self._is_psi = PETSc.IS().createStride(n, first=first + n, step=1, comm=comm)
+        self._is_rho = PETSc.IS().createStride(n, first=first, step=1, comm=comm)
+        self._snes = snes
+        pc = snes.getKSP().getPC()
+        pc.setType(PETSc.PC.Type.FIELDSPLIT)  # the ISs must exist before setFromOptions
+        pc.setFieldSplitIS(("psi", self._is_psi), ("rho", self._is_rho))
+        _petsc.apply_options(
+            self._prefix, DEFAULT_OPTIONS, petsc_options, [snes.setFromOptions, self._set_up_ksp]
+        )
+
+    def _set_up_ksp(self) -> None:
+        """Set the KSP up while the options are in the database: fieldsplit creates its
+        sub-solvers, which read their options, only at PCSetUp. The operator is assembled
+        from the initial density with b = 1 and psi = 0 (values are refreshed every Newton
+        iteration; the solver types stay)."""
+        n = self.cv.n_owned
+        xa = self._x.getArray()
+        xa[:n], xa[n:] = self._rho, 0.0
+        rho, psi = self._local_state(self._x)
+        self._P.setValuesCOO(self._op.coo_values(rho, psi, self.tau, self._op.a))
+        self._P.assemble()
+        self.ksp.setOperators(self.jacobian, self._P)
+        self.ksp.setUp()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def snes(self) -> PETSc.SNES:
+        return self._snes
+
+    @property
+    def ksp(self) -> PETSc.KSP:
+        return self._snes.getKSP()
+
+    @property
+    def jacobian(self) -> PETSc.Mat:
+        """The Jacobian operator: a Python shell matrix (implicit) or the AIJ part."""
+        return self._J if self.variant == "implicit" else self._P
+
+    @property
+    def preconditioner_matrix(self) -> PETSc.Mat:
+        """The sparse (two-point) part of the Jacobian, AIJ."""
+        return self._P
+
+    @property
+    def density(self) -> Array:
+        """Owned cell densities (a copy)."""
+        return self._rho.copy()
+
+    @property
+    def points(self) -> Array:
+        """The cell points (circumcentres), owned then ghosts (n_local, d)."""
+        return self._points
+
+    @property
+    def hessian(self) -> KernelHessian | ExpansionHessian | None:
+        """The dense-block operator of the last step (None before the first implicit step)."""
+        return self._hessian
+
+    def set_state(self, t: float, density: Array) -> None:
+        """Restart from owned densities (> 0) at time t; the potential guess is dropped."""
+        density = np.asarray(density, dtype=np.float64)
+        bad = density.shape != self._rho.shape or not np.all(density > 0)
+        if self._comm.allreduce(bool(bad), op=MPI.LOR):
+            raise ValueError(f"density must have shape {self._rho.shape} and be > 0")
+        self.t, self._rho, self._psi = float(t), density.copy(), None
+
+    def measure(self) -> tuple[Array, Array]:
+        """This rank's part of mu_k: owned cell centres (n_owned, d) and masses rho |K|."""
+        n = self.cv.n_owned
+        return self.cv.centres[:n].copy(), self._rho * self.cv.measures[:n]
+
+    def diagnostics(self) -> MeasureDiagnostics:
+        """Energy, G^2, token dissipation and mass of mu_k at the cell centres (collective;
+        the velocity of the attention model, as the other schemes report it)."""
+        points, masses = self.measure()
+        return measure_diagnostics(
+            self.attention,
+            self.weights.heads_at(self.t),
+            points,
+            masses,
+            self._comm,
+            head_weights=head_weights_at(self.weights, self.t),
+        )
+
+    def state(self) -> SchemeState:
+        """Time, steps, the owned densities and the last potential (the next Newton guess)."""
+        cells = {"density": self._rho.copy()}
+        if self._psi is not None:
+            cells["potential"] = self._psi.copy()
+        return SchemeState(self.t, self.steps, cells)
+
+    def restore(self, state: SchemeState) -> None:
+        """Continue from :meth:`state` (collective): with its potential as the next Newton
+        guess, the continuation is bitwise that of the uninterrupted solver."""
+        self.set_state(state.t, state.cells["density"])
+        self.steps = int(state.steps)
+        if "potential" in state.cells:
+            self._psi = np.array(state.cells["potential"], dtype=np.float64)
+
+    def total_mass(self) -> float:
+        return self.total_mass_of(self._rho)
+
+    def total_mass_of(self, rho: Array) -> float:
+        """sum_K rho_K |K| over all ranks for owned densities rho (collective)."""
+        return self._comm.allreduce(_dot(rho, self._meas), op=MPI.SUM)
+
+    def destroy(self) -> None:
+        """Destroy the PETSc objects (collective)."""
+        _petsc.destroy(self._snes, self._J, self._P, self._x, self._f, self._is_psi, self._is_rho)
+
+    # ------------------------------------------------------------------ energy
+    @property
+    def kernel_evaluations(self) -> int:
+        """Exact O(N^2) kernel sums of dE/dmu so far (Jacobian products not included)."""
+        return self._energy.evaluations
+
+    def first_variation(self, masses: Array, A: Array, coef: float) -> tuple[Array, Array]:
+        """dE/dmu at the owned points for owned masses m >= 0, and the log Z rows
+        (:class:`~solvers.transport._jko_energy.InteractionEnergy`; collective)."""
+        return self._energy.first_variation(masses, A, coef)
+
+    def _fsum(self, local: float) -> float:
+        """Rank-ordered exact sum of one float per rank (identical on every rank)."""
+        return math.fsum(self._comm.allgather(float(local)))
+
+    def energy(self, density: Array | None = None, t: float | None = None) -> float:
+        """E(mu, t) of owned densities (default: the current state and time); collective."""
+        rho = self._rho if density is None else np.asarray(density, dtype=np.float64)
+        A, coef, _ = self._energy.matrices(self.t if t is None else t)
+        dE, _ = self.first_variation(rho * self._meas, A, coef)
+        return self._fsum(0.5 * _dot(rho * self._meas, dE))
+
+    def _dE_at(self, rho_owned: Array) -> Array:
+        """dE/dmu(rho) at the owned points with the heads of the step (module docstring:
+        an increment through the expansion, or an exact kernel sum)."""
+        h, ctx = self._hessian, self._ctx
+        if self.variant == "implicit" and isinstance(h, ExpansionHessian):
+            return ctx["dE_old"] + h.apply((rho_owned - ctx["rho_old"]) * self._meas)
+        return self.first_variation(rho_owned * self._meas, ctx["A"], ctx["coef"])[0]
+
+    # ------------------------------------------------------------------ SNES callbacks
+    def _local_state(self, x: PETSc.Vec) -> tuple[Array, Array]:
+        """(rho, psi) on all local cells (owned from x, ghosts scattered)."""
+        n = self.cv.n_owned
+        xa = x.getArray(readonly=True)
+        s = self._state.array.reshape(-1, 2)
+        s[:n, 0] = xa[:n]
+        s[:n, 1] = xa[n:]
+        self._state.scatter_forward()
+        s = self._state.array.reshape(-1, 2)
+        return s[:, 0].copy(), s[:, 1].copy()
+
+    def _residual(self, snes: PETSc.SNES, x: PETSc.Vec, f: PETSc.Vec) -> None:
+        n, ctx = self.cv.n_owned, self._ctx
+        rho, psi = self._local_state(x)
+        dE = ctx["dE_old"] if self.variant == "semi-implicit" else self._dE_at(rho[:n])
+        f_rho, f_psi = self._op.residual(
+            rho, psi, ctx["rho_old"], dE, self._sprime, ctx["tau"], ctx["w"]
+        )
+        fa = f.getArray()
+        fa[:n], fa[n:] = f_rho, f_psi
+
+    def _jacobian(self, snes: PETSc.SNES, x: PETSc.Vec, J: PETSc.Mat, P: PETSc.Mat) -> None:
+        rho, psi = self._local_state(x)
+        P.setValuesCOO(self._op.coo_values(rho, psi, self._ctx["tau"], self._ctx["w"]))
+        P.assemble()
+        if J.handle != P.handle:
+            J.assemble()
+
+    def _precheck(self, x: PETSc.Vec, y: PETSc.Vec) -> None:
+        """Exact mass and positivity of x - y (PETSc updates x <- x - lambda y)."""
+        n = self.cv.n_owned
+        rho = x.getArray(readonly=True)[:n]
+        ya = y.getArray()
+        dy = ya[:n]
+        mass, ymass = self._comm.allreduce(
+            np.array([_dot(rho, self._meas), _dot(dy, self._meas)]), op=MPI.SUM
+        )
+        dy += (mass - ymass - self._ctx["mass"]) / self._total_measure
+        shrink = dy > 0
+        alpha = float(np.min(_FRACTION * rho[shrink] / dy[shrink], initial=1.0))
+        alpha = self._comm.allreduce(min(alpha, 1.0), op=MPI.MIN)
+        if alpha < 1.0:
+            ya *= alpha
+            self._ctx["damped"] += 1
+
+    # ------------------------------------------------------------------ stepping
+    def _prepare_step(self, tau: float) -> None:
+        n = self.cv.n_owned
+        t_new = self.t + tau
+        A, coef, H = self._energy.matrices(t_new)
+        m_old = self._rho * self._meas
+        dE_old, log_Z = self.first_variation(m_old, A, coef)
+        self._invb.array[:n] = np.mean(np.exp(-log_Z[:H]), axis=0)
+        self._invb.scatter_forward()
+        invb = self._invb.array
+        factor = 0.5 if self.variant == "implicit" else 1.0  # E(rho^k), or <dE(rho^k), m^k>
+        self._ctx = {
+            "tau": tau,
+            "t": t_new,
+            "A": A,
+            "coef": coef,
+            "rho_old": self._rho.copy(),
+            "w": self._op.a * 0.5 * (invb[self._op.L] + invb[self._op.R]),
+            "dE_old": dE_old,
+            "mass": self.total_mass(),
+            "damped": 0,
+            "reference": self._sprime * self._fsum(factor * _dot(m_old, dE_old)),
+        }
+        key = A.tobytes() + np.float64(coef).tobytes()
+        if self.variant == "implicit" and key != self._hessian_key:
+            self._hessian = make_hessian(
+                self._hessian_kind,
+                self.cv,
+                self._points,
+                self._sources,
+                A,
+                coef,
+                self.attention.backend,
+                previous=self._hessian,
+            )
+            self._hessian_key = key
+
+    def _attempt(self, tau: float) -> tuple[int, Array, Array]:
+        """One SNES solve of the step of size tau; returns (reason, rho, psi)."""
+        n = self.cv.n_owned
+        self._prepare_step(tau)
+        psi0 = self._psi if self._psi is not None else -self._sprime * self._ctx["dE_old"]
+        xa = self._x.getArray()
+        xa[:n], xa[n:] = self._rho, psi0
+        self._snes.solve(None, self._x)
+        xa = self._x.getArray(readonly=True)
+        return self._snes.getConvergedReason(), xa[:n].copy(), xa[n:].copy()
+
+    def step(self, t_stop: float = math.inf) -> JKOStep:
+        """One minimizing-movement step of size min(tau, t_stop - t); collective.
+
+        A step that ends within 1e-12 (relative) of ``t_stop`` ends exactly there (so that k
+        steps of tau land on k tau). An attempt is rejected, and retried with tau / 2 (at most
+        ``max_halvings`` times),
+        when SNES does not converge, a density is not positive, or the Newton limit does not
+        decrease the step's functional, ``W^2/(2 tau) + s' E(mu) <= s' E(mu^k)`` (the
+        minimiser's defining property: a limit that violates it is a non-minimising critical
+        point of the non-convex problem, s = +1 with large tau).
+
+        Raises:
+            SolverError: every attempt failed; the message names the PETSc converged reason
+                (or the violated property).
+        """
+        tau = min(self.tau, float(t_stop) - self.t)
+        if not (math.isfinite(tau) and tau > 0):
+            raise ValueError(f"the step must be finite and > 0, got tau = {tau!r}")
+        halvings, failed_its = 0, 0
+        while True:
+            reason, rho, psi = self._attempt(tau)
+            positive = self._comm.allreduce(bool(np.all(rho > 0)), op=MPI.LAND)
+            what = f"JKO step at t = {self.t:.6g}, tau = {tau:.3e}"
+            if reason <= 0:
+                failure = None  # check_snes below names the PETSc reason
+            elif not positive:
+                failure = f"{what}: a density is not positive"
+            else:
+                result, functional = self._evaluate(tau, rho, psi, reason, halvings, failed_its)
+                reference = self._ctx["reference"]
+                if functional <= reference + 1e-10 * max(1.0, abs(reference)):
+                    self._rho, self._psi = rho, psi
+                    self.t = self._ctx["t"]
+                    if math.isfinite(t_stop) and abs(self.t - t_stop) <= 1e-12 * max(
+                        1.0, abs(t_stop)
+                    ):
+                        self.t = float(t_stop)  # land exactly on the stop time
+                        result = dataclasses.replace(result, t=self.t)
+                    self.steps += 1
+                    return result
+                failure = (
+                    f"{what}: the Newton limit increased the step functional "
+                    f"({functional:.12g} > {reference:.12g}): not the minimiser"
+                )
+            failed_its += self._snes.getIterationNumber()
+            if halvings >= self.max_halvings:
+                _petsc.check_snes(self._snes, what, t=self.t)
+                raise SolverError(f"{failure} (after {halvings} halvings of tau)", t=self.t)
+            tau *= 0.5
+            halvings += 1
+
+    def _evaluate(
+        self, tau: float, rho: Array, psi: Array, reason: int, halvings: int, failed_its: int
+    ) -> tuple[JKOStep, float]:
+        """The attempt's result and the functional that the variant minimises (collective)."""
+        ctx = self._ctx
+        m = rho * self._meas
+        energy = self._fsum(0.5 * _dot(m, self._dE_at(rho)))
+        rho_l, psi_l = self._local_state(self._x)
+        cost = tau**2 * self._fsum(self._op.action(rho_l, psi_l, ctx["w"]))
+        if self.variant == "implicit":
+            functional = cost / (2 * tau) + self._sprime * energy
+        else:  # with the linearised energy <dE/dmu(mu^k), mu>
+            functional = cost / (2 * tau) + self._sprime * self._fsum(_dot(m, ctx["dE_old"]))
+        result = JKOStep(
+            t=ctx["t"],
+            dt=tau,
+            density=rho.copy(),
+            potential=psi.copy(),
+            transport_cost=cost,
+            energy=energy,
+            objective=cost / (2 * tau) + self._sprime * energy,
+            newton_its=self._snes.getIterationNumber(),
+            ksp_its=self._snes.getLinearSolveIterations(),
+            failed_newton_its=failed_its,
+            damped_its=ctx["damped"],
+            reason=int(reason),
+            reason_name=_petsc.snes_reason_name(reason),
+            residual_norm=float(self._snes.getFunctionNorm()),
+            mass=self.total_mass_of(rho),
+            min_density=self._comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
+            halvings=halvings,
+        )
+        return result, functional
+
+
+class _JacobianShell:
+    """mult: the sparse AIJ part plus the dense block s' |K|^{1/2} d(dE/dmu)/d rho."""
+
+    def __init__(self, solver: JKOSolver) -> None:
+        self.solver = solver
+
+    def mult(self, mat: PETSc.Mat, x: PETSc.Vec, y: PETSc.Vec) -> None:
+        s = self.solver
+        n = s.cv.n_owned
+        s._P.mult(x, y)
+        dm = x.getArray(readonly=True)[:n] * s._meas
+        y.getArray()[n:] += s._sprime * s._op.sqrt * s._hessian.apply(dm)

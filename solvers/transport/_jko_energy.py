@@ -1,0 +1,78 @@
+r"""The interaction energy of the JKO step and its first variation, by exact kernel sums.
+
+For heads :math:`A_h = \beta Q_h^T K_h` at time t and a measure of cell masses :math:`m_L`
+at the cell points :math:`x_L`,
+
+.. math::
+    E(\mu, t) = \frac{1}{2\beta H} \sum_h \sum_{K, L} m_K m_L e^{x_K^T A_h x_L}, \qquad
+    \frac{\delta E}{\delta \mu}(x_K) = c \sum_r \sum_L m_L e^{x_K^T A_r x_L},
+
+where the rows :math:`A_r` are the :math:`A_h` with :math:`c = 1/(\beta H)` when every
+:math:`A_h` is symmetric, and else the :math:`A_h` followed by the :math:`A_h^T` with
+:math:`c = 1/(2\beta H)` (the first variation of a non-symmetric kernel is its symmetric
+part). Each evaluation is one exact kernel sum over the gathered masses
+(:func:`solvers.attention.kernel_sums`, log-sum-exp stabilised, blocked: never an N x N
+array); the last one is remembered, since for frozen weights the final residual of a step is
+the first of the next.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from solvers.attention import Attention, GlobalSources, kernel_sums
+from solvers.weights import WeightDynamics
+
+__all__ = ["InteractionEnergy"]
+
+Array = npt.NDArray[np.float64]
+
+
+class InteractionEnergy:
+    """E and dE/dmu of the heads of ``weights`` at the owned cell points (module docstring).
+
+    Args:
+        attention: beta and the kernel-sum backend.
+        weights: the heads as functions of time.
+        points: (n_owned, d) this rank's cell points.
+        sources: all ranks' cell points in rank-independent order.
+
+    Attributes:
+        evaluations: exact O(N^2) kernel sums so far.
+    """
+
+    def __init__(
+        self, attention: Attention, weights: WeightDynamics, points: Array, sources: GlobalSources
+    ) -> None:
+        self.attention, self.weights, self.points, self.sources = (
+            attention,
+            weights,
+            points,
+            sources,
+        )
+        self.evaluations = 0
+        self._last: tuple[bytes, Array, Array, Array] | None = None
+
+    def matrices(self, t: float) -> tuple[Array, float, int]:
+        """The rows A_r at time t, the coefficient c and the number of heads H."""
+        heads = self.weights.heads_at(t)
+        A = self.attention.attention_matrices(heads, self.points.shape[1])
+        H = len(heads)
+        if np.array_equal(A, A.swapaxes(1, 2)):
+            return A, 1.0 / (self.attention.beta * H), H
+        return np.concatenate([A, A.swapaxes(1, 2)]), 0.5 / (self.attention.beta * H), H
+
+    def first_variation(self, masses: Array, A: Array, coef: float) -> tuple[Array, Array]:
+        """dE/dmu at the owned points for owned masses m >= 0 (n_owned,), and the log Z rows
+        (rows, n_owned). Collective."""
+        m_all = self.sources.masses(masses)
+        key = A.tobytes() + np.float64(coef).tobytes()
+        last = self._last
+        if last is not None and last[0] == key and np.array_equal(last[1], m_all):
+            return last[2], last[3]
+        log_Z, _ = kernel_sums(self.points, self.sources.points, m_all, A, self.attention.backend)
+        self.evaluations += 1
+        dE = coef * np.exp(log_Z).sum(axis=0)
+        self._last = (key, m_all, dE, log_Z)
+        return dE, log_Z

@@ -1,0 +1,243 @@
+r"""The dense block of the JKO Newton system: the Hessian of the interaction energy.
+
+For the energy of DESIGN M1 with kernel rows :math:`A_r` (the :math:`A_h`, and their
+transposes when not symmetric) and coefficient :math:`c`,
+
+.. math::
+    \frac{\delta E}{\delta \mu}(x_K) = c \sum_r \sum_L e^{x_K^T A_r x_L} m_L
+    =: (\mathcal{K} m)_K
+
+is linear in the cell masses :math:`m`, so the Hessian is the dense operator
+:math:`\mathcal{K}`. Two ways to apply it to a signed mass increment :math:`\delta m`, neither
+forming an :math:`N \times N` array:
+
+* :class:`KernelHessian` - exact kernel sums (``solvers.attention.kernel_sums``, which needs
+  masses :math:`\ge 0`): :math:`\mathcal{K}\delta m = \mathcal{K}(\delta m + \gamma |\cdot|)
+  - \gamma \mathcal{K}|\cdot|` with :math:`|\cdot|` the cell measures and
+  :math:`\gamma = \max(0, \max_L -\delta m_L / |L|)`; :math:`\mathcal{K}|\cdot|` is computed
+  once per set of heads. One kernel sum (:math:`O(N^2)`) per product.
+* :class:`ExpansionHessian` - a truncated expansion in the orthonormal basis
+  :math:`(Y_a)` of the polynomials of degree :math:`\le p` on the sphere of
+  :mod:`solvers.sphere_basis` (real spherical harmonics on :math:`S^2`, Fourier modes on
+  :math:`S^1`): :math:`k(x, y) \approx \sum_{a, b} Y_a(x) C_{ab} Y_b(y)` with
+  :math:`C = \Phi_Q^T W K_{QQ} W \Phi_Q` (its product quadrature :math:`(q, w)`, exact to
+  degree :math:`2p`; :math:`K_{QQ}` the kernel at the nodes; computed by factorised
+  projections).
+  The degree-:math:`l` part of :math:`e^{x^T A y}` decays like
+  :math:`(\|A\|/2)^l / l!`, so the truncation error is below the tolerance for modest
+  :math:`p` (:math:`p = 20` for :math:`\|A\| = 4`); the error is *measured* on a set of
+  sample pairs, :math:`p` increased until it is below ``tol`` times the largest kernel
+  value. A product costs :math:`O(N R)`, :math:`R = (p + 1)^2` (one allreduce of
+  :math:`R` numbers).
+
+The operator applies the Jacobian's dense block. With the expansion, ``solvers.jko`` also
+evaluates residuals as :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)` (exact kernel sum at
+:math:`\rho^k` only): the solution then differs from the exact-kernel one by at most the
+checked relative error (1e-12) times :math:`|m - m^k|_1 = O(\tau)`, far below the Newton
+tolerance (``tests/test_jko.py`` compares the two to 1e-9). The basis matrix is
+:math:`R \times n_{owned}` (290 MB per rank at 81,920 cells, p = 20, one rank); above
+``MAX_BASIS_BYTES`` or ``MAX_DEGREE`` "auto" falls back to kernel sums.
+"""
+
+from __future__ import annotations
+
+import math
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+
+import numpy as np
+import numpy.typing as npt
+
+from meshes.control_volumes import ControlVolumes
+from solvers._jit import read_only
+from solvers.attention import GlobalSources, kernel_sums, sphere_basis
+
+__all__ = ["ExpansionHessian", "KernelHessian", "make_hessian"]
+
+try:
+    import numba
+
+    # Loops on the (R, n) basis array, threads over independent outputs (results do not
+    # depend on the thread count); both stream the rows contiguously.
+    @numba.njit(parallel=True, cache=True)
+    def _rows_dot(M, v):  # M (R, n), v (n,) -> M v (R,); each entry summed in order
+        r, n = M.shape
+        out = np.empty(r)
+        for a in numba.prange(r):
+            acc = 0.0
+            for i in range(n):
+                acc += M[a, i] * v[i]
+            out[a] = acc
+        return out
+
+    @numba.njit(parallel=True, cache=True)
+    def _rows_combine(M, w):  # M (R, n), w (R,) -> M^T w (n,); each entry summed in order
+        r, n = M.shape
+        out = np.zeros(n)
+        block = 2048
+        for ib in numba.prange((n + block - 1) // block):
+            i0 = ib * block
+            i1 = min(n, i0 + block)
+            for a in range(r):
+                wa = w[a]
+                for i in range(i0, i1):
+                    out[i] += M[a, i] * wa
+        return out
+
+except ImportError:  # pragma: no cover
+
+    def _rows_dot(M, v):
+        return M @ v
+
+    def _rows_combine(M, w):
+        return M.T @ w
+
+
+Array = npt.NDArray[np.float64]
+
+#: Largest expansion degree tried, and the largest basis matrix kept per rank (bytes).
+MAX_DEGREE = 40
+MAX_BASIS_BYTES = 2**30
+
+
+class KernelHessian:
+    """Exact matrix-free products with the dense kernel block (one kernel sum each)."""
+
+    kind = "kernel"
+
+    def __init__(
+        self,
+        cv: ControlVolumes,
+        points: Array,
+        sources: GlobalSources,
+        A: Array,
+        coef: float,
+        backend: str,
+    ) -> None:
+        self._targets = points[: cv.n_owned]
+        self._sources, self._A, self._coef, self._backend = sources, A, coef, backend
+        self._meas_all = sources.masses(cv.measures[: cv.n_owned])
+        self._ref = self._sum(self._meas_all)
+        self.products = 0
+
+    def _sum(self, masses_all: Array) -> Array:
+        log_Z, _ = kernel_sums(
+            self._targets, self._sources.points, masses_all, self._A, self._backend
+        )
+        return self._coef * np.exp(log_Z).sum(axis=0)
+
+    def apply(self, dm_owned: Array) -> Array:
+        """(K dm) at the owned centres for owned signed mass increments (collective)."""
+        self.products += 1
+        dm = self._sources.masses(dm_owned)
+        gamma = max(0.0, float(np.max(-dm / self._meas_all)))
+        if not np.any(dm):
+            return np.zeros(len(self._targets))
+        if gamma == 0.0:
+            return self._sum(dm)
+        return self._sum(dm + gamma * self._meas_all) - gamma * self._ref
+
+
+def _kernel(x: Array, y: Array, A: Array, coef: float) -> Array:
+    return coef * sum(np.exp((x @ A_r) @ y.T) for A_r in A)
+
+
+class ExpansionHessian:
+    """Products with the kernel block through a checked low-rank harmonic expansion."""
+
+    kind = "expansion"
+
+    def __init__(
+        self,
+        cv: ControlVolumes,
+        points: Array,
+        A: Array,
+        C: Array,
+        degree: int,
+        error: float,
+        basis: Array | None = None,
+    ) -> None:
+        """C: the checked coefficients of :func:`checked_expansion` for these A and degree."""
+        self.degree, self.error, self._comm = degree, error, cv.comm
+        (self._C,) = read_only(0.5 * (C + C.T) if np.array_equal(A, A.swapaxes(1, 2)) else C)
+        if basis is None:
+            basis = sphere_basis.basis_values(points[: cv.n_owned], degree)
+        (self.basis,) = read_only(basis)  # (R, n_owned); read-only: one compiled product
+        self.products = 0
+
+    @property
+    def rank(self) -> int:
+        return self._C.shape[0]
+
+    def apply(self, dm_owned: Array) -> Array:
+        """(K dm) at the owned centres (collective: one allreduce of R numbers)."""
+        self.products += 1
+        dm = np.ascontiguousarray(dm_owned, dtype=np.float64)
+        moments = _rows_dot(self.basis, *read_only(dm))
+        if self._comm.size > 1:
+            moments = self._comm.allreduce(moments, op=MPI.SUM)
+        return _rows_combine(self.basis, *read_only(_rows_dot(self._C, *read_only(moments))))
+
+
+def _coefficients(d: int, A: Array, coef: float, degree: int) -> Array:
+    """C = Phi_Q^T W K_QQ W Phi_Q, the (R, R) expansion coefficients (module docstring), by
+    the factorised projections of :func:`solvers.sphere_basis.project`."""
+    nodes, _ = sphere_basis.quadrature(d, degree)
+    projected = sphere_basis.project(_kernel(nodes, nodes, A, coef), degree, d)  # in y
+    return np.ascontiguousarray(sphere_basis.project(projected.T, degree, d).T)  # then in x
+
+
+def checked_expansion(
+    d: int, A: Array, coef: float, degree: int, n_sample: int = 200
+) -> tuple[float, Array]:
+    """The coefficients C and their error max |k - k_p| / max |k| over fixed sample pairs
+    (identical on every rank)."""
+    rng = np.random.default_rng(12345)
+    x = rng.normal(size=(n_sample, d))
+    x /= np.linalg.norm(x, axis=1)[:, None]
+    C = _coefficients(d, A, coef, degree)
+    Y = sphere_basis.basis_values(x, degree)
+    exact = _kernel(x, x, A, coef)
+    return float(np.max(np.abs(Y.T @ C @ Y - exact)) / np.max(np.abs(exact))), C
+
+
+def make_hessian(
+    kind: str,
+    cv: ControlVolumes,
+    points: Array,
+    sources: GlobalSources,
+    A: Array,
+    coef: float,
+    backend: str,
+    tol: float = 1e-12,
+    previous: KernelHessian | ExpansionHessian | None = None,
+) -> KernelHessian | ExpansionHessian:
+    """Build the Hessian operator: kind "kernel", "expansion" or "auto" (module docstring).
+
+    "expansion" raises ValueError if no degree <= MAX_DEGREE (within MAX_BASIS_BYTES per rank)
+    reaches ``tol``; "auto" then falls back to "kernel". With time-dependent heads the
+    ``previous`` expansion's degree is tried first and its basis reused. Collective.
+    """
+    if kind not in ("kernel", "expansion", "auto"):
+        raise ValueError(f"hessian must be 'kernel', 'expansion' or 'auto', got {kind!r}")
+    if kind == "kernel":
+        return KernelHessian(cv, points, sources, A, coef, backend)
+    if isinstance(previous, ExpansionHessian):
+        error, C = checked_expansion(cv.d, A, coef, previous.degree)
+        if error <= tol:
+            return ExpansionHessian(cv, points, A, C, previous.degree, error, previous.basis)
+    n_max = cv.comm.allreduce(cv.n_owned, op=MPI.MAX)
+    error, degree = math.inf, 0
+    for degree in range(8, MAX_DEGREE + 1, 4):
+        if n_max * sphere_basis.basis_size(cv.d, degree) * 8 > MAX_BASIS_BYTES:
+            break
+        error, C = checked_expansion(cv.d, A, coef, degree)
+        if error <= tol:
+            return ExpansionHessian(cv, points, A, C, degree, error)
+    if kind == "auto":
+        return KernelHessian(cv, points, sources, A, coef, backend)
+    raise ValueError(
+        f"no harmonic expansion of degree <= {degree} reaches the tolerance {tol:.1e} "
+        f"(error {error:.2e}): use hessian='kernel'"
+    )

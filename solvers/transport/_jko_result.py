@@ -1,0 +1,89 @@
+"""What a JKO step returns (:class:`JKOStep`), and the JKO solver's choices and defaults.
+
+The result object follows POT's ``OTResult``: the new density with its potential, the
+transport cost and the energy, the value of the step's objective, and the Newton/Krylov
+record of the solve, so that a caller can check the minimizing-movement inequality
+:math:`s'E^{k+1} + W^2/(2\tau) \\le s'E^k` or the convergence in :math:`\tau` without
+re-evaluating anything. The PETSc defaults apply under the solver's options prefix; the
+command line and ``petsc_options`` override them (:mod:`solvers._petsc`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from solvers.stepping import StepResult
+
+__all__ = ["DEFAULT_OPTIONS", "HESSIANS", "VARIANTS", "JKOStep"]
+
+Array = npt.NDArray[np.float64]
+
+VARIANTS = ("implicit", "semi-implicit")
+HESSIANS = ("auto", "kernel", "expansion")
+#: PETSc defaults (prefix-relative); the command line and ``petsc_options`` override them.
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "snes_type": "newtonls",
+    "snes_linesearch_type": "bt",
+    "snes_rtol": 1e-10,
+    "snes_atol": 1e-11,
+    "snes_stol": 1e-14,
+    "snes_max_it": 25,
+    "ksp_type": "gmres",
+    "ksp_rtol": 1e-8,
+    "ksp_max_it": 200,
+    "ksp_gmres_restart": 100,
+    "pc_type": "fieldsplit",
+    "pc_fieldsplit_type": "multiplicative",
+    "fieldsplit_psi_ksp_type": "preonly",
+    "fieldsplit_psi_pc_type": "lu",
+    "fieldsplit_psi_pc_factor_mat_solver_type": "mumps",
+    "fieldsplit_rho_ksp_type": "preonly",
+    "fieldsplit_rho_pc_type": "lu",
+    "fieldsplit_rho_pc_factor_mat_solver_type": "mumps",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class JKOStep(StepResult):
+    """Result of one JKO step (identical on every rank except the owned arrays).
+
+    Attributes:
+        density: (n_owned,) rho^{k+1} (a copy).
+        potential: (n_owned,) psi (the velocity is grad psi / b; psi = -s' dE/dmu + O(tau)).
+        transport_cost: the discrete W_b^2(mu^k, mu^{k+1}).
+        energy: E(mu^{k+1}, t_{k+1}) (not multiplied by s').
+        objective: W_b^2 / (2 tau) + s' E(mu^{k+1}).
+        failed_newton_its: Newton iterations spent in rejected attempts.
+        damped_its: Newton steps shortened by the positivity pre-check.
+        reason: SNES converged reason (> 0).
+        reason_name: its name.
+        residual_norm: final residual (L^2-scaled Euclidean norm).
+        mass: total mass (allreduced).
+        min_density: smallest cell density (allreduced).
+
+    With the fields of :class:`solvers.stepping.StepResult`: ``t``, ``dt`` (the step tau
+    taken, after ``halvings`` halvings; also :attr:`tau`), ``newton_its`` and ``ksp_its`` of
+    the accepted solve.
+    """
+
+    density: Array
+    potential: Array
+    transport_cost: float
+    energy: float
+    objective: float
+    failed_newton_its: int
+    damped_its: int
+    reason: int
+    reason_name: str
+    residual_norm: float
+    mass: float
+    min_density: float
+
+    @property
+    def tau(self) -> float:
+        """The step taken (= ``dt``)."""
+        return self.dt

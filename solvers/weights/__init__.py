@@ -1,0 +1,80 @@
+"""The heads' weights theta_h(t) = (Q_h, K_h, V_h)(t) and their law Theta_t (DESIGN M1b).
+
+Public face of the weights package. A :class:`WeightDynamics` gives the heads at any time:
+frozen, Ornstein-Uhlenbeck (Euler-Maruyama on a grid of its own, seeded) or oscillating
+(closed form); :func:`make_weights` builds them from configured heads. In the many-head limit
+the heads are a measure Theta_t on a parameter box of R^p, whose density solves a
+Fokker-Planck equation (:class:`FokkerPlanckSolver`: Scharfetter-Gummel finite volumes,
+implicit Euler/BDF2, PETSc); :class:`FokkerPlanckWeights` turns its cells into weighted heads.
+
+Modules: ``_dynamics`` (frozen, OU, oscillating), ``_fokker_planck`` (the solver),
+``_drifts`` (drifts, diffusion and closed forms), ``_weight_measure`` (the measure as heads, sampled heads).
+"""
+
+from solvers.weights._drifts import Drift
+from solvers.weights._dynamics import (
+    KINDS,
+    FrozenWeights,
+    OrnsteinUhlenbeckWeights,
+    OscillatingWeights,
+    WeightDynamics,
+    config_matrices,
+    head_weights_at,
+    make_weights,
+    random_symmetric,
+)
+from solvers.weights._fokker_planck import (
+    DEFAULT_PETSC_OPTIONS,
+    FokkerPlanckDiagnostics,
+    FokkerPlanckSolver,
+    FokkerPlanckStep,
+    GradientDrift,
+    LinearDrift,
+    bernoulli,
+    diffusion_matrix,
+    free_energy,
+    gaussian_density,
+    gaussian_w2,
+    gradient_drift,
+    moments,
+    ou_drift,
+    periodic_drift,
+)
+from solvers.weights._weight_measure import (
+    MAX_CELLS,
+    FokkerPlanckWeights,
+    ParameterisedHeads,
+    SampledWeights,
+)
+
+__all__ = [
+    "DEFAULT_PETSC_OPTIONS",
+    "KINDS",
+    "MAX_CELLS",
+    "Drift",
+    "FokkerPlanckDiagnostics",
+    "FokkerPlanckSolver",
+    "FokkerPlanckStep",
+    "FokkerPlanckWeights",
+    "FrozenWeights",
+    "GradientDrift",
+    "LinearDrift",
+    "OrnsteinUhlenbeckWeights",
+    "OscillatingWeights",
+    "ParameterisedHeads",
+    "SampledWeights",
+    "WeightDynamics",
+    "bernoulli",
+    "config_matrices",
+    "diffusion_matrix",
+    "free_energy",
+    "gaussian_density",
+    "gaussian_w2",
+    "gradient_drift",
+    "head_weights_at",
+    "make_weights",
+    "moments",
+    "ou_drift",
+    "periodic_drift",
+    "random_symmetric",
+]
