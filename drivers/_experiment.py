@@ -17,12 +17,15 @@ output folder (rank 0, then a barrier). Nothing here is collective before that.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
+from drivers.engine import provenance, write_json
 from solvers.threads import configure_threads
 
 __all__ = ["Experiment"]
@@ -40,6 +43,9 @@ class Experiment:
 
     def __init__(self, script: str, doc: str | None, comm: MPI.Comm = MPI.COMM_WORLD) -> None:
         self.name = Path(script).stem
+        self.arguments: dict[str, Any] = {}
+        self.argv: list[str] = [f"drivers/{self.name}.py", *sys.argv[1:]]
+        self.provenance: dict[str, Any] = {}
         self.description = doc.strip().splitlines()[0] if doc and doc.strip() else self.name
         self.comm = comm
 
@@ -71,6 +77,8 @@ class Experiment:
             SystemExit: on a malformed command line or ``--help`` (argparse).
         """
         args = parser.parse_args(argv)
+        self.arguments = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        self.argv = [f"drivers/{self.name}.py", *(sys.argv[1:] if argv is None else argv)]
         self.prepare(args.out)
         return args
 
@@ -87,6 +95,8 @@ class Experiment:
             ``out``, which exists on return, on every rank.
         """
         configure_threads()
+        if self.comm.rank == 0:
+            self.provenance = provenance(self.argv, self.comm.size)
         return self.folder(out)
 
     def folder(self, path: Path) -> Path:
@@ -102,6 +112,18 @@ class Experiment:
             path.mkdir(parents=True, exist_ok=True)
         self.comm.barrier()
         return path
+
+    def write_summary(self, out: Path, summary: dict[str, Any]) -> None:
+        """Write ``out/summary.json`` (rank 0): ``summary`` with the command-line arguments
+        (``parameters``) and the provenance (version, commit, command line, host, threads:
+        :func:`drivers.engine.provenance`).
+
+        Args:
+            out: the output folder.
+            summary: what the experiment found (JSON-ready values, numpy arrays allowed).
+        """
+        data = {**summary, "parameters": self.arguments, "provenance": self.provenance}
+        write_json(Path(out) / "summary.json", data)
 
     def log(self, message: str) -> None:
         """Print ``[<script name> <size> rank(s)] message`` on rank 0 only, flushed.

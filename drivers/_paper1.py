@@ -447,13 +447,16 @@ def summarise(runs: list[Run], scheme: str) -> list[dict]:
     return table
 
 
-def report(setup: Setup, title: str, log: Callable[[str], None]) -> dict:
+def report(
+    setup: Setup, title: str, log: Callable[[str], None], provenance: dict | None = None
+) -> dict:
     """Figures, summary.csv, summary.json and final.npz from the saved runs (rank 0).
 
     Args:
         setup: the setup (its output folder holds the data files of :func:`save_runs`).
         title: the title of the figures.
         log: prints the fitted exponents.
+        provenance: the provenance block of summary.json (:func:`drivers.engine.provenance`).
 
     Returns:
         The fitted exponents (per scheme) and the summary table.
@@ -498,7 +501,7 @@ def report(setup: Setup, title: str, log: Callable[[str], None]) -> dict:
     parameters = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(setup).items()}
     del parameters["out"]
     summary = {"setup": parameters, "exponents": exponents, "table": table}
-    write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", {**summary, "provenance": provenance or {}})
     log(
         f"fitted exponent of the late-time G^2 in H: particles {exponents['particles']:.3f}, "
         f"mesh {exponents['mesh']:.3f}"

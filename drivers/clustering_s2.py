@@ -7,7 +7,7 @@ Rigollet [G23]: tokens form a probability measure mu_t on S^2 transported by
     X[mu](x) = P_x (int e^{beta <x, y>} y dmu(y)) / (int e^{beta <x, y>} dmu(y)),
     P_x = I - x x^T,
 
-i.e. the transformer PDE of [P1] (DESIGN M1) with one head Q = K = V = I and sign s = +1.
+i.e. the transformer PDE of [P1] (docs/model.md, M1) with one head Q = K = V = I and sign s = +1.
 Writing Z(x) = int e^{beta <x, y>} dmu(y), the velocity is X = grad_S Z / (beta Z), an ascent
 direction of the interaction energy
 
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # %% Problem
     # ----------
-    # One identity head, frozen in time, sign +1 (DESIGN M1 with H = 1).
+    # One identity head, frozen in time, sign +1 (docs/model.md, M1 with H = 1).
     heads = [Head.identity(3)]
     weights = make_weights("frozen", heads)
     attention = Attention(beta, sign, manifold=True)
@@ -387,6 +387,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         plot_clusters(out / "clusters.png", gathered.points, log_rho, clusters, t_last)
         plot_metrics(out / "metrics.png", rows, ["energy", "G2", "max_density", "n_clusters"])
+        experiment.write_summary(
+            out,
+            {
+                "status": "ok" if status == 0 else "failed",
+                "t_final": t_last,
+                "steps": solver.steps,
+                "final_metrics": rows[-1],
+                "energy_gain": gain,
+                "int_G2_dt": integral,
+                "clusters": [{"mass": m, "centre": c} for m, c in clusters],
+                "wall_time_s": time.perf_counter() - wall0,
+            },
+        )
     writer.close()
     metrics.close()
     log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")

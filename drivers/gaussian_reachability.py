@@ -1,4 +1,4 @@
-r"""Exact finite-time reachability of Gaussian targets by a transformer ([P3], DESIGN M3).
+r"""Exact finite-time reachability of Gaussian targets by a transformer ([P3], docs/model.md, M3).
 
 Tokens move with x' = V softmax_B-mean + A(t) x + b(t); a Gaussian N(m, S) stays Gaussian,
 
@@ -58,7 +58,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers.engine import write_final, write_json
+from drivers.engine import write_final
 from solvers.gaussian import GaussianParticles, reach, solve_moments
 
 comm = MPI.COMM_WORLD
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-        write_json(out / "summary.json", summary)
+        experiment.write_summary(out, summary)
         xT = particles["full_rank_attention"][1]
         keys = ("m1", "m2", "S11", "S12", "S22")
         reached = np.concatenate([rows[-1][k] * np.ones(1) for k in keys])

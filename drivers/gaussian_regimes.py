@@ -4,7 +4,7 @@ Tokens in R^2 follow self-attention plus an affine feed-forward layer with const
 
     x' = X[mu](x) = V (int y e^{<B x, y>} dmu(y)) / (int e^{<B x, y>} dmu(y)) + A x + b,
 
-and a Gaussian mu_0 = N(m_0, S_0) stays Gaussian, its moments solving (DESIGN M3)
+and a Gaussian mu_0 = N(m_0, S_0) stays Gaussian, its moments solving (docs/model.md, M3)
 
     m' = (A + V) m + V S B m + b,
     S' = A S + S A^T + V S B S + S B^T S V^T            (Riccati type).
@@ -72,7 +72,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers.engine import write_final, write_json
+from drivers.engine import write_final
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention, Head
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-        write_json(out / "summary.json", summary)
+        experiment.write_summary(out, summary)
         density = np.concatenate([ode["bounded"].S[-1].ravel(), ode["blowup"].S[-1].ravel()])
         write_final(
             out / "final.npz", final_points, np.ones(len(final_points)), density, 0.97 * t_star

@@ -1,6 +1,6 @@
 r"""How far from Gaussian are a transformer's layers when fed Gaussian tokens? ([P3], M3)
 
-The Gaussian reduction of [P3] (DESIGN M3) is exact for self-attention plus an affine
+The Gaussian reduction of [P3] (docs/model.md, M3) is exact for self-attention plus an affine
 feed-forward layer: an input N(m, S) stays Gaussian. Real transformers add layer norms and
 nonlinear MLPs; [P3] fed Gaussian inputs to ModernBERT and Tiny-DeiT and found nearly Gaussian
 moments in the early and middle layers. We repeat this with the pretrained all-MiniLM-L6-v2
@@ -57,7 +57,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers.engine import write_final, write_json
+from drivers.engine import write_final
 from solvers.gaussian import (
     gaussianity,
     layer_gaussianity,
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                     writer.writerow(
                         [label, layer, g.sliced_w2, g.max_w2, g.abs_skewness, g.excess_kurtosis]
                     )
-        write_json(out / "summary.json", summary)
+        experiment.write_summary(out, summary)
         last = states_first[-1][0]
         first_model = next(iter(results.values()))
         sw2 = np.array([g.sliced_w2 for g in first_model])

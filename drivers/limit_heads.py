@@ -1,6 +1,6 @@
 r"""Head limit: H heads sampled from a weight measure against the integrated velocity on S^2.
 
-DESIGN M1b/M2, issue 8. Heads are parameterised by theta in R^p (p = 1 or 2),
+docs/model.md, M1b/M2, issue 8. Heads are parameterised by theta in R^p (p = 1 or 2),
 
     D(theta) = I + sum_k theta_k B_k,    (Q, K, V) = (I, D(theta), D(theta)),
 
@@ -9,7 +9,7 @@ and a weight measure rho on R^p gives the mean-field (infinite-head) velocity
     X_rho[mu](x) = s int P_x a_theta[mu](x) drho(theta)
                  ~ s sum_i w_i P_x a_{theta_i}[mu](x)       (midpoint rule over the cells K_i),
 
-a_theta the softmax head output of DESIGN M1. H heads theta_1..theta_H drawn iid from rho give
+a_theta the softmax head output of docs/model.md, M1. H heads theta_1..theta_H drawn iid from rho give
 the finite-head velocity X_H = (s/H) sum_h P_x a_{theta_h}. Since theta -> P_x a_theta(x) is
 bounded and Lipschitz in (x, theta), X_H - X_rho is a Monte Carlo error, and a uniform law of
 large numbers over the targets gives ([P2])
@@ -76,7 +76,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers.engine import GatheredCells, write_final, write_json
+from drivers.engine import GatheredCells, write_final
 from meshes import control_volumes, icosphere
 from meshes.box import box
 from solvers.attention import Attention, gather_measure
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             "mean_rms": r["rms"].mean(axis=1),
             "theory": "E sup_x |X_H - X_rho| = O(H^-1/2 sqrt(log H)) ([P2])",
         }
-        write_json(out / "summary.json", summary)
+        experiment.write_summary(out, summary)
         plot(out / "limit_heads.png", heads, r["sup"], r["rms"], r["fits"])
         g = r["gathered"]
         write_final(

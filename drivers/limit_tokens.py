@@ -1,6 +1,6 @@
 r"""Token limit (propagation of chaos): N particles against the mean-field PDE on S^2.
 
-DESIGN M1/M2, issue 8. The discrete transformer with N tokens drawn iid from a density rho_0,
+docs/model.md, M1/M2, issue 8. The discrete transformer with N tokens drawn iid from a density rho_0,
 
     dx_i/dt = X[mu_N(t)](x_i),    mu_N(t) = (1/N) sum_i delta_{x_i(t)},
     X[mu](x) = s P_x (int e^{beta <x, y>} y dmu(y)) / (int e^{beta <x, y>} dmu(y)),
@@ -87,7 +87,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from drivers._experiment import Experiment
-from drivers.engine import GatheredCells, write_final, write_json
+from drivers.engine import GatheredCells, write_final
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head, gather_measure
 from solvers.diagnostics import (
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
                         floors[name],
                     ]
                 )
-        write_json(out / "summary.json", summary)
+        experiment.write_summary(out, summary)
         plot(out / "limit_tokens.png", sizes, table, fits, floors, t_end)
         write_final(
             out / "final.npz",

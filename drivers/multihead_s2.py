@@ -1,6 +1,6 @@
 r"""Multi-head transformer on S^2 with time-dependent weights: relaxation or persistent motion.
 
-The experiment of Massucco et al. [P1] (DESIGN M1, M1b): tokens form a probability measure
+The experiment of Massucco et al. [P1] (docs/model.md, M1, M1b): tokens form a probability measure
 mu_t on S^2, moved by H attention heads whose weights D_h(t) evolve in time,
 
     d/dt mu_t + div_S(mu_t X[mu_t, t]) = 0,
@@ -22,7 +22,7 @@ Two weight dynamics, both started from random symmetric D_h(0) = Z + Z^T (Z iid 
     Ornstein-Uhlenbeck:  dD_h = (I - D_h) dt + sigma dW_sym,  sigma^2 = 2,
     oscillating:         dD_h = (F(t + 2 pi h / H) - D_h) dt,
 
-with F the periodic forcing of DESIGN M1b. [P1] reports that with OU weights the token cloud
+with F the periodic forcing of docs/model.md, M1b. [P1] reports that with OU weights the token cloud
 relaxes to a stationary configuration and G^2 falls to a noise level of order 1/H (the noise
 averaged over the heads), while with oscillating weights the integrability assumption of its
 convergence theorem fails, the tokens do not settle and G^2 does not decay. The plot g2.png
@@ -318,6 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     if comm.rank == 0:
         title = f"H = {n_heads} heads, beta = {beta:g}, s = {sign:+d}, {quality.n_cells} cells"
         plot_g2(out / "g2.png", histories, title)
+        experiment.write_summary(
+            out,
+            {
+                "status": "ok" if status == 0 else "failed",
+                "cells": quality.n_cells,
+                "final_metrics": {dynamics: rows[-1] for dynamics, rows in histories.items()},
+                "wall_time_s": time.perf_counter() - wall0,
+            },
+        )
     log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out} (g2.png, */density.xdmf)")
     return status
 

@@ -1,6 +1,6 @@
 r"""[P1] section 6 on S^2, oscillating weights: does G^2 decay with H? The energy budget.
 
-The second experiment of Massucco et al. [P1], section 6 (DESIGN M1, M1b): the same tokens
+The second experiment of Massucco et al. [P1], section 6 (docs/model.md, M1, M1b): the same tokens
 and heads as drivers/paper1_ou_s2.py (n = 200 tokens at the octahedron vertices +-e_k with
 N(0, 0.05^2) noise, normalised; heads (I, D_h, D_h), beta = 1, s = -1, D_h(0) = Z + Z^T), but
 the weights relax towards a periodic target with a phase per head,
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     # ----------
     # Figures, summary.csv, summary.json and final.npz (rank 0).
     if experiment.comm.rank == 0:
-        report(setup, TITLE, experiment.log)
+        report(setup, TITLE, experiment.log, experiment.provenance)
     experiment.log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {setup.out}")
     return 0
 

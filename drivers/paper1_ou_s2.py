@@ -1,6 +1,6 @@
 r"""[P1] section 6 on S^2, Ornstein-Uhlenbeck weights: G^2 falls like 1/H; the energy budget.
 
-The experiment of Massucco et al. [P1], section 6 (DESIGN M1, M1b), with the setup of the
+The experiment of Massucco et al. [P1], section 6 (docs/model.md, M1, M1b), with the setup of the
 paper's published code. Tokens x_i in S^2 (d = 3), n = 200, each placed at a random octahedron
 vertex +-e_k, perturbed by N(0, 0.05^2) per coordinate and normalised; equal masses 1/n. H heads
 (Q, K, V) = (I, D_h, D_h), beta = 1, s = -1:
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     # ----------
     # Figures, summary.csv, summary.json and final.npz (rank 0).
     if experiment.comm.rank == 0:
-        report(setup, TITLE, experiment.log)
+        report(setup, TITLE, experiment.log, experiment.provenance)
     experiment.log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {setup.out}")
     return 0
 

@@ -1,6 +1,6 @@
 r"""Mean-field Langevin training of a transformer's heads: forward, adjoint, Fokker-Planck.
 
-DESIGN M2, [P2] sections 6-8 (issue 8). Heads theta in a box of R^p (p = 1) with law rho_s
+docs/model.md, M2, [P2] sections 6-8 (issue 8). Heads theta in a box of R^p (p = 1) with law rho_s
 over the training time s, (Q, K, V)(theta) = (I, D(theta), D(theta)), D = D_0 + theta B. The
 tokens mu_t move over the depth t in [0, T] with the attention velocity integrated over rho,
 
@@ -76,7 +76,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers.engine import MetricsWriter, write_final, write_json
+from drivers.engine import MetricsWriter, write_final
 from meshes import circle, control_volumes
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     # %% Pictures
     # -----------
     if comm.rank == 0:
-        write_json(out / "summary.json", summary)
+        experiment.write_summary(out, summary)
         write_final(
             out / "final.npz",
             train2.theta,

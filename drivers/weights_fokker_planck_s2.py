@@ -1,6 +1,6 @@
 r"""Tokens on S^2 driven by a weight *measure*: Fokker-Planck heads against sampled heads.
 
-DESIGN M1b, issue 5. Heads are parameterised by theta in R^p (p = 1 or 2),
+docs/model.md, M1b, issue 5. Heads are parameterised by theta in R^p (p = 1 or 2),
 
     D(theta) = D_0 + sum_k theta_k B_k,    (Q, K, V) = (I, D(theta), D(theta)),
 
@@ -423,6 +423,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         plot_velocity(out / "velocity_vs_H.png", probe_heads, err, slope)
         plot_theta(out / "theta.png", metrics.rows, p)
+        experiment.write_summary(
+            out,
+            {
+                "status": "ok" if status == 0 else "failed",
+                "t_final": t_final,
+                "final_metrics": metrics.rows[-1],
+                "velocity_vs_H": {"H": probe_heads, "error": err, "slope": slope},
+                "wall_time_s": time.perf_counter() - wall0,
+            },
+        )
     writer.close()
     if theta_writer is not None:
         theta_writer.close()

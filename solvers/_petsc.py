@@ -7,7 +7,7 @@ defaults into the PETSc options database under that prefix *only where the user 
 the key already* (so ``-jko_snes_rtol 1e-12`` on the mpirun command line wins over a default),
 then the explicit ``petsc_options`` dict (which wins over both), calls ``setFromOptions`` on the
 objects, and finally removes every key it inserted and restores every value it overwrote, in
-a ``finally`` block: a failed set-up never leaves a polluted prefix behind (DESIGN section 5).
+a ``finally`` block: a failed set-up never leaves a polluted prefix behind (docs/numerics.md, PETSc notes).
 
 Convergence. :func:`snes_reason_name` / :func:`ksp_reason_name` turn PETSc's integer reasons
 into their names (``"DIVERGED_MAX_IT"``); :func:`check_snes` raises

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -70,3 +71,18 @@ def cli_env() -> dict[str, str]:
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+def launch_cli(args: list[str], n: int) -> subprocess.Popen:
+    """``mpiexec -n n python -m drivers ARGS`` in its own process group (so that a test can
+    signal or kill the whole job); stderr is captured, stdout dropped."""
+    cmd = [str(VENV_BIN / "mpiexec"), "-n", str(n), sys.executable, "-m", "drivers", *args]
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )

@@ -244,8 +244,29 @@ def density_expressions(d: int, mode: str):
                 "nan",
                 "x[0] + 1j",
                 "x[0] > 0",
+                # code-execution payloads: refused by the grammar (exit 2), never run
+                "().__class__.__base__.__subclasses__()",
+                "[c for c in ().__class__.__mro__]",
+                "exp.__globals__",
+                "x[0].__array_interface__",
+                "(lambda: 1)()",
+                "__builtins__",
+                "getattr(x, 'T')",
+                "f'{x}'",
+                "x[0:2]",
+                "(y := 2) * x[0]",
+                "exp(*x)",
+                "where(x[0] > 0, x=1, y=0)",
+                "9" * 400,
+                "exp(" * 80 + "x[0]" + ")" * 80,
             ]
         ),
+        st.tuples(
+            expr,
+            st.sampled_from(
+                [".__class__", ".__dict__", "[0].__globals__", ".real", "(*x)", "(**{})"]
+            ),
+        ).map(lambda t: f"({t[0]}){t[1]}"),
         JUNK_SCALARS.filter(lambda v: not isinstance(v, str)),
     )
     return st.one_of(positive, expr, extreme, broken)

@@ -1,4 +1,4 @@
-"""The discrete adjoint of the training forward map (DESIGN M2, [P2] section 6).
+"""The discrete adjoint of the training forward map (docs/model.md, M2, [P2] section 6).
 
 - the gradient dL/dw (= dL/drho at the heads) matches central finite differences of the loss
   along random mass-preserving perturbations of the head weights to 1e-6 relative, for one

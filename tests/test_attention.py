@@ -50,7 +50,7 @@ def symmetric_heads(rng: np.random.Generator, H: int, d: int) -> list[Head]:
 
 
 def naive_attention(targets, sources, masses, heads, beta, sign, manifold=True):
-    """The formulas of DESIGN M1 written out with Python floats and math.exp (no shift)."""
+    """The formulas of docs/model.md, M1 written out with Python floats and math.exp (no shift)."""
     m, d = targets.shape
     H = len(heads)
     log_Z = np.zeros((H, m))

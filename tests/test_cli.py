@@ -1,4 +1,4 @@
-"""The command-line contract of DESIGN section 4: outputs, exit codes, rank independence."""
+"""The command-line contract of docs/interface.md: outputs, exit codes, rank independence."""
 
 from __future__ import annotations
 

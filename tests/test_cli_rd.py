@@ -1,4 +1,4 @@
-"""CLI on R^d: `run` with R1/R2 boxes (DESIGN M3 transport) and the `gaussian` moment command."""
+"""CLI on R^d: `run` with R1/R2 boxes (docs/model.md, M3 transport) and the `gaussian` moment command."""
 
 from __future__ import annotations
 

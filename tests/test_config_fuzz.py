@@ -1,4 +1,4 @@
-"""Property-based test of the input contract (DESIGN section 4, issue 9): random configs.
+"""Property-based test of the input contract (docs/interface.md, issue 9): random configs.
 
 Hypothesis generates TOML configs, valid and invalid: random sections and keys, wrong types,
 out-of-range and non-finite numbers, matrices of random and wrong shapes with entries up to

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import json
 import os
 import re
 import subprocess
@@ -50,12 +51,12 @@ _PAPER1_FILES = [
 REGISTRY: dict[str, dict[str, list[str]]] = {
     "clustering_s2.py": {
         "args": ["--tiny"],
-        "outputs": [*_FILES, "metrics.png"],
+        "outputs": [*_FILES, "metrics.png", "summary.json"],
     },
     "multihead_s2.py": {
         "args": ["--tiny", "--dynamics", "both"],
         "outputs": [f"{dyn}/{name}" for dyn in ("ou", "oscillating") for name in _FILES]
-        + ["g2.png"],
+        + ["g2.png", "summary.json"],
     },
     "gaussian_regimes.py": {
         "args": ["--tiny"],
@@ -94,7 +95,10 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
     },
     "weights_fokker_planck_s2.py": {
         "args": ["--tiny"],
-        "outputs": [*_FILES, "theta.xdmf", "theta.h5", "theta.png", "velocity_vs_H.png"],
+        "outputs": [
+            *_FILES,
+            *("theta.xdmf", "theta.h5", "theta.png", "velocity_vs_H.png", "summary.json"),
+        ],
     },
 }
 
@@ -198,6 +202,12 @@ def test_driver_runs(name: str, nprocs: int, tmp_path_factory: pytest.TempPathFa
         assert path.is_file() and path.stat().st_size > 0, f"{rel} not written\n{log}"
         if rel.endswith(".png"):
             assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{rel} is not a PNG"
+    # every experiment says what it is: version, commit, command line, host, ranks
+    summary = json.loads((out / "summary.json").read_text())
+    prov = summary["provenance"]
+    assert prov["version"] and prov["ranks"] == nprocs and prov["run_id"], prov
+    assert prov["argv"][0] == f"drivers/{name}" and "--tiny" in prov["argv"], prov["argv"]
+    assert set(prov["git"]) == {"commit", "modified"} and prov["host"], prov
     for metrics in sorted(out / p for p in REGISTRY[name]["outputs"] if p.endswith("metrics.csv")):
         with open(metrics, newline="") as fh:
             rows = list(csv.DictReader(fh))

@@ -1,4 +1,4 @@
-"""Gaussian transformer dynamics (DESIGN M3, [P3]): moment ODE, blow-up, reachability, particles.
+"""Gaussian transformer dynamics (docs/model.md, M3, [P3]): moment ODE, blow-up, reachability, particles.
 
 Closed forms to 1e-8 (isotropic eigenvalues, blow-up time, equilibrium; V = vI via P = S^-1),
 rank and range invariance, reachability of random targets to 1e-8, blow-up reported without

@@ -47,7 +47,7 @@ def _cfl_step(cv, attention, density) -> float:
 # ---------------------------------------------------------------- the velocity identity
 @pytest.mark.parametrize("sign", [1, -1])
 def test_velocity_equals_weighted_gradient_for_one_head(comm, sign):
-    """H = 1, V = Q^T K = D symmetric: X = s (1/b) grad_S (dE/dmu), b = Z (DESIGN M1).
+    """H = 1, V = Q^T K = D symmetric: X = s (1/b) grad_S (dE/dmu), b = Z (docs/model.md, M1).
 
     dE/dmu = Z / beta; its tangential gradient by central differences (step 1e-5) against
     ``Attention.velocity``: agreement to 1e-8 relative. For H = 2 the two velocities differ

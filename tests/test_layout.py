@@ -198,3 +198,22 @@ def test_python_m_old_cli_path():
     cmd = [sys.executable, "-m", "drivers.cli", "--help"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "transformer-pde" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_repository_is_self_contained():
+    """What a user reads is in the repository: no pointers to files it does not ship."""
+    texts = [ROOT / n for n in ("README.md", "CITATION.cff", "refs.bib", "CHANGELOG.md")]
+    texts += [ROOT / d / "README.md" for d in ("drivers", "benchmarks", "docker")]
+    texts += sorted((ROOT / "docs").glob("*.md")) + _sources(*PACKAGES, "benchmarks")
+    for path in texts:
+        text = path.read_text()
+        for outside in ("../shared", "DESIGN.md", "DESIGN M", "seeds/"):
+            assert outside not in text, f"{path.relative_to(ROOT)} points to {outside!r}"
+    for name in ("LICENSE", "docs/model.md", "docs/numerics.md", "docs/interface.md"):
+        assert (ROOT / name).is_file(), name
+    assert "MIT License" in (ROOT / "LICENSE").read_text()
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert f"## [{project['version']}]" in changelog, "the version is not cut in CHANGELOG.md"

@@ -1,4 +1,4 @@
-"""Tests of solvers.particles: the discrete multi-head transformer (DESIGN M1, section 2)."""
+"""Tests of solvers.particles: the discrete multi-head transformer (docs/model.md, M1, section 2)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -17,7 +15,7 @@ import numpy as np
 import pytest
 
 from drivers.engine import CheckpointError, load_latest_checkpoint, main, save_checkpoint
-from tests.conftest import ROOT, VENV_BIN, cli_env
+from tests.conftest import launch_cli
 
 CONFIG = """
 [mesh]
@@ -86,7 +84,9 @@ def test_restart_in_process_is_exact(shared_tmp, scheme):
     assert main(["run", str(cfg), "--out", str(full), "--quiet"]) == 0
     short = _config(shared_tmp / f"{scheme}_short.toml", scheme=scheme, dt=dt, t_end=0.55)
     assert main(["run", str(short), "--out", str(part), "--quiet"]) == 0
-    assert main(["run", str(cfg), "--restart", str(part), "--quiet"]) == 0
+    # the restart takes the stored config (t_end 0.55): the new t_end comes by --set
+    restart = ["run", str(cfg), "--restart", str(part), "--quiet", "--set", "time.t_end=1.5"]
+    assert main(restart) == 0
     if MPI.COMM_WORLD.rank == 0:
         _same_outputs(full, part, exact=True)
 
@@ -117,21 +117,8 @@ def test_restart_without_checkpoint_is_input_error(shared_tmp, capfd):
     assert "no checkpoint" in capfd.readouterr().err or MPI.COMM_WORLD.rank != 0
 
 
-def _launch(args: list[str], n: int) -> subprocess.Popen:
-    cmd = [str(VENV_BIN / "mpiexec"), "-n", str(n), sys.executable, "-m", "drivers", *args]
-    return subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
 def _run(args: list[str], n: int) -> None:
-    proc = _launch(args, n)
+    proc = launch_cli(args, n)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
 
@@ -147,7 +134,7 @@ def test_sigkill_and_restart(tmp_path, n_run, n_restart):
     cfg = _config(tmp_path / "c.toml", t_end=2.0)
     ref, out = tmp_path / "ref", tmp_path / "out"
     _run(["run", str(cfg), "--out", str(ref), "--quiet"], n_run)
-    proc = _launch(["run", str(cfg), "--out", str(out), "--quiet"], n_run)
+    proc = launch_cli(["run", str(cfg), "--out", str(out), "--quiet"], n_run)
     rng = np.random.default_rng(int(time.time()))
     target = int(rng.integers(2, 8))  # kill after this many checkpoints have appeared
     deadline = time.time() + 120

@@ -1,4 +1,4 @@
-"""Mean-field Langevin training of the head law (DESIGN M2, [P2] sections 7-8).
+"""Mean-field Langevin training of the head law (docs/model.md, M2, [P2] sections 7-8).
 
 - one layer, linear readout (the potential does not depend on rho): the free energy
   L + kappa int rho log rho decreases at every step and converges exponentially at the rate

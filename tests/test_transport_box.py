@@ -1,4 +1,4 @@
-"""Finite volumes on boxes in R^d for the Gaussian transformer (DESIGN M3) vs the moment ODE.
+"""Finite volumes on boxes in R^d for the Gaussian transformer (docs/model.md, M3) vs the moment ODE.
 
 Started from a Gaussian N(m0, S0), the solution of d/dt mu + div(mu X[mu]) = 0 with
 X[mu](x) = V softmax-mean_B(x) + A x + b stays Gaussian and its moments solve

@@ -1,4 +1,4 @@
-"""Tests of solvers.weights (DESIGN M1b): frozen, Ornstein-Uhlenbeck and oscillating heads."""
+"""Tests of solvers.weights (docs/model.md, M1b): frozen, Ornstein-Uhlenbeck and oscillating heads."""
 
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def test_ou_coarse_grid_is_exactly_euler_maruyama():
 
 # ----------------------------------------------------------------------------- oscillating
 def _F(u: np.ndarray, d: int) -> np.ndarray:
-    """The forcing of DESIGN M1b, written out entry by entry; u (H,) -> (H, d, d)."""
+    """The forcing of docs/model.md, M1b, written out entry by entry; u (H,) -> (H, d, d)."""
     c, s = np.cos, np.sin
     if d == 3:
         F = [

@@ -11,7 +11,8 @@ PETSc options to ``petsc4py.init`` before anything imports DOLFINx or PETSc.
 
 Modules: ``_cli``, ``_config`` (schema, TOML reading, ``--set``), ``_problem``, ``_run``,
 ``_recorder``, ``_writers`` (XDMF, CSV, npz, json), ``_plots``, ``_checkpoint``, ``_view``,
-``_gaussian_command``.
+``_gaussian_command``, ``_resources`` (the memory check), ``_provenance`` (version, commit, command line, host, threads, PETSc
+options of a results folder).
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ _HOME = {
     "load_config": "_config",
     "parse_override": "_config",
     "read_toml": "_config",
+    "restart_config": "_config",
+    "RESTART_KEYS": "_config",
+    "package_version": "_provenance",
+    "provenance": "_provenance",
+    "stored_config": "_checkpoint",
+    "check_memory": "_resources",
+    "estimate_memory": "_resources",
     "validate": "_config",
     "Problem": "_problem",
     "build_mesh": "_problem",

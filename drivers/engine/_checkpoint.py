@@ -3,7 +3,9 @@
 A checkpoint is one ``.npz`` file per saved step in ``DIR/checkpoint/`` holding the state
 gathered on rank 0 in a rank-independent numbering (cells by original index, particles by
 the original index of their starting cell), the scalars of the time loop (t, step, last dt,
-number of output steps and metric rows written), and a SHA-256 digest of all of it.
+number of output steps and metric rows written), the energy budget, the resolved
+configuration of the run (JSON; a restart takes it, :func:`stored_config`), and a SHA-256
+digest of all of it.
 
 Writing: ``np.savez`` to a temporary file, ``fsync``, then ``os.replace`` onto the final
 name, so a write killed half-way never damages an existing checkpoint; the two newest are
@@ -18,6 +20,7 @@ regenerates exactly the same path.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import warnings
 from pathlib import Path
@@ -25,7 +28,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_latest_checkpoint", "checkpoint_dir"]
+__all__ = [
+    "CheckpointError",
+    "checkpoint_dir",
+    "load_latest_checkpoint",
+    "save_checkpoint",
+    "stored_config",
+]
 
 KEEP = 2
 
@@ -87,3 +96,16 @@ def load_latest_checkpoint(out: str | Path) -> tuple[dict[str, Any], Path]:
                 stacklevel=2,
             )
     raise CheckpointError(f"no valid checkpoint in {folder} (all {len(candidates)} damaged)")
+
+
+def stored_config(out: str | Path) -> tuple[dict[str, Any] | None, str]:
+    """The resolved configuration saved in the newest valid checkpoint of ``out`` (rank 0),
+    or None for a checkpoint written before configurations were saved; and its file name.
+
+    Raises:
+        CheckpointError: no usable checkpoint.
+    """
+    state, path = load_latest_checkpoint(out)
+    if "config" not in state:
+        return None, path.name
+    return json.loads(str(state["config"])), path.name

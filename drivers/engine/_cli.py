@@ -4,7 +4,7 @@
 - ``transformer-pde gaussian CONFIG.toml``: the moment ODE alone;
 - ``transformer-pde view DIR``: an animation of a results folder's density.
 
-Exit codes (DESIGN section 4): 0 success; 2 invalid input, with one line naming the key or
+Exit codes (docs/interface.md): 0 success; 2 invalid input, with one line naming the key or
 file (no traceback); 3 the run stopped on a detected failure (NaN, blow-up), after writing
 everything computed so far. Works serially and under ``mpiexec -n N``.
 """
@@ -14,13 +14,32 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
+
+from drivers.engine._provenance import package_version
 
 __all__ = ["main"]
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # --ou is not --out: options are spelt out
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line, exit 2 (argparse's own code)
         self.exit(2, f"transformer-pde: error: {message}\n")
+
+
+RUN_EPILOG = """\
+outputs in DIR: density.xdmf + density.h5 (ParaView), metrics.csv, final.npz, summary.json,
+density.png, metrics.png, edi.png, checkpoint/ (with output.checkpoint_every).
+exit codes: 0 completed; 2 invalid input (one line naming the key, file or option);
+3 a detected failure (NaN, blow-up, no convergence); 130/143 interrupted by SIGINT/SIGTERM
+(after a checkpoint when checkpointing is on); everything computed is written in every case.
+PETSc options: single-dash options go to PETSc, e.g. -jko_snes_monitor -jko_ksp_rtol 1e-10
+(JKO, prefix jko_) or -theta_ksp_monitor (weight law, prefix theta_); an unknown --option is
+an error. On --restart the run's own configuration (stored in its checkpoints) is used, and
+--set may change only time.t_end and output.every/progress/checkpoint_every/edi_every."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,9 +48,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Mean-field PDEs of multi-head Transformers: run an experiment, solve the "
         "Gaussian moment ODE, or animate a results folder.",
     )
-    sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run an experiment from a TOML config")
-    r.add_argument("config", help="TOML configuration file")
+    p.add_argument("--version", action="version", version=f"transformer-pde {package_version()}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    r = sub.add_parser(
+        "run",
+        help="run an experiment from a TOML config",
+        epilog=RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("config", nargs="?", help="TOML configuration file (not read on --restart)")
     r.add_argument("--out", default=None, help="output folder (default results/<config name>)")
     r.add_argument(
         "--set",
@@ -49,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         help="continue the run in DIR from its newest valid checkpoint (same or "
         "another number of ranks), appending to its outputs",
     )
-    g = sub.add_parser("gaussian", help="the Gaussian moment ODE of DESIGN M3 alone")
+    g = sub.add_parser("gaussian", help="the Gaussian moment ODE of docs/model.md, M3 alone")
     g.add_argument("config", help="TOML file with a [gaussian] table")
     g.add_argument("--out", default=None, help="output folder (default results/<config name>)")
     g.add_argument(
@@ -68,72 +93,112 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _petsc_arguments(parser: argparse.ArgumentParser, rest: list[str]) -> list[str]:
+    """The arguments argparse did not know, checked: single-dash options (and their values)
+    go to PETSc; an unknown ``--option`` or a stray value is an error (exit 2)."""
+    for k, arg in enumerate(rest):
+        if arg.startswith("--"):
+            parser.error(f"unrecognized option {arg.split('=', 1)[0]!r} (see --help)")
+        if not arg.startswith("-") and (k == 0 or not rest[k - 1].startswith("-")):
+            parser.error(f"unrecognized argument {arg!r} (see --help)")
+    return rest
+
+
+def _error(comm: Any, message: str) -> None:
+    if comm.rank == 0:
+        print(f"transformer-pde: {message}".replace("\n", " "), file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    args, petsc_args = parser.parse_known_args(argv)
+    args, rest = parser.parse_known_args(argv)
     if args.command == "view":  # no MPI, no PETSc: rank 0 of a launcher renders, others return
-        if petsc_args:
-            parser.error(f"unrecognized arguments: {' '.join(petsc_args)}")
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         from drivers.engine._view import run_from_args
 
         return run_from_args(args)
-    stray = [a for a in petsc_args if not a.startswith("-")]
-    if petsc_args and (stray and stray[0] == petsc_args[0]):
-        parser.error(f"unrecognized arguments: {' '.join(petsc_args)}")
-    # Heavy imports after argument parsing so that --help is fast. Remaining options starting
-    # with "-" go to PETSc (e.g. -jko_snes_monitor -jko_ksp_rtol 1e-10 for the JKO solver).
+    petsc_args = _petsc_arguments(parser, rest)
+    if args.command == "run" and not args.restart and args.config is None:
+        parser.error("the following arguments are required: config")
+    # Heavy imports after argument parsing so that --help is fast. Signals are handled by the
+    # run loop (drivers.engine._run), not by PETSc's crash handler.
     import dolfinx_solver  # noqa: F401
     import petsc4py
 
-    petsc4py.init([sys.argv[0], *petsc_args])
+    petsc4py.init([sys.argv[0], "-no_signal_handler", *petsc_args])
     from mpi4py import MPI
-
-    import numpy as np
 
     from solvers.threads import configure_threads
 
     configure_threads()
+    comm = MPI.COMM_WORLD
+    command_line = ["transformer-pde", *argv]
+    if args.command == "gaussian":
+        return _gaussian(args, comm, command_line)
+    return _run(args, comm, command_line)
 
-    from drivers.engine._config import ConfigError, load_config
+
+def _run(args: argparse.Namespace, comm: Any, command_line: list[str]) -> int:
+    import numpy as np
+
+    from drivers.engine._config import ConfigError, load_config, restart_config
     from drivers.engine._run import run
     from meshes.sphere import MeshError
     from solvers.transport import DensityError
 
-    comm = MPI.COMM_WORLD
-    if args.command == "gaussian":
-        return _gaussian(args, comm)
-    if args.restart:
-        out = Path(args.restart)
-    else:
-        out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
     try:
         # Floating-point trouble is detected and reported by the solvers (non-finite values,
         # collapsing steps: exit 3 with one line), not by numpy warnings on stderr.
         with np.errstate(all="ignore"):
-            cfg = load_config(args.config, args.overrides)
-            result = run(cfg, out, comm, verbose=not args.quiet, restart=bool(args.restart))
+            if args.restart:
+                out = Path(args.restart)
+                stored = _stored_config(out, comm)
+                if stored is None:  # a checkpoint of an older version: the config as given
+                    cfg = load_config(args.config, args.overrides)
+                else:
+                    cfg = restart_config(stored, args.overrides)
+            else:
+                out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
+                cfg = load_config(args.config, args.overrides)
+            result = run(cfg, out, comm, not args.quiet, bool(args.restart), command_line)
     except (ConfigError, MeshError, DensityError) as exc:
         key = getattr(exc, "key", None)
         prefix = (
             "" if key else ("mesh.file: " if isinstance(exc, MeshError) else "initial.density: ")
         )
-        if comm.rank == 0:
-            print(
-                f"transformer-pde: error: {prefix}{exc}".replace("\n", " "),
-                file=sys.stderr,
-                flush=True,
-            )
+        _error(comm, f"error: {prefix}{exc}")
         return 2
-    if result.exit_code and comm.rank == 0:  # a detected failure: one line on stderr
-        print(
-            f"transformer-pde: error: {result.message}".replace("\n", " "),
-            file=sys.stderr,
-            flush=True,
-        )
+    if result.exit_code:  # a detected failure or an interruption: one line on stderr
+        label = "" if result.status == "interrupted" else "error: "
+        _error(comm, f"{label}{result.message}")
     return result.exit_code
 
 
-def _gaussian(args: argparse.Namespace, comm) -> int:
+def _stored_config(out: Path, comm: Any) -> dict[str, Any] | None:
+    """The configuration saved in the newest checkpoint of ``out`` (rank 0 reads, all get it).
+
+    Raises:
+        ConfigError: no usable checkpoint in ``out``.
+    """
+    from drivers.engine._checkpoint import CheckpointError, stored_config
+    from drivers.engine._config import ConfigError
+
+    cfg, error = None, None
+    if comm.rank == 0:
+        try:
+            cfg, _ = stored_config(out)
+        except (CheckpointError, ValueError) as exc:  # no checkpoint, or a damaged config
+            error = str(exc)
+    error = comm.bcast(error, root=0)
+    if error is not None:
+        raise ConfigError("--restart", error)
+    return comm.bcast(cfg, root=0)
+
+
+def _gaussian(args: argparse.Namespace, comm: Any, command_line: list[str]) -> int:
     """The moment ODE is small: rank 0 solves and writes; the exit code is broadcast."""
     from drivers.engine._config import ConfigError
     from drivers.engine._gaussian_command import load_gaussian_config, run_gaussian
@@ -142,9 +207,8 @@ def _gaussian(args: argparse.Namespace, comm) -> int:
     if comm.rank == 0:
         out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
         try:
-            code = run_gaussian(
-                load_gaussian_config(args.config, args.overrides), out, verbose=not args.quiet
-            )
+            cfg = load_gaussian_config(args.config, args.overrides)
+            code = run_gaussian(cfg, out, verbose=not args.quiet, argv=command_line)
         except ConfigError as exc:
             print(f"transformer-pde: error: {exc}", file=sys.stderr, flush=True)
             code = 2

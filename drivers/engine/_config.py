@@ -1,13 +1,13 @@
 """Run configuration: TOML files, ``--set`` overrides, defaults and validation.
 
-The keys of DESIGN section 4 exist with exactly those meanings; the others are additions.
+The keys of docs/interface.md exist with exactly those meanings; the others are additions.
 
     [mesh]       manifold = "S1" | "S2" | "R1" | "R2"; refinement = int (S2: icosphere level
                  0..8; S1: 16 * 2^refinement cells, 0..16; R1, R2: 16 * 2^refinement cells per
                  axis); file = path (optional, meshio format, spheres only);
                  lower, upper = numbers or lists of d numbers (the box of R1/R2, default +-4)
     [feedforward] A = "zero" | "identity" | d x d list; b = number or list (R1/R2 only):
-                 the affine layer A x + b added to the attention velocity (DESIGN M3)
+                 the affine layer A x + b added to the attention velocity (docs/model.md, M3)
     [attention]  beta = float > 0; sign = +1 | -1; heads = [{Q, K, V}], each "identity" or a
                  d x d nested list; backend = "auto" | "brute" | "lowrank" | "numba" |
                  "numpy" (auto: per head, low-rank expansion when its a-priori error bound
@@ -52,6 +52,8 @@ __all__ = [
     "DEFAULTS",
     "load_config",
     "read_toml",
+    "restart_config",
+    "RESTART_KEYS",
     "as_float",
     "as_int",
     "as_matrix",
@@ -165,6 +167,54 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     return validate(read_toml(path, overrides))
 
 
+#: the keys a ``--set`` may change when a run continues from a checkpoint (``--restart``)
+RESTART_KEYS = (
+    ("time", "t_end"),
+    ("output", "every"),
+    ("output", "progress"),
+    ("output", "checkpoint_every"),
+    ("output", "edi_every"),
+)
+
+
+def restart_config(stored: dict[str, Any], overrides: list[str] | None = None) -> dict[str, Any]:
+    """The configuration of a continued run: the resolved config stored with the run (in its
+    checkpoints), with the ``--set`` overrides that may change on a restart.
+
+    Args:
+        stored: the resolved configuration of the run.
+        overrides: ``section.key=value`` items; those of :data:`RESTART_KEYS` may change the
+            value, any other must leave it as it is.
+
+    Raises:
+        ConfigError: an override is invalid, or changes a key that must stay (the message
+            names the key and both values).
+    """
+    cfg = validate(copy.deepcopy(stored))
+    allowed = ", ".join(".".join(k) for k in RESTART_KEYS)
+    for item in overrides or []:
+        section, key, value = parse_override(item)
+        raw = copy.deepcopy(cfg)
+        if not isinstance(raw.get(section, {}), dict):
+            raise ConfigError(section, "must be a table")
+        raw.setdefault(section, {})[key] = value
+        if (section, key) in RESTART_KEYS:
+            cfg = validate(raw)
+            continue
+        before = cfg.get(section, {}).get(key)
+        try:  # the value as the config would resolve it (an invalid one is a change too)
+            after = validate(raw)[section][key]
+        except ConfigError:
+            after = value
+        if after != before:
+            raise ConfigError(
+                f"{section}.{key}",
+                f"cannot change on --restart: the run has {before!r}, --set gives {after!r} "
+                f"(a restart may change only {allowed})",
+            )
+    return cfg
+
+
 def validate(raw: dict[str, Any]) -> dict[str, Any]:
     """Merge with defaults and check every key; returns the resolved configuration."""
     cfg = copy.deepcopy(DEFAULTS)
@@ -210,7 +260,7 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     f["b"] = as_vector(f["b"], d, "feedforward.b")
     if not flat and (np.any(np.array(f["A"])) or any(f["b"])):
         raise ConfigError(
-            "feedforward", "the affine feed-forward term (DESIGN M3) is for R1/R2 meshes"
+            "feedforward", "the affine feed-forward term (docs/model.md, M3) is for R1/R2 meshes"
         )
 
     a = cfg["attention"]

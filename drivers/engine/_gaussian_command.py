@@ -1,4 +1,4 @@
-"""``transformer-pde gaussian CONFIG.toml [--out DIR]``: the moment ODE of DESIGN M3 alone.
+"""``transformer-pde gaussian CONFIG.toml [--out DIR]``: the moment ODE of docs/model.md, M3 alone.
 
 The config has one table:
 
@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from drivers.engine._config import ConfigError, as_float, as_int, as_matrix, as_vector, read_toml
+from drivers.engine._provenance import provenance
 from drivers.engine._writers import write_json
 
 __all__ = ["load_gaussian_config", "run_gaussian"]
@@ -63,7 +64,9 @@ def load_gaussian_config(path: str | Path, overrides: list[str] | None = None) -
     return cfg
 
 
-def run_gaussian(cfg: dict[str, Any], out: Path, verbose: bool = True) -> int:
+def run_gaussian(
+    cfg: dict[str, Any], out: Path, verbose: bool = True, argv: list[str] | None = None
+) -> int:
     """Solve, write the outputs; returns the exit code (0, or 3 on a detected blow-up)."""
     from solvers.gaussian import Controls, classify, solve_moments
 
@@ -89,6 +92,7 @@ def run_gaussian(cfg: dict[str, Any], out: Path, verbose: bool = True) -> int:
     bu = sol.blowup
     summary = {
         "config": cfg,
+        "provenance": provenance(argv),
         "status": "ok" if bu is None else "blow-up",
         "classification": {"regime": cls.regime, "condition": cls.condition},
         "t_final": float(sol.t[-1]),

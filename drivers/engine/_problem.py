@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drivers.engine._config import ConfigError, dimension, head_matrices
+from drivers.engine._resources import check_memory
 from meshes import (
     ControlVolumes,
     MeshQuality,
@@ -124,7 +125,7 @@ def _weight_measure(w: dict[str, Any], heads: list[Head]) -> WeightDynamics:
 
 
 def feedforward(cfg: dict[str, Any]):
-    """The affine layer v(x, t) = A x + b of DESIGN M3, or None when it is zero."""
+    """The affine layer v(x, t) = A x + b of docs/model.md, M3, or None when it is zero."""
     A = np.array(cfg["feedforward"]["A"], dtype=np.float64)
     b = np.array(cfg["feedforward"]["b"], dtype=np.float64)
     if not A.any() and not b.any():
@@ -149,9 +150,11 @@ def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
     """Mesh, model, initial density and scheme of a validated config (collective).
 
     Raises:
-        ConfigError: the scheme refuses the data (e.g. JKO with an empty cell).
+        ConfigError: the run would not fit in memory (:func:`check_memory`), or the scheme
+            refuses the data (e.g. JKO with an empty cell).
         MeshError, DensityError: an invalid mesh file or initial density.
     """
+    check_memory(cfg, comm)
     cv = build_mesh(cfg, comm)
     quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
     attention, weights = build_model(cfg)

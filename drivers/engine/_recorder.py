@@ -1,6 +1,6 @@
 """The recorder: every output of a run, at the times the config asks for.
 
-A :class:`Recorder` owns the results folder of one run (DESIGN section 4): the density time
+A :class:`Recorder` owns the results folder of one run (docs/interface.md): the density time
 series for ParaView (``density.xdmf`` + ``.h5``; ``theta.xdmf`` for a weight measure on a
 parameter mesh of dimension <= 2), ``metrics.csv`` (:data:`METRIC_COLUMNS`, then the energy
 budget :data:`solvers.diagnostics.EDI_COLUMNS` with ``[output] edi``, then the weights'
@@ -18,14 +18,20 @@ holds the budget at its own time and a restart writes the same bits as an uninte
 on the same number of ranks.
 
 Everything written survives a failure: rows and XDMF steps are flushed when written, and
-:meth:`Recorder.finish` writes ``final.npz`` from the last output state.
+:meth:`Recorder.finish` writes ``final.npz`` from the last output state. An interruption
+(SIGINT/SIGTERM, :meth:`Recorder.interrupt`) writes a checkpoint at its step (with a budget
+record there, so the budget's quadrature gains that node) and ``final.npz`` of the state at
+that step. Checkpoints carry the resolved config (a restart takes it), summaries the
+provenance of the run (:mod:`drivers.engine._provenance`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import platform
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +49,12 @@ from drivers.engine._checkpoint import CheckpointError, load_latest_checkpoint, 
 from drivers.engine._config import ConfigError
 from drivers.engine._plots import plot_budget, plot_metrics, render_density
 from drivers.engine._problem import Problem
+from drivers.engine._provenance import provenance
 from drivers.engine._writers import (
     DensityWriter,
     GatheredCells,
     MetricsWriter,
+    json_default,
     write_final,
     write_json,
 )
@@ -86,7 +94,8 @@ class Outcome:
 
 @dataclass
 class RunResult:
-    """What a run did: status "ok" or "failed", the message, steps, final time, metrics."""
+    """What a run did: status "ok", "failed" or "interrupted", the message, steps, final
+    time, metrics and the exit code (0, 3, 128 + signal)."""
 
     status: str
     message: str
@@ -103,11 +112,24 @@ class Recorder:
         problem: the problem of the run (its config gives the cadences).
         out: the results folder (created on rank 0).
         log: a rank-0 logger.
+        argv: the command line, for the provenance (default ``sys.argv``).
+        restart: whether the run continues from a checkpoint (recorded in the summary).
     """
 
-    def __init__(self, problem: Problem, out: Path, log: Any) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        out: Path,
+        log: Any,
+        argv: list[str] | None = None,
+        restart: bool = False,
+    ) -> None:
         cfg, cv, comm = problem.cfg, problem.cv, problem.cv.comm
         self.problem, self.out, self.log, self.comm = problem, Path(out), log, comm
+        self.provenance = provenance(argv, comm.size) if comm.rank == 0 else {}
+        self.restart = restart
+        self.interrupted: dict[str, Any] | None = None
+        self._last_checkpoint = -1
         o = cfg["output"]
         self.every, self.checkpoint_every, self.edi_every = (
             o["every"],
@@ -253,7 +275,9 @@ class Recorder:
     def _checkpoint(self, scheme: TokenScheme) -> None:
         state = scheme.state()
         arrays = {f"state_{k}": self.gathered.gather(v) for k, v in state.cells.items()}
+        self._last_checkpoint = state.steps
         if self.comm.rank == 0:
+            config = json.dumps(self.problem.cfg, default=json_default)
             save_checkpoint(
                 self.out,
                 state.steps,
@@ -266,10 +290,32 @@ class Recorder:
                     "n_rows": np.int64(len(self.metrics.rows)),
                     "outflow": np.float64(state.scalars.get("outflow", 0.0)),
                     "scheme": np.array(self.problem.cfg["time"]["scheme"]),
+                    "config": np.array(config),
                     **(self.budget.checkpoint_state() if self.budget is not None else {}),
                 },
             )
         self.comm.barrier()
+
+    def interrupt(self, scheme: TokenScheme, signum: int) -> Outcome:
+        """A signal stopped the loop after this step (collective): a checkpoint when
+        checkpointing is on (with a budget record at its time), and the current state for
+        final.npz; returns the outcome (exit code 128 + signal)."""
+        name = signal.Signals(signum).name
+        saved = False
+        if self.checkpoint_every:
+            if self._last_checkpoint != scheme.steps:
+                self._record_budget(scheme)
+                self._checkpoint(scheme)
+            saved = True
+        self.density, self.t = scheme.density, scheme.t
+        self.interrupted = {"signal": name, "t": scheme.t, "step": scheme.steps}
+        message = f"interrupted by {name} at t = {scheme.t:.6g} (step {scheme.steps}); " + (
+            f"checkpoint written: continue with --restart {self.out}"
+            if saved
+            else "no checkpoint (output.checkpoint_every = 0)"
+        )
+        self.log(message)
+        return Outcome("interrupted", message, 128 + signum)
 
     # ------------------------------------------------------------------ end
     def finish(self, scheme: TokenScheme, outcome: Outcome, wall: float) -> RunResult:
@@ -305,6 +351,9 @@ class Recorder:
             "status": outcome.status,
             "message": outcome.message,
             "config": cfg,
+            "provenance": self.provenance,
+            "restart": self.restart,
+            "interrupted": self.interrupted,
             "versions": _versions(),
             "ranks": self.comm.size,
             "wall_time_s": wall,

@@ -28,6 +28,7 @@ __all__ = [
     "MetricsWriter",
     "write_final",
     "write_json",
+    "json_default",
 ]
 
 if TYPE_CHECKING:
@@ -242,11 +243,11 @@ def write_final(
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
     """Write JSON atomically (rank 0 only)."""
     tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
+    tmp.write_text(json.dumps(data, indent=2, default=json_default) + "\n")
     os.replace(tmp, path)
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
     if isinstance(o, (np.floating, np.integer)):

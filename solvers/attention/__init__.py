@@ -1,6 +1,6 @@
 """Multi-head softmax attention: the nonlocal velocity of the transformer PDE, by quadrature.
 
-Public face of the attention package (DESIGN M1). :class:`Attention` (beta, sign, backend)
+Public face of the attention package (docs/model.md, M1). :class:`Attention` (beta, sign, backend)
 evaluates, for heads :class:`Head` ``(Q, K, V)`` and a measure given by quadrature points and
 masses, the partition functions Z_h, the softmax means and the velocity
 X = s (1/H) sum_h P_x V_h mean_h; :func:`measure_diagnostics` gives the energy, G^2 and the

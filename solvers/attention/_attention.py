@@ -1,6 +1,6 @@
 r"""Multi-head attention: the nonlocal velocity of the transformer PDE, by quadrature.
 
-Model (DESIGN M1, [P1]). Tokens :math:`x \in S^{d-1}` (or :math:`\mathbb{R}^d`), a measure
+Model (docs/model.md, M1, [P1]). Tokens :math:`x \in S^{d-1}` (or :math:`\mathbb{R}^d`), a measure
 :math:`\mu = \sum_j m_j \delta_{y_j}` (quadrature points :math:`y_j` with masses
 :math:`m_j \ge 0`), heads :math:`h = 1, \dots, H` with weights :math:`(Q_h, K_h, V_h)`, an
 inverse temperature :math:`\beta > 0` and a sign :math:`s = \pm 1`:
@@ -29,7 +29,7 @@ a-priori error bound (:mod:`solvers.attention._lowrank`, backends "lowrank" and 
 parallel, every rank gathers the whole measure with :func:`gather_measure` (``Allgatherv``,
 :math:`O(N)` memory) and evaluates its own targets.
 
-Diagnostics (DESIGN M1, gradient-flow structure when :math:`V_h = Q_h^T K_h` is symmetric),
+Diagnostics (docs/model.md, M1, gradient-flow structure when :math:`V_h = Q_h^T K_h` is symmetric),
 computed by :func:`measure_diagnostics` for :math:`\mu = \sum_i m_i \delta_{x_i}`:
 
 .. math::

@@ -1,7 +1,7 @@
 """Diagnostics of computed trajectories: the energy-dissipation budget and distances.
 
 Public face of the diagnostics package. :class:`EnergyBudget` accounts, along any scheme's
-trajectory, for every term of the energy-dissipation identity of DESIGN M1 (Delta E, the
+trajectory, for every term of the energy-dissipation identity of docs/model.md, M1 (Delta E, the
 explicit time derivative through the weights with its Ito split, the metric speed G^2, the
 token dissipation and the residual); the module ``_edi`` writes out the mathematics, and
 ``_energy`` the energy and its derivatives in the weights (:func:`energy_derivatives`) that the

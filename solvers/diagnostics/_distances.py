@@ -1,6 +1,6 @@
 r"""Distances between measures on the sphere :math:`S^2`, and power-law fits with intervals.
 
-Used by the limit studies (``drivers/limit_tokens.py``, ``drivers/limit_heads.py``; DESIGN M2,
+Used by the limit studies (``drivers/limit_tokens.py``, ``drivers/limit_heads.py``; docs/model.md, M2,
 propagation of chaos and head limit). Measures are weighted point clouds
 :math:`\mu = \sum_i a_i \delta_{x_i}` on the unit sphere (an empirical measure of particles, or
 the cell masses of a finite-volume density placed at the cell centres).

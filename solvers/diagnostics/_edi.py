@@ -1,4 +1,4 @@
-r"""Energy-dissipation accounting along a computed trajectory, for any scheme (DESIGN M1).
+r"""Energy-dissipation accounting along a computed trajectory, for any scheme (docs/model.md, M1).
 
 Setting. Heads :math:`(Q_h, K_h, V_h)`, :math:`M_h := Q_h^T K_h` (OU and oscillating weights:
 :math:`M_h = V_h = D_h(t)` symmetric), :math:`k_h(x, y) = e^{\beta x^T M_h y}`, head weights
@@ -21,7 +21,7 @@ Along the transformer PDE with time-dependent weights
 dissipation of ``measure_diagnostics``, signed (:math:`\mathcal{D} = s\, G^2` for :math:`H = 1`).
 Reported: :math:`\Delta E = E(T) - E(0)` and the residual
 :math:`\Delta E - \int_0^T \partial_t E\, dt - \int_0^T \mathcal{D}\, dt`, zero for the exact flow
-(DESIGN's "E(T) - E(0) = int d_tE -/+ dissipation"; our :math:`\mathcal{D}` carries the sign).
+(docs/model.md: "E(T) - E(0) = int d_tE -/+ dissipation"; our :math:`\mathcal{D}` carries the sign).
 
 The weight derivatives :math:`\partial E / \partial M_h`, :math:`\partial^2 E / \partial M_h^2`
 and the head energies :math:`e_h` at each recorded state come from :func:`energy_derivatives`

@@ -1,4 +1,4 @@
-r"""The interaction energy of multi-head attention and its derivatives in the weights (DESIGN M1).
+r"""The interaction energy of multi-head attention and its derivatives in the weights (docs/model.md, M1).
 
 Setting. Heads :math:`(Q_h, K_h, V_h)`, :math:`M_h := Q_h^T K_h` (OU and oscillating weights:
 :math:`M_h = V_h = D_h(t)` symmetric), :math:`k_h(x, y) = e^{\beta x^T M_h y}`, head weights

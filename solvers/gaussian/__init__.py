@@ -1,6 +1,6 @@
 """Gaussian transformer dynamics [P3]: moment ODE, blow-up, reachability, Gaussianity.
 
-Public face of the gaussian package (DESIGN M3). Tokens in R^d under self-attention with an
+Public face of the gaussian package (docs/model.md, M3). Tokens in R^d under self-attention with an
 affine feed-forward layer stay Gaussian; :func:`solve_moments` integrates the mean and the
 (Riccati-type) covariance equation and reports a finite-time blow-up with its bracket, with
 closed forms for the isotropic case and for V = vI (through P = S^-1); :func:`classify` sorts

@@ -1,4 +1,4 @@
-r"""How Gaussian are a network's layer-wise activations? ([P3], DESIGN M3, issue 6 item 4)
+r"""How Gaussian are a network's layer-wise activations? ([P3], docs/model.md, M3, issue 6 item 4)
 
 For tokens :math:`x_1, \dots, x_n \in \mathbb{R}^d` (one layer's activations) let
 :math:`\hat\mu = \frac1n\sum_i \delta_{x_i}` and :math:`\gamma = N(\hat m, \hat C)` its

@@ -1,4 +1,4 @@
-r"""Gaussian transformer dynamics: the mean/covariance ODE of DESIGN M3 ([P3]).
+r"""Gaussian transformer dynamics: the mean/covariance ODE of docs/model.md, M3 ([P3]).
 
 Tokens in :math:`\mathbb{R}^d` move with self-attention plus an affine feed-forward layer,
 driven by controls :math:`(A, B, V, b)(t)` (:math:`A, B, V` of shape (d, d), :math:`b` (d,)):
@@ -23,7 +23,7 @@ and an affine flow maps Gaussians to Gaussians: :math:`m' = M m + c`, :math:`S' 
     m' = (A + V) m + V S B m + b, \qquad
     S' = A S + S A^T + V S B S + S B^T S V^T,
 
-which is DESIGN's system (its :math:`S'` agrees with this derivation). Note that the softmax
+which is the system of docs/model.md (M3) (its :math:`S'` agrees with this derivation). Note that the softmax
 mean is :math:`m + S B x`, not :math:`m + S B^T x`: the latter belongs to the kernel
 :math:`e^{\langle x, B y\rangle}`. In :class:`solvers.attention.Attention` the kernel is
 :math:`e^{\beta \langle Q x, K y\rangle} = e^{\beta x^T Q^T K y}`, so M3's kernel is the head

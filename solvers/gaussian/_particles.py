@@ -1,4 +1,4 @@
-r"""The particle system of the Gaussian transformer model ([P3], DESIGN M3).
+r"""The particle system of the Gaussian transformer model ([P3], docs/model.md, M3).
 
 N weighted tokens :math:`x_i \in \mathbb{R}^d` with masses :math:`w_i`, the empirical measure
 :math:`\mu = \sum_j w_j \delta_{x_j} / \sum_j w_j`, move with the field of ``_moments``,
@@ -50,7 +50,7 @@ class _ControlHeads(WeightDynamics):
 
 
 class GaussianParticles:
-    r"""Particles :math:`x_i' = V\bar y(x_i) + Ax_i + b` (DESIGN M3), weighted, RK4 in time.
+    r"""Particles :math:`x_i' = V\bar y(x_i) + Ax_i + b` (docs/model.md, M3), weighted, RK4 in time.
 
     The attention part is :class:`solvers.transport.ParticleSystem` with
     ``Attention(beta=1, sign=1, manifold=False)`` and the head (B(t), I, V(t)) (the kernel

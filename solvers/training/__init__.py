@@ -1,6 +1,6 @@
 """Training dynamics of the head law [P2]: forward-backward system, adjoint, Langevin.
 
-Public face of the training package (DESIGN M2). :class:`TokenTransportModel` is the forward
+Public face of the training package (docs/model.md, M2). :class:`TokenTransportModel` is the forward
 map (upwind transport of the tokens through depth); :class:`AdjointGradient` its exact
 discrete adjoint and the functional gradient dL/drho(theta) of a readout loss
 (:class:`PotentialLoss`, :class:`MMDLoss`); :class:`MeanFieldTraining` evolves the head law

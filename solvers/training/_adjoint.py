@@ -1,6 +1,6 @@
 r"""The adjoint of the finite-volume transformer PDE: exact gradients of a readout loss.
 
-Problem (DESIGN M2, [P2] section 6). Heads :math:`\theta_k` (k < H) with weights
+Problem (docs/model.md, M2, [P2] section 6). Heads :math:`\theta_k` (k < H) with weights
 :math:`w_k` (a quadrature of the parameter law :math:`\rho`, :math:`\sum_k w_k = 1`) drive the
 tokens over the depth :math:`t \in [0, T]`,
 

@@ -1,4 +1,4 @@
-r"""Readout losses of the training problem (DESIGN M2, [P2]) and their first variations.
+r"""Readout losses of the training problem (docs/model.md, M2, [P2]) and their first variations.
 
 A readout loss is a function :math:`\mathcal{R}(\mu_T)` of the token measure at the final depth
 :math:`T`. The adjoint equation (:mod:`solvers.training._adjoint`) starts from its first variation

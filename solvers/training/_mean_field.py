@@ -1,4 +1,4 @@
-r"""Mean-field Langevin training of the head law :math:`\rho` (DESIGN M2, [P2] sections 7-8).
+r"""Mean-field Langevin training of the head law :math:`\rho` (docs/model.md, M2, [P2] sections 7-8).
 
 Problem. The heads :math:`\theta \in \Omega \subset \mathbb{R}^p` (a box) with law
 :math:`\rho_s` over the training time s, :math:`(Q, K, V)(\theta) = (I, D(\theta), D(\theta))`

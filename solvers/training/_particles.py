@@ -1,6 +1,6 @@
 r"""The discrete counterpart of mean-field training: N tokens and H heads as particles.
 
-Model (DESIGN M2, [P2] sections 2 and 7). Tokens :math:`x_i` (i < N, masses :math:`1/N`)
+Model (docs/model.md, M2, [P2] sections 2 and 7). Tokens :math:`x_i` (i < N, masses :math:`1/N`)
 and heads :math:`\theta_h` (h < H, weights :math:`1/H`,
 :math:`(Q, K, V) = (I, D(\theta_h), D(\theta_h))`):
 

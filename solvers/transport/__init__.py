@@ -1,4 +1,4 @@
-"""Schemes for the transformer PDE d/dt mu + div(mu X[mu, t]) = 0 on meshes (DESIGN M1, 2).
+"""Schemes for the transformer PDE d/dt mu + div(mu X[mu, t]) = 0 on meshes (docs/model.md, M1, 2).
 
 Public face of the transport package: every scheme that the run loop steps.
 

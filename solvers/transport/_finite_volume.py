@@ -1,6 +1,6 @@
 r"""Explicit conservative finite volumes for the transformer PDE on S^1 and S^2.
 
-Problem (DESIGN M1). Find the density rho(t) of mu_t on the sphere with
+Problem (docs/model.md, M1). Find the density rho(t) of mu_t on the sphere with
 
 .. math::
     \partial_t \rho + \mathrm{div}_S(\rho X[\mu_t, t]) = 0, \qquad
@@ -103,7 +103,7 @@ class TransportSolver:
         dt_min: a step below this is reported as a collapse (BlowUpError).
         dt_max: the largest step (a cap on the CFL step; default none).
         background: an extra local velocity v(x (n, d), t) -> (n, d) added to the attention
-            velocity (the affine feed-forward layer A x + b of DESIGN M3 on boxes).
+            velocity (the affine feed-forward layer A x + b of docs/model.md, M3 on boxes).
 
     On box meshes (``cv.curved`` False) mass leaves through the boundary where the velocity
     points outward (upwind outflow, no inflow); ``outflow`` accumulates the mass that left.

@@ -1,7 +1,9 @@
 """Initial measures: density expressions and their cell averages on spherical control volumes.
 
-A density is given as a numpy expression in the coordinates ``x[0], x[1] (, x[2])`` of points
-on the sphere, e.g. ``"exp(10 * x[2])"``. Its cell averages
+A density is given as an expression in the coordinates ``x[0], x[1] (, x[2])`` of points on
+the sphere, e.g. ``"exp(10 * x[2])"``, in the grammar of :mod:`solvers.transport._expression`
+(numbers, coordinates, arithmetic and numpy's elementary functions; a config is data, so the
+string is parsed and checked, never run by ``eval``). Its cell averages
 
     rho_i = (1 / |K_i|) int_{K_i} f dA
 
@@ -23,78 +25,43 @@ import numpy as np
 import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
+from solvers.transport._expression import Expression, ExpressionError
 
 __all__ = ["DensityError", "density_function", "cell_averages", "initial_density"]
 
 Array = npt.NDArray[np.float64]
 
-_NAMES = {
-    name: getattr(np, name)
-    for name in (
-        "exp",
-        "log",
-        "sqrt",
-        "sin",
-        "cos",
-        "tan",
-        "arcsin",
-        "arccos",
-        "arctan",
-        "arctan2",
-        "sinh",
-        "cosh",
-        "tanh",
-        "abs",
-        "maximum",
-        "minimum",
-        "where",
-        "pi",
-        "e",
-        "clip",
-        "sign",
-        "heaviside",
-        "power",
-        "log1p",
-        "expm1",
-        "hypot",
-        "ones_like",
-        "zeros_like",
-    )
-}
-
 
 class DensityError(ValueError):
-    """An initial density that cannot be used (does not evaluate, negative, zero mass)."""
+    """An initial density that cannot be used (not in the grammar of
+    :mod:`solvers.transport._expression`, does not evaluate, negative, zero mass)."""
 
 
 def density_function(expression: str, d: int) -> Callable[[Array], Array]:
-    """Compile a numpy expression in ``x[0..d-1]`` into f(x) with x of shape (d, n).
+    """Check a density expression in ``x[0..d-1]`` and return f(x) with x of shape (d, n).
 
-    Only numpy's elementary functions (exp, cos, where, ...), ``pi``, ``e``, ``np`` and ``x``
-    are visible. Raises DensityError if the expression does not compile.
+    The expression is parsed and checked against a whitelist (numbers, ``x[i]``, ``pi``,
+    ``e``, arithmetic, one comparison, numpy's elementary functions by name: see
+    :class:`~solvers.transport._expression.Expression`); it is evaluated by a walk of its
+    syntax tree, never by ``eval``.
+
+    Raises:
+        DensityError: the expression is not in the grammar (nothing of it has run).
     """
-    if not isinstance(expression, str) or not expression.strip():
-        raise DensityError("density must be a non-empty string expression")
     try:
-        code = compile(expression, "<density>", "eval")
-    except SyntaxError as exc:
-        raise DensityError(f"invalid expression {expression!r}: {exc.msg}") from None
-    namespace = {"__builtins__": {}, "np": np, **_NAMES}
+        compiled = Expression(expression, d)
+    except ExpressionError as exc:
+        raise DensityError(str(exc)) from None
 
     def f(x: Array) -> Array:
-        if x.shape[0] != d:
-            raise DensityError(f"expected points of shape ({d}, n)")
         try:
-            with np.errstate(all="ignore"):
-                value = eval(code, namespace, {"x": x})  # noqa: S307 (restricted namespace)
-            out = np.broadcast_to(np.asarray(value, dtype=np.float64), x.shape[1:]).copy()
-        except DensityError:
-            raise
+            return compiled(x)
+        except ExpressionError as exc:
+            raise DensityError(str(exc)) from None
         except Exception as exc:  # any evaluation failure is a user-input problem
             raise DensityError(
                 f"could not evaluate {expression!r}: {type(exc).__name__}: {exc}"
             ) from None
-        return out
 
     return f
 

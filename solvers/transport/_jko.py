@@ -1,6 +1,6 @@
 r"""JKO minimizing movement for the transformer PDE: a variational finite-volume scheme.
 
-Problem (DESIGN M1, "JKO"). Given the measure :math:`\mu^k` at time :math:`t_k`, find
+Problem (docs/model.md, M1, "JKO"). Given the measure :math:`\mu^k` at time :math:`t_k`, find
 
 .. math::
     \mu^{k+1} \in \operatorname{argmin}_\mu \; \frac{W_b^2(\mu, \mu^k)}{2\tau}
@@ -108,7 +108,7 @@ References: [CGT20] C. Cancès, T. O. Gallouët, G. Todeschi, *A variational fin
 for Wasserstein gradient flows*, Numer. Math. 146 (2020) 437-480; R. Jordan, D. Kinderlehrer,
 F. Otto, SIAM J. Math. Anal. 29 (1998) 1-17; D. J. Eyre, *Unconditionally gradient stable time
 marching the Cahn-Hilliard equation*, MRS Proc. 529 (1998); R. Eymard, T. Gallouët, R. Herbin,
-*Finite volume methods*, Handb. Numer. Anal. VII (2000); [P1] (DESIGN M1).
+*Finite volume methods*, Handb. Numer. Anal. VII (2000); [P1] (docs/model.md, M1).
 """
 
 from __future__ import annotations

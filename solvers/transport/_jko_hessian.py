@@ -1,6 +1,6 @@
 r"""The dense block of the JKO Newton system: the Hessian of the interaction energy.
 
-For the energy of DESIGN M1 with kernel rows :math:`A_r` (the :math:`A_h`, and their
+For the energy of docs/model.md, M1 with kernel rows :math:`A_r` (the :math:`A_h`, and their
 transposes when not symmetric) and coefficient :math:`c`,
 
 .. math::

@@ -1,4 +1,4 @@
-r"""The discrete transformer: weighted particles driven by multi-head attention (DESIGN M1, 2).
+r"""The discrete transformer: weighted particles driven by multi-head attention (docs/model.md, M1, 2).
 
 Tokens x_1..x_n in S^{d-1} (or R^d) with masses m_1..m_n >= 0 follow
 

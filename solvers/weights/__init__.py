@@ -1,4 +1,4 @@
-"""The heads' weights theta_h(t) = (Q_h, K_h, V_h)(t) and their law Theta_t (DESIGN M1b).
+"""The heads' weights theta_h(t) = (Q_h, K_h, V_h)(t) and their law Theta_t (docs/model.md, M1b).
 
 Public face of the weights package. A :class:`WeightDynamics` gives the heads at any time:
 frozen, Ornstein-Uhlenbeck (Euler-Maruyama on a grid of its own, seeded) or oscillating

@@ -144,7 +144,7 @@ def periodic_drift(
     phase: float = 0.0,
 ) -> LinearDrift:
     r"""Time-periodic drift :math:`f(\theta, t) = -A(\theta - m - a\cos(\omega t + \phi))`:
-    relaxation towards an oscillating centre, the parameter-space form of DESIGN M1b's
+    relaxation towards an oscillating centre, the parameter-space form of docs/model.md, M1b's
     "oscillating" weights :math:`dD = (F(t + \phi_h) - D)\,dt` (A = I)."""
     m = np.atleast_1d(np.asarray(centre, dtype=np.float64))
     a = np.broadcast_to(np.asarray(amplitude, dtype=np.float64), m.shape).copy()

@@ -1,4 +1,4 @@
-r"""Weight dynamics of the multi-head transformer (DESIGN M1b).
+r"""Weight dynamics of the multi-head transformer (docs/model.md, M1b).
 
 Every head h = 0..H-1 carries a time-dependent triple theta_h(t) = (Q_h, K_h, V_h)(t) of
 (d, d) matrices. Three dynamics are provided:
@@ -11,11 +11,11 @@ Every head h = 0..H-1 carries a time-dependent triple theta_h(t) = (Q_h, K_h, V_
 
   integrated by Euler-Maruyama on a fixed grid of its own;
 * **oscillating** (:class:`OscillatingWeights`): dD_h = (F(t + phi_h) - D_h) dt with
-  phi_h = 2 pi h / H and the trigonometric forcing F of DESIGN M1b (d = 2, 3), solved in
+  phi_h = 2 pi h / H and the trigonometric forcing F of docs/model.md, M1b (d = 2, 3), solved in
   closed form.
 
 For the last two the heads are Q_h = I, K_h = V_h = D_h, so Q_h^T K_h = V_h = D_h is symmetric
-and the token flow is a gradient flow of the interaction energy (DESIGN M1).
+and the token flow is a gradient flow of the interaction energy (docs/model.md, M1).
 
 :func:`make_weights` builds any of them from configured heads.
 """
@@ -280,7 +280,7 @@ class OrnsteinUhlenbeckWeights(WeightDynamics):
 
 
 def _forcing_terms(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r"""F(u) = sum_k C_k cos(omega_k u + psi_k) for the forcing of DESIGN M1b.
+    r"""F(u) = sum_k C_k cos(omega_k u + psi_k) for the forcing of docs/model.md, M1b.
 
     d = 3: F = [[2 + 1.5 cos u, sin 2u, sin u], [sin 2u, 2 + 1.5 sin u, cos 2u],
                 [sin u, cos 2u, 2 + 1.5 cos(u + pi/4)]];
@@ -323,7 +323,7 @@ def _forcing_terms(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 class OscillatingWeights(WeightDynamics):
     r"""Heads relaxing towards a periodic target: dD_h/dt = F(t + phi_h) - D_h, solved exactly.
 
-    phi_h = 2 pi h / H (h = 0..H-1) and F is the forcing of DESIGN M1b (d = 2 or 3). Write
+    phi_h = 2 pi h / H (h = 0..H-1) and F is the forcing of docs/model.md, M1b (d = 2 or 3). Write
     F(u) = sum_k C_k cos(omega_k u + psi_k) (constants have omega = 0, a sine has psi = -pi/2).
     For one term, y' = -y + cos(omega u + psi) has the particular solution
 

@@ -1,4 +1,4 @@
-r"""Fokker-Planck equation of the weight measure on a box in R^p (DESIGN M1b, issue 5).
+r"""Fokker-Planck equation of the weight measure on a box in R^p (docs/model.md, M1b, issue 5).
 
 Problem. Find the density :math:`\Theta(t, \theta)` of the weight measure on a box
 :math:`\Omega = \prod_{k<p} [a_k, b_k] \subset \mathbb{R}^p` (p = 1, 2, 3) with
@@ -186,7 +186,8 @@ def _create_ksp(
         opts.setValue(name, _option_value(value))
     try:
         ksp.setFromOptions()
-    except BaseException:  # leave no polluted prefix behind (DESIGN section 5), then re-raise
+    except BaseException:
+        # leave no polluted prefix behind (docs/numerics.md, PETSc notes), then re-raise
         _restore_options(previous)
         ksp.destroy()
         raise

@@ -1,6 +1,6 @@
 r"""The weight measure :math:`\Theta_t` as heads: cell quadrature of a Fokker-Planck density.
 
-Model (DESIGN M1b, issue 5). Heads are parameterised by :math:`\theta \in \mathbb{R}^p`,
+Model (docs/model.md, M1b, issue 5). Heads are parameterised by :math:`\theta \in \mathbb{R}^p`,
 
 .. math::
     D(\theta) = D_0 + \sum_{k<p} \theta_k B_k, \qquad (Q, K, V)(\theta) = (I, D(\theta), D(\theta)),

@@ -1,0 +1,154 @@
+"""Will the run fit? A memory estimate checked before any work starts.
+
+A mesh too large for the node fails late and badly (the kernel's OOM killer takes one rank,
+the others hang in a collective). So :func:`check_memory` estimates the memory of the run
+from the config alone and refuses it (``ConfigError``, exit 2) when the estimate exceeds the
+memory available on the node, saying both.
+
+The model (measured on this project's machines with ``/usr/bin/time -v``, S^2 levels 3-7,
+1 and 2 ranks; it overestimates those runs by 10-60 %, on purpose): every rank costs
+:data:`BASE` (Python, DOLFINx, PETSc, numba and their caches); rank 0 holds the whole mesh once
+more for the writers, the checkpoints and the pictures (:data:`PER_CELL_ROOT` per cell); every
+rank holds the gathered quadrature sources (:data:`PER_CELL_GATHERED` per cell of the whole
+mesh); each owned cell costs :data:`PER_CELL` (mesh, control volumes, scheme arrays), and the
+JKO scheme more (:data:`PER_CELL_JKO`: the harmonic basis of its Hessian and the sparse direct
+factorisation). The particles are one per cell. The check is made for the node of rank 0 with
+the ranks the launcher put on it.
+
+Available memory: ``MemAvailable`` of ``/proc/meminfo``, or less when a cgroup limit
+(``memory.max``) says so; ``TRANSFORMER_PDE_MEMORY`` (bytes, or with a K/M/G suffix)
+overrides it, e.g. to keep a run inside a share of a node.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drivers.engine._config import ConfigError
+from solvers.threads import local_ranks
+
+__all__ = ["MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
+
+GiB = 1024**3
+#: memory of one rank before the mesh: interpreter, DOLFINx, PETSc, numba (bytes)
+BASE = 550 * 1024**2
+#: per owned cell: mesh, control volumes, fluxes, scheme state (fv and particles)
+PER_CELL = 2.0 * 1024
+#: per owned cell of the JKO scheme: Hessian basis (about (p + 1)^2 doubles), MUMPS factors
+PER_CELL_JKO = 8.0 * 1024
+#: per cell of the whole mesh on every rank: the gathered sources (points, masses, order)
+PER_CELL_GATHERED = 0.1 * 1024
+#: per cell of the whole mesh on rank 0: the writers' gathered mesh, checkpoints, pictures
+PER_CELL_ROOT = 2.0 * 1024
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The estimate for the node of rank 0.
+
+    Attributes:
+        cells: cells of the mesh (and particles, for the particle scheme).
+        ranks: MPI ranks in all.
+        local: ranks on the node of rank 0.
+        node_bytes: the estimated memory of those ranks together.
+        rank_bytes: the estimated memory of one rank other than rank 0.
+    """
+
+    cells: int
+    ranks: int
+    local: int
+    node_bytes: float
+    rank_bytes: float
+
+
+def mesh_cells(cfg: dict[str, Any]) -> int | None:
+    """The number of cells of ``[mesh]`` (None for a mesh file: known only once read)."""
+    m = cfg["mesh"]
+    if m.get("file"):
+        return None
+    n = 2 ** m["refinement"]
+    return {"S2": 20 * 4 ** m["refinement"], "S1": 16 * n, "R1": 16 * n, "R2": (16 * n) ** 2}[
+        m["manifold"]
+    ]
+
+
+def estimate_memory(cfg: dict[str, Any], ranks: int, local: int) -> MemoryEstimate | None:
+    """The memory estimate of a validated config on ``ranks`` ranks, ``local`` on the node of
+    rank 0 (module docstring); None when the mesh size is not known before reading a file."""
+    cells = mesh_cells(cfg)
+    if cells is None:
+        return None
+    local = max(1, min(local, ranks))
+    per_cell = PER_CELL + (PER_CELL_JKO if cfg["time"]["scheme"] == "jko" else 0.0)
+    owned = cells / ranks
+    rank = BASE + owned * per_cell + cells * PER_CELL_GATHERED
+    node = local * rank + cells * PER_CELL_ROOT
+    return MemoryEstimate(cells, ranks, local, node, rank)
+
+
+def _parse_bytes(text: str) -> float:
+    text = text.strip().upper().removesuffix("B")
+    scale = {"K": 1024, "M": 1024**2, "G": GiB, "T": 1024**4}.get(text[-1:], 1)
+    return float(text[:-1] if scale > 1 else text) * scale
+
+
+def available_memory() -> float | None:
+    """Bytes available on this node (module docstring), or None when unknown."""
+    override = os.environ.get("TRANSFORMER_PDE_MEMORY")
+    if override:
+        try:
+            return _parse_bytes(override)
+        except ValueError:
+            raise ConfigError(
+                "TRANSFORMER_PDE_MEMORY", f"expected bytes such as 8G, got {override!r}"
+            ) from None
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(float(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+        if limit != "max":
+            found.append(float(limit) - float(used))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_memory(cfg: dict[str, Any], comm: Any) -> MemoryEstimate | None:
+    """Refuse a config whose estimate does not fit the node of rank 0 (collective: rank 0
+    decides, every rank raises the same error).
+
+    Raises:
+        ConfigError: naming ``mesh.refinement``, with the estimate per node and per rank
+            and the memory available.
+    """
+    error = None
+    estimate = estimate_memory(cfg, comm.size, local_ranks())
+    if comm.rank == 0 and estimate is not None:
+        try:
+            available = available_memory()
+        except ConfigError as exc:  # raised on every rank below, not here on one
+            available, error = None, (exc.key, str(exc).split(": ", 1)[1])
+        if available is not None and estimate.node_bytes > available:
+            m, scheme = cfg["mesh"], cfg["time"]["scheme"]
+            error = (
+                "mesh.refinement",
+                f"{m['manifold']} refinement {m['refinement']} with the {scheme} scheme needs "
+                f"about {estimate.node_bytes / GiB:.1f} GiB on the node of rank 0 "
+                f"({estimate.cells:,} cells on {estimate.ranks} rank(s), {estimate.local} on "
+                f"this node, {estimate.rank_bytes / GiB:.2f} GiB per rank plus the gathered "
+                f"mesh on rank 0) but {available / GiB:.1f} GiB are available: use a smaller "
+                "refinement, fewer ranks per node or more nodes",
+            )
+    error = comm.bcast(error, root=0)
+    if error is not None:
+        raise ConfigError(*error)
+    return estimate

@@ -1,0 +1,273 @@
+"""A config is data: expressions are checked, options spelt out, resources estimated.
+
+- Code-execution payloads in ``[initial] density`` (given in the file or by ``--set``) are
+  refused with exit 2 and one line on stderr, and leave no trace (a marker file they would
+  create never appears); every density expression the project's configs, tests and drivers
+  use is still accepted and evaluates as numpy would.
+- An unknown ``--option``, a stray argument or an abbreviation is exit 2 naming it;
+  ``--version`` prints the version.
+- A config whose memory estimate exceeds the node's is exit 2 with the estimate.
+- summary.json says which code, command line, host and settings produced it.
+Serial and under ``mpiexec -n 2`` (the command line runs in-process, collectively).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+
+import numpy as np
+import pytest
+
+from drivers.engine import main
+from drivers.engine._resources import estimate_memory
+from drivers.engine._run import _progress
+from solvers.transport import DensityError, density_function
+from solvers.transport._expression import MAX_LENGTH, Expression, ExpressionError
+from tests.conftest import ROOT
+
+COMM = MPI.COMM_WORLD
+TINY = [
+    "--set",
+    "mesh.refinement=1",
+    "--set",
+    "time.t_end=0.05",
+    "--set",
+    "output.edi=false",
+    "--quiet",
+]
+
+
+def _payloads(marker: str) -> list[str]:
+    """Expressions that would create ``marker`` (or hang, or exhaust memory) if executed."""
+    touch = f"touch {marker}"
+    return [
+        "[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close']"
+        f"[0].__init__.__globals__['system']('{touch}') + 1 + 0*x[0]",
+        f"__import__('os').system('{touch}')",
+        f"exp(x[0]) + __import__('os').system('{touch}')",
+        f"().__class__.__bases__[0].__subclasses__()[0]('{touch}')",
+        "x.__class__",
+        "x[0].__array_interface__",
+        "exp.__globals__",
+        "exp.__self__.load('/etc/passwd')",
+        f"np.lib.npyio.os.system('{touch}')",
+        "np.ones(10**10)",
+        f"(lambda: __import__('os').system('{touch}'))()",
+        f"[__import__('os').system('{touch}') for _ in 'a'][0]",
+        f"{{__import__('os').system('{touch}')}}",
+        f'f\'{{__import__("os").system("{touch}")}}\'',
+        "'%s' % x",
+        "x[0] if __import__('os') else 1",
+        f"exp(*[__import__('os').system('{touch}')])",
+        "where(cond=x[0] > 0, x=1, y=0)",
+        "(y := 1) + x[0]",
+        "x[0:3]",
+        "x[len(x)]",
+        "sum(x)",
+        "getattr(x, 'shape')",
+        f"eval(\"__import__('os').system('{touch}')\")",
+        "1" + "0" * 400 + " * x[0]",
+        "exp(" * 200 + "x[0]" + ")" * 200,
+        "x[0] + " * (MAX_LENGTH // 7) + "1",
+    ]
+
+
+def _one_line_error(capfd, code: int, expected: int = 2) -> str:
+    err = capfd.readouterr().err
+    assert code == expected
+    if COMM.rank == 0:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err
+        return lines[0]
+    return ""
+
+
+def test_code_execution_payloads_are_refused(shared_tmp, capfd):
+    marker = shared_tmp / "marker"
+    payloads = _payloads(str(marker))
+    assert len(payloads) >= 15
+    config = shared_tmp / "payload.toml"
+    for k, payload in enumerate(payloads):
+        if COMM.rank == 0:  # in the file ...
+            config.write_text("[initial]\ndensity = " + _toml_string(payload) + "\n")
+        COMM.barrier()
+        out = shared_tmp / f"out{k}"
+        line = _one_line_error(capfd, main(["run", str(config), "--out", str(out), *TINY]))
+        assert COMM.rank or "initial.density" in line, line
+        # ... and by --set (TOML value syntax)
+        args = ["run", str(ROOT / "configs/demo_s2.toml"), "--out", str(out), *TINY]
+        line = _one_line_error(
+            capfd, main([*args, "--set", f"initial.density={_toml_string(payload)}"])
+        )
+        assert COMM.rank or "initial.density" in line, line
+        assert not out.exists(), f"payload {k} wrote outputs"
+    COMM.barrier()
+    assert not marker.exists(), "a payload ran"
+
+
+def _toml_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+#: density expressions in the project's configs, tests and drivers, with numpy references
+ACCEPTED = {
+    "exp(3 * x[2]) + 0.8 * exp(4 * x[0]) + 0.3": lambda x: (
+        np.exp(3 * x[2]) + 0.8 * np.exp(4 * x[0]) + 0.3
+    ),
+    "1e-6 + maximum(x[2], 0) ** 3 + 0.5 * exp(3 * x[0])": lambda x: (
+        1e-6 + np.maximum(x[2], 0) ** 3 + 0.5 * np.exp(3 * x[0])
+    ),
+    "exp(-((x[0] - 0.3) ** 2 / 0.4 + x[1] ** 2 / 0.2))": lambda x: np.exp(
+        -((x[0] - 0.3) ** 2 / 0.4 + x[1] ** 2 / 0.2)
+    ),
+    "where(x[0] > 0.99, 1, 0)": lambda x: np.where(x[0] > 0.99, 1.0, 0.0),
+    "maximum(x[2] - 0.3, 0) + maximum(x[0] - 0.6, 0)": lambda x: (
+        np.maximum(x[2] - 0.3, 0) + np.maximum(x[0] - 0.6, 0)
+    ),
+    "1.5 + 0.5 * sin(arctan2(x[1], x[0]) * 3) * tanh(cosh(x[2]))": lambda x: (
+        1.5 + 0.5 * np.sin(np.arctan2(x[1], x[0]) * 3) * np.tanh(np.cosh(x[2]))
+    ),
+    "-x[1] % 0.3 + 2 // 1 + +x[0] - clip(x[2], 0, 0.5) * pi / e": lambda x: (
+        -x[1] % 0.3 + 2 // 1 + x[0] - np.clip(x[2], 0, 0.5) * np.pi / np.e
+    ),
+    "hypot(x[0], x[1]) * power(2, x[2]) + heaviside(x[0], 0.5) + sign(x[1]) ** 2": lambda x: (
+        np.hypot(x[0], x[1]) * np.power(2, x[2]) + np.heaviside(x[0], 0.5) + np.sign(x[1]) ** 2
+    ),
+    "x[0] > 0": lambda x: (x[0] > 0).astype(float),
+    "1e308 ** 2 + 0 * x[0]": lambda x: np.full(x.shape[1], np.inf),
+    "10 ** 10 ** 10 + 0 * x[0]": lambda x: np.full(x.shape[1], np.inf),
+}
+
+
+def test_project_expressions_still_evaluate():
+    x = np.random.default_rng(0).normal(size=(3, 50))
+    x /= np.linalg.norm(x, axis=0)
+    for text, reference in ACCEPTED.items():
+        with np.errstate(all="ignore"):
+            np.testing.assert_allclose(density_function(text, 3)(x), reference(x), rtol=1e-15)
+    for path in sorted((ROOT / "configs").glob("*.toml")):
+        import tomllib
+
+        density = tomllib.loads(path.read_text()).get("initial", {}).get("density")
+        if density is not None:
+            d = 2 if '"R2"' in path.read_text() else 3
+            assert np.all(np.isfinite(density_function(density, d)(x[:d])))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("x[3]", "x[0] .. x[2]"),
+        ("x", "write x[0]"),
+        ("exp(1, 2)", "takes 1"),
+        ("1 < x[0] < 2", "chained"),
+        ("x[0] and x[1]", "'and'/'or'"),
+        ("x[0] +", "invalid expression"),
+        ("", "non-empty"),
+        ("1j * x[0]", "literal 1j"),
+        ("True + x[0]", "literal True"),
+        ("x" * (MAX_LENGTH + 1), "characters"),
+    ],
+)
+def test_refusals_say_why(text, message):
+    with pytest.raises(ExpressionError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        Expression(text, 3)
+    with pytest.raises(DensityError):
+        density_function(text, 3)
+
+
+def test_unknown_options_are_errors(capfd):
+    cfg = str(ROOT / "configs/demo_s2.toml")
+    for argv, name in [
+        (["run", cfg, "--ouut", "x"], "--ouut"),
+        (["run", cfg, "--out=x", "--restrat", "y"], "--restrat"),
+        (["run", cfg, "--ou", "x"], "--ou"),  # abbreviations are not accepted
+        (["run", cfg, "stray"], "stray"),
+        (["view", "results", "--bogus"], "--bogus"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        err = capfd.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and name in err[0], err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == (
+        f"transformer-pde {importlib.metadata.version('transformer-pde')}"
+    )
+
+
+def test_memory_check(shared_tmp, capfd, monkeypatch):
+    monkeypatch.setenv("TRANSFORMER_PDE_MEMORY", "300M")
+    out = shared_tmp / "too_big"
+    args = ["run", str(ROOT / "configs/demo_s2.toml"), "--out", str(out), "--quiet"]
+    line = _one_line_error(capfd, main(args))
+    if COMM.rank == 0:
+        assert line.startswith("transformer-pde: error: mesh.refinement:") and "GiB" in line
+        assert "5,120 cells" in line and "0.3 GiB are available" in line
+    assert not out.exists()
+    monkeypatch.setenv("TRANSFORMER_PDE_MEMORY", "lots")
+    _one_line_error(capfd, main(args))
+    # the estimate grows with the mesh, with JKO, and with the ranks on a node
+    base = {"mesh": {"manifold": "S2", "refinement": 6, "file": ""}, "time": {"scheme": "fv"}}
+    fv = estimate_memory(base, 2, 2)
+    jko = estimate_memory({**base, "time": {"scheme": "jko"}}, 2, 2)
+    finer = estimate_memory({**base, "mesh": {**base["mesh"], "refinement": 7}}, 2, 2)
+    spread = estimate_memory(base, 2, 1)
+    assert fv.cells == 81920 and jko.node_bytes > fv.node_bytes
+    assert finer.node_bytes > fv.node_bytes > spread.node_bytes
+
+
+def test_summary_provenance(shared_tmp):
+    import json
+    import subprocess
+
+    out = shared_tmp / "prov"
+    argv = ["run", str(ROOT / "configs/demo_s2.toml"), "--out", str(out), *TINY]
+    assert main(argv) == 0
+    if COMM.rank != 0:
+        return
+    summary = json.loads((out / "summary.json").read_text())
+    prov = summary["provenance"]
+    assert prov["version"] == importlib.metadata.version("transformer-pde")
+    assert prov["argv"] == ["transformer-pde", *argv]
+    assert prov["ranks"] == COMM.size and prov["host"] and len(prov["run_id"]) == 32
+    assert isinstance(prov["petsc_options"], dict)
+    assert prov["threads"]["numba"] >= 1
+    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True)
+    if git.returncode == 0:
+        assert prov["git"]["commit"] == git.stdout.decode().strip()
+        assert isinstance(prov["git"]["modified"], bool)
+    assert summary["status"] == "ok" and summary["interrupted"] is None
+
+
+def test_progress_line_has_elapsed_and_estimate():
+    class Scheme:
+        t, steps = 2.5, 40
+
+    line = _progress(Scheme(), 0.01, 0.0, 10.0, 30.0)
+    assert "elapsed 30 s" in line and "about 1 min 30 s left" in line
+
+
+@pytest.mark.serial
+def test_petsc_options_still_reach_petsc(tmp_path):
+    """Single-dash options go to PETSc: -jko_snes_monitor prints the Newton residuals."""
+    import subprocess
+    import sys
+
+    from tests.conftest import cli_env
+
+    cmd = [sys.executable, "-m", "drivers", "run", str(ROOT / "configs/demo_s2.toml")]
+    cmd += ["--out", str(tmp_path / "jko"), "--quiet", "--set", "mesh.refinement=1"]
+    cmd += ["--set", 'time.scheme="jko"', "--set", "time.dt=0.05", "--set", "time.t_end=0.05"]
+    cmd += ["-jko_snes_monitor", "-jko_ksp_rtol", "1e-9"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "SNES Function norm" in proc.stdout, proc.stdout[-2000:]
