@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["package_version", "provenance"]
+__all__ = ["library_versions", "package_version", "provenance"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,8 @@ def _threads() -> dict[str, Any]:
     return threads
 
 
-def _libraries() -> dict[str, str]:
+def library_versions() -> dict[str, str]:
+    """Versions of Python and of the numerical libraries loaded in this process."""
     versions = {"python": platform.python_version()}
     for name in ("numpy", "numba", "scipy", "mpi4py", "dolfinx", "petsc4py"):
         module = sys.modules.get(name)
@@ -118,5 +119,5 @@ def provenance(argv: list[str] | None = None, ranks: int = 1) -> dict[str, Any]:
         "ranks": ranks,
         "threads": _threads(),
         "petsc_options": _petsc_options(),
-        "versions": _libraries(),
+        "versions": library_versions(),
     }

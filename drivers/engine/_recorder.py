@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import platform
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -39,9 +38,7 @@ from typing import Any
 
 import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
-from petsc4py import PETSc
 
-import dolfinx
 import numpy as np
 import numpy.typing as npt
 
@@ -49,7 +46,7 @@ from drivers.engine._checkpoint import CheckpointError, load_latest_checkpoint, 
 from drivers.engine._config import ConfigError
 from drivers.engine._plots import plot_budget, plot_metrics, render_density
 from drivers.engine._problem import Problem
-from drivers.engine._provenance import provenance
+from drivers.engine._provenance import library_versions, provenance
 from drivers.engine._writers import (
     DensityWriter,
     GatheredCells,
@@ -354,7 +351,7 @@ class Recorder:
             "provenance": self.provenance,
             "restart": self.restart,
             "interrupted": self.interrupted,
-            "versions": _versions(),
+            "versions": library_versions(),
             "ranks": self.comm.size,
             "wall_time_s": wall,
             "steps": scheme.steps,
@@ -393,17 +390,3 @@ class Recorder:
                 title=f"energy budget: {cfg['time']['scheme']}, "
                 f"{self.weights.n_heads} head(s), {cfg['weights']['dynamics']} weights",
             )
-
-
-def _versions() -> dict[str, str]:
-    import numba
-
-    return {
-        "python": platform.python_version(),
-        "dolfinx": dolfinx.__version__,
-        "petsc": ".".join(map(str, PETSc.Sys.getVersion())),
-        "mpi4py": __import__("mpi4py").__version__,
-        "numpy": np.__version__,
-        "numba": numba.__version__,
-        "mpi": MPI.Get_library_version().splitlines()[0],
-    }
