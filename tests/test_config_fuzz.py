@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 
 import drivers.engine._recorder
 from drivers.engine import main
+from meshes.sphere import icosphere_arrays
 from tests.fuzz_configs import MESHDIR, Case, case, cases
 
 #: seconds one example may take before it counts as a hang (typical: 0.05-0.5 s)
@@ -44,52 +45,6 @@ EXAMPLE_TIMEOUT = 60
 
 
 # --------------------------------------------------------------------------- fixtures
-def _icosahedron() -> tuple[np.ndarray, np.ndarray]:
-    t = (1 + 5**0.5) / 2
-    v = np.array(
-        [
-            [-1, t, 0],
-            [1, t, 0],
-            [-1, -t, 0],
-            [1, -t, 0],
-            [0, -1, t],
-            [0, 1, t],
-            [0, -1, -t],
-            [0, 1, -t],
-            [t, 0, -1],
-            [t, 0, 1],
-            [-t, 0, -1],
-            [-t, 0, 1],
-        ],
-        dtype=float,
-    )
-    f = np.array(
-        [
-            [0, 11, 5],
-            [0, 5, 1],
-            [0, 1, 7],
-            [0, 7, 10],
-            [0, 10, 11],
-            [1, 5, 9],
-            [5, 11, 4],
-            [11, 10, 2],
-            [10, 7, 6],
-            [7, 1, 8],
-            [3, 9, 4],
-            [3, 4, 2],
-            [3, 2, 6],
-            [3, 6, 8],
-            [3, 8, 9],
-            [4, 9, 5],
-            [2, 4, 11],
-            [6, 2, 10],
-            [8, 6, 7],
-            [9, 8, 1],
-        ]
-    )
-    return v / np.linalg.norm(v, axis=1)[:, None], f
-
-
 @pytest.fixture(scope="module")
 def fuzz_dir(tmp_path_factory) -> Path:
     """A folder (same path on every rank) with the mesh files the configs may point at."""
@@ -100,7 +55,7 @@ def fuzz_dir(tmp_path_factory) -> Path:
         import meshio
 
         mesh_dir.mkdir()
-        v, f = _icosahedron()
+        v, f = icosphere_arrays(0)  # the icosahedron, outward oriented
         flipped = f.copy()
         flipped[0] = flipped[0][::-1]
         duplicate = f.copy()
