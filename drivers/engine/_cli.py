@@ -2,7 +2,8 @@
 
 - ``transformer-pde run CONFIG.toml [--out DIR] [--set section.key=value ...]``;
 - ``transformer-pde gaussian CONFIG.toml``: the moment ODE alone;
-- ``transformer-pde view DIR``: an animation of a results folder's density.
+- ``transformer-pde view DIR``: an animation of a results folder's density;
+- ``transformer-pde keys``: the configuration reference (every key, type, default, meaning).
 
 Exit codes (docs/interface.md): 0 success; 2 invalid input, with one line naming the key or
 file (no traceback); 3 the run stopped on a detected failure (NaN, blow-up), after writing
@@ -31,6 +32,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 RUN_EPILOG = """\
+config keys: `transformer-pde keys` prints every key with its type, default, allowed values
+and meaning (the same text as docs/config.md); examples for every scheme are in configs/.
 outputs in DIR: density.xdmf + density.h5 (ParaView), metrics.csv, final.npz, summary.json,
 density.png, metrics.png, edi.png, checkpoint/ (with output.checkpoint_every).
 exit codes: 0 completed; 2 invalid input (one line naming the key, file or option);
@@ -90,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("view", help="render the density of a results folder as a GIF/MP4")
     view_arguments(v)
+    sub.add_parser(
+        "keys",
+        help="print the configuration reference (Markdown, as docs/config.md)",
+        description="Every key of a run config and of a gaussian config: type, default, "
+        "allowed values, meaning.",
+    )
     return p
 
 
@@ -114,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
+    if args.command == "keys":  # no MPI, no PETSc
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        from drivers.engine._schema import reference
+
+        sys.stdout.write(reference())
+        return 0
     if args.command == "view":  # no MPI, no PETSc: rank 0 of a launcher renders, others return
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -1,38 +1,11 @@
 """Run configuration: TOML files, ``--set`` overrides, defaults and validation.
 
-The keys of docs/interface.md exist with exactly those meanings; the others are additions.
-
-    [mesh]       manifold = "S1" | "S2" | "R1" | "R2"; refinement = int (S2: icosphere level
-                 0..8; S1: 16 * 2^refinement cells, 0..16; R1, R2: 16 * 2^refinement cells per
-                 axis); file = path (optional, meshio format, spheres only);
-                 lower, upper = numbers or lists of d numbers (the box of R1/R2, default +-4)
-    [feedforward] A = "zero" | "identity" | d x d list; b = number or list (R1/R2 only):
-                 the affine layer A x + b added to the attention velocity (docs/model.md, M3)
-    [attention]  beta = float > 0; sign = +1 | -1; heads = [{Q, K, V}], each "identity" or a
-                 d x d nested list; backend = "auto" | "brute" | "lowrank" | "numba" |
-                 "numpy" (auto: per head, low-rank expansion when its a-priori error bound
-                 meets `tolerance` and it is cheaper, else compiled brute force);
-                 tolerance = float in (0, 1) (default 1e-10, relative)
-    [weights]    dynamics = "frozen" | "ou" | "oscillating" | "fokker-planck";
-                 init = "config" | "random"; seed = int >= 0; sigma = float >= 0 (OU noise;
-                 weight-measure diffusion); dt = float > 0 (OU / Fokker-Planck grid);
-                 fokker-planck: p (1..3), B (p symmetric d x d), lower/upper/cells (the box of
-                 R^p, <= 4096 cells), centre (OU mean), mean0/std0 (initial Gaussian):
-                 D(theta) = V_1 + sum_k theta_k B_k, each parameter cell a weighted head
-    [initial]    density = numpy expression in x[0], x[1], (x[2]), normalised to mass 1
-    [time]       t_end = float > 0; scheme = "fv" | "jko" | "particles"; cfl = float;
-                 dt = float > 0 (jko; particles; optional cap for fv); rk = "ssp3" | "ssp2" |
-                 "euler" (fv), "rk4" | "euler" (particles)
-    [transport]  reconstruction = "muscl" | "upwind"
-    [output]     every = int >= 1 (write every k-th step; t = 0 and t_end always);
-                 progress = float seconds between progress lines (rank 0);
-                 checkpoint_every = int >= 0 (checkpoint every k-th step; 0 = off);
-                 edi = true | false (the energy-dissipation budget of solvers.edi: its
-                 columns in metrics.csv and edi.png; default true);
-                 edi_every = int >= 0 (add the state to the budget every k-th step and at
-                 every output and checkpoint step; 0, the default: at the output and
-                 checkpoint steps only, i.e. k = every. A record costs about half an fv step
-                 of the demo for frozen weights and 1.2 steps for OU weights)
+The keys, their types, defaults, allowed values and meanings are the table
+:data:`drivers.engine._schema.KEYS` (printed by ``transformer-pde keys``, kept as
+docs/config.md); the keys of docs/interface.md exist with exactly those meanings. This module
+reads the files and checks the values: types, ranges, and the rules that tie keys together
+(a JKO run needs ``time.dt``, ``feedforward`` is for boxes, evolving weights need symmetric
+heads, ...).
 
 Invalid input raises :class:`ConfigError` naming the key; the CLI turns it into exit code 2.
 """
@@ -46,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from drivers.engine._schema import choices, defaults
 
 __all__ = [
     "ConfigError",
@@ -73,52 +48,15 @@ class ConfigError(ValueError):
         self.key = key
 
 
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "mesh": {"manifold": "S2", "refinement": 3, "file": "", "lower": -4.0, "upper": 4.0},
-    "feedforward": {"A": "zero", "b": 0.0},
-    "attention": {
-        "beta": 1.0,
-        "sign": 1,
-        "heads": [{"Q": "identity", "K": "identity", "V": "identity"}],
-        "backend": "auto",
-        "tolerance": 1e-10,
-    },
-    "weights": {
-        "dynamics": "frozen",
-        "init": "config",
-        "seed": 0,
-        "sigma": math.sqrt(2.0),
-        "dt": 5e-3,
-        # weight measure (dynamics = "fokker-planck"): D(theta) = V_1 + sum_k theta_k B_k,
-        # d Theta = -div((centre - theta) Theta) + (sigma^2/2) Lap Theta on a box of R^p
-        "p": 1,
-        "B": [],
-        "lower": -3.0,
-        "upper": 3.0,
-        "cells": 32,
-        "centre": 0.5,
-        "mean0": -0.5,
-        "std0": 0.3,
-    },
-    "initial": {"density": "1 + 0.5 * x[0]"},
-    "time": {"t_end": 1.0, "scheme": "fv", "cfl": 0.4, "dt": 0.0, "rk": ""},
-    "transport": {"reconstruction": "muscl"},
-    "output": {"every": 10, "progress": 5.0, "checkpoint_every": 0, "edi": True, "edi_every": 0},
-}
+#: the default run configuration (from the schema of drivers.engine._schema)
+DEFAULTS: dict[str, dict[str, Any]] = defaults()
 
 #: the most time steps a fixed time.dt may ask for (a guard against typos such as 1e-300)
 MAX_STEPS = 1e9
 #: the most Ornstein-Uhlenbeck grid steps (the path is kept: H d^2 8 bytes a step)
 MAX_WEIGHT_STEPS = 1e7
 
-_CHOICES = {
-    ("mesh", "manifold"): ("S1", "S2", "R1", "R2"),
-    ("attention", "backend"): ("auto", "brute", "lowrank", "numba", "numpy"),
-    ("weights", "dynamics"): ("frozen", "ou", "oscillating", "fokker-planck"),
-    ("weights", "init"): ("config", "random"),
-    ("time", "scheme"): ("fv", "jko", "particles"),
-    ("transport", "reconstruction"): ("muscl", "upwind"),
-}
+_CHOICES = choices()
 _RK_CHOICES = {"fv": ("ssp3", "ssp2", "euler"), "particles": ("rk4", "euler"), "jko": ("",)}
 
 
@@ -230,10 +168,10 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
                     f"{section}.{key}", f"unknown key (known in [{section}]: {known})"
                 )
             cfg[section][key] = value
-    for (section, key), choices in _CHOICES.items():
+    for (section, key), allowed in _CHOICES.items():
         value = cfg[section][key]
-        if value not in choices:
-            raise ConfigError(f"{section}.{key}", f"must be one of {list(choices)}, got {value!r}")
+        if value not in allowed:
+            raise ConfigError(f"{section}.{key}", f"must be one of {list(allowed)}, got {value!r}")
 
     m = cfg["mesh"]
     m["refinement"] = as_int(m["refinement"], "mesh.refinement")
@@ -306,6 +244,11 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     w["dt"] = as_float(w["dt"], "weights.dt")
     if not w["dt"] > 0:
         raise ConfigError("weights.dt", f"must be > 0, got {w['dt']}")
+    if w["phases"] == "random" and w["dynamics"] != "oscillating":
+        raise ConfigError(
+            "weights.phases",
+            f'random phases are for dynamics = "oscillating", not {w["dynamics"]!r}',
+        )
     if w["dynamics"] == "fokker-planck":
         _weight_measure(w, cfg, d)
     if w["dynamics"] not in ("frozen", "fokker-planck") and w["init"] == "config":

@@ -24,11 +24,13 @@ import numpy as np
 
 from drivers.engine._config import ConfigError, as_float, as_int, as_matrix, as_vector, read_toml
 from drivers.engine._provenance import provenance
+from drivers.engine._schema import GAUSSIAN_KEYS
 from drivers.engine._writers import write_json
 
 __all__ = ["load_gaussian_config", "run_gaussian"]
 
-_KEYS = ("A", "B", "V", "b", "m0", "S0", "t_end", "outputs")
+_KEYS = tuple(k.name for k in GAUSSIAN_KEYS)
+_DEFAULT = {k.name: k.default for k in GAUSSIAN_KEYS}
 
 
 def load_gaussian_config(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -46,19 +48,19 @@ def load_gaussian_config(path: str | Path, overrides: list[str] | None = None) -
         raise ConfigError("gaussian.m0", "missing (the initial mean, a list of d numbers)")
     d = len(g["m0"]) if isinstance(g["m0"], list) else 1
     cfg = {
-        k: as_matrix(g.get(k, "zero"), d, f"gaussian.{k}", allow_zero=True).tolist()
+        k: as_matrix(g.get(k, _DEFAULT[k]), d, f"gaussian.{k}", allow_zero=True).tolist()
         for k in ("A", "B", "V")
     }
-    cfg["b"] = as_vector(g.get("b", 0.0), d, "gaussian.b")
+    cfg["b"] = as_vector(g.get("b", _DEFAULT["b"]), d, "gaussian.b")
     cfg["m0"] = as_vector(g["m0"], d, "gaussian.m0")
-    S0 = as_matrix(g.get("S0", "identity"), d, "gaussian.S0")
+    S0 = as_matrix(g.get("S0", _DEFAULT["S0"]), d, "gaussian.S0")
     if not np.allclose(S0, S0.T) or np.linalg.eigvalsh(0.5 * (S0 + S0.T))[0] < -1e-12:
         raise ConfigError("gaussian.S0", "must be symmetric positive semidefinite")
     cfg["S0"] = S0.tolist()
-    cfg["t_end"] = as_float(g.get("t_end", 1.0), "gaussian.t_end")
+    cfg["t_end"] = as_float(g.get("t_end", _DEFAULT["t_end"]), "gaussian.t_end")
     if not cfg["t_end"] > 0:
         raise ConfigError("gaussian.t_end", f"must be > 0, got {cfg['t_end']}")
-    cfg["outputs"] = as_int(g.get("outputs", 201), "gaussian.outputs")
+    cfg["outputs"] = as_int(g.get("outputs", _DEFAULT["outputs"]), "gaussian.outputs")
     if cfg["outputs"] < 2:
         raise ConfigError("gaussian.outputs", "must be >= 2")
     return cfg

@@ -103,7 +103,13 @@ def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
     if w["dynamics"] == "fokker-planck":
         return attention, _weight_measure(w, heads)
     weights = make_weights(
-        w["dynamics"], heads, init=w["init"], seed=w["seed"], sigma=w["sigma"], dt=w["dt"]
+        w["dynamics"],
+        heads,
+        init=w["init"],
+        seed=w["seed"],
+        sigma=w["sigma"],
+        dt=w["dt"],
+        phases=w["phases"],
     )
     return attention, weights
 

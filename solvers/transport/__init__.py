@@ -14,11 +14,15 @@ Initial data (:func:`initial_density`) and the particle deposit (:func:`deposit_
 live here too. Modules: ``_finite_volume``, ``_jko`` (with ``_jko_fv``: the two-point operator,
 ``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_result``: the
 step's result and the PETSc defaults),
-``_particles``, ``_initial``, ``_deposit``, ``_registry`` (the scheme registry: ``[time]
+``_particles``, ``_initial``, ``_deposit``, ``_expression`` (the safe grammar of density
+expressions: :class:`Expression`, :data:`EXPRESSION_FUNCTIONS`), ``_registry`` (the scheme registry: ``[time]
 scheme`` names to constructors, :func:`make_scheme`, :func:`register_scheme`).
 """
 
 from solvers.transport._deposit import deposit_to_cells
+from solvers.transport._expression import CONSTANTS as EXPRESSION_CONSTANTS
+from solvers.transport._expression import FUNCTIONS as EXPRESSION_FUNCTIONS
+from solvers.transport._expression import Expression, ExpressionError
 from solvers.transport._finite_volume import POSITIVITY_LIMIT, TransportSolver, TransportStep
 from solvers.transport._initial import (
     DensityError,
@@ -45,6 +49,10 @@ from solvers.transport._registry import (
 
 __all__ = [
     "DEFAULT_OPTIONS",
+    "EXPRESSION_CONSTANTS",
+    "EXPRESSION_FUNCTIONS",
+    "Expression",
+    "ExpressionError",
     "HESSIANS",
     "INTEGRATORS",
     "POSITIVITY_LIMIT",

@@ -21,6 +21,7 @@ from solvers.weights._dynamics import (
     config_matrices,
     head_weights_at,
     make_weights,
+    oscillation_phases,
     random_symmetric,
 )
 from solvers.weights._fokker_planck import (
@@ -76,5 +77,6 @@ __all__ = [
     "moments",
     "ou_drift",
     "periodic_drift",
+    "oscillation_phases",
     "random_symmetric",
 ]

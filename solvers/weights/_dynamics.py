@@ -336,20 +336,37 @@ class OscillatingWeights(WeightDynamics):
 
     No time stepping is involved, so D(t) is exact to round-off at any t.
 
+    Phases. Equispaced phases phi_h = 2 pi h / H make the head average of the forcing,
+    (1/H) sum_h F(t + phi_h), exactly constant in t for H >= 3: every frequency of F is 1 or 2,
+    and (1/H) sum_h e^{i omega (t + 2 pi h / H)} = 0 whenever H does not divide omega. The
+    averaged forcing is then 2 I for all t (and the tokens of a many-head model feel an almost
+    frozen average). Random phases (uniform on [0, 2 pi), seeded) do not cancel: their average
+    keeps an O(1/sqrt(H)) oscillation.
+
     Args:
         D0: (H, d, d) symmetric matrices at t = t0, d in {2, 3}.
         t0: initial time (default 0).
+        phases: ``"equispaced"`` (default), ``"random"`` (uniform on [0, 2 pi), drawn from
+            ``np.random.default_rng(seed)``) or an array of H phases.
+        seed: seed of random phases.
     """
 
     kind = "oscillating"
 
-    def __init__(self, D0: np.ndarray, *, t0: float = 0.0) -> None:
+    def __init__(
+        self,
+        D0: np.ndarray,
+        *,
+        t0: float = 0.0,
+        phases: str | Sequence[float] | np.ndarray = "equispaced",
+        seed: int | Sequence[int] = 0,
+    ) -> None:
         D0 = _check_symmetric_stack(D0)
         self.n_heads, self.d = D0.shape[0], D0.shape[1]
         self._C, self._omega, self._psi = _forcing_terms(self.d)  # raises for d not in {2, 3}
         self.D0 = D0
         self.t0 = _check_time(t0)
-        self.phases = 2.0 * math.pi * np.arange(self.n_heads) / self.n_heads
+        self.phases = oscillation_phases(self.n_heads, phases, seed)
         self._P0 = self._particular(self.t0)
 
     def _trig(self, t: float) -> tuple[np.ndarray, np.ndarray]:
@@ -381,6 +398,32 @@ class OscillatingWeights(WeightDynamics):
     def heads_at(self, t: float) -> list[Head]:
         """Heads (Q, K, V) = (I, D_h(t), D_h(t))."""
         return _d_heads(self.matrices_at(t))
+
+
+def oscillation_phases(
+    H: int, phases: str | Sequence[float] | np.ndarray = "equispaced", seed: Any = 0
+) -> np.ndarray:
+    """The phases phi_h of H oscillating heads, shape (H,).
+
+    Args:
+        H: number of heads.
+        phases: ``"equispaced"`` (2 pi h / H), ``"random"`` (uniform on [0, 2 pi) from
+            ``np.random.default_rng(seed)``) or H finite numbers.
+        seed: seed of random phases.
+
+    Raises:
+        ValueError: an unknown kind, or not H finite numbers.
+    """
+    if isinstance(phases, str):
+        if phases == "equispaced":
+            return 2.0 * math.pi * np.arange(H) / H
+        if phases == "random":
+            return np.random.default_rng(seed).uniform(0.0, 2.0 * math.pi, H)
+        raise ValueError(f"phases must be 'equispaced', 'random' or H numbers, got {phases!r}")
+    arr = np.asarray(phases, dtype=np.float64).reshape(-1)
+    if arr.shape != (H,) or not np.all(np.isfinite(arr)):
+        raise ValueError(f"phases must be {H} finite numbers, got shape {arr.shape}")
+    return arr.copy()
 
 
 def random_symmetric(H: int, d: int, seed: int | Sequence[int]) -> np.ndarray:
@@ -423,6 +466,7 @@ def make_weights(
     seed: int = 0,
     sigma: float = math.sqrt(2.0),
     dt: float = 5e-3,
+    phases: str = "equispaced",
 ) -> WeightDynamics:
     """Build the weight dynamics ``kind`` from the configured heads.
 
@@ -438,6 +482,8 @@ def make_weights(
             initial matrices).
         sigma: OU noise amplitude (>= 0); validated for every kind.
         dt: OU grid spacing (> 0); validated for every kind.
+        phases: oscillating heads' phases, ``"equispaced"`` or ``"random"`` (drawn from
+            ``np.random.default_rng([seed, 2])``, independent of the initial matrices).
 
     Returns:
         The :class:`WeightDynamics` of that kind.
@@ -464,4 +510,4 @@ def make_weights(
         return FrozenWeights(_d_heads(D0))
     if kind == "ou":
         return OrnsteinUhlenbeckWeights(D0, sigma=sigma, dt=dt, seed=[int(seed), 1])
-    return OscillatingWeights(D0)
+    return OscillatingWeights(D0, phases=phases, seed=[int(seed), 2])

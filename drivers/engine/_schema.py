@@ -1,0 +1,267 @@
+"""The configuration schema: every key of a run config (and of a ``gaussian`` config), its type,
+default, allowed values and meaning, in one table.
+
+This table is the single source of the keys: :mod:`drivers.engine._config` takes its defaults and
+its lists of allowed values from it (and checks everything else in ``validate``), the command
+``transformer-pde keys`` prints it, and ``docs/config.md`` is that output, kept in sync by
+``tests/test_config_reference.py``. Regenerate with::
+
+    transformer-pde keys > docs/config.md
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Key",
+    "SECTIONS",
+    "KEYS",
+    "GAUSSIAN_KEYS",
+    "defaults",
+    "choices",
+    "reference",
+]
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key.
+
+    Attributes:
+        section: the TOML table (``mesh``, ``attention``, ...).
+        name: the key inside the table.
+        type: the accepted TOML type, in words (``integer``, ``number``, ``string``, ...).
+        default: the value when the key is absent (``None``: required).
+        meaning: one line of meaning (with the valid range where it is not in ``choices``).
+        choices: the allowed values of a string key (empty: any value of ``type``).
+    """
+
+    section: str
+    name: str
+    type: str
+    default: Any
+    meaning: str
+    choices: tuple[str, ...] = ()
+
+
+#: the tables of a run config, in the order of the reference, with one line each
+SECTIONS: dict[str, str] = {
+    "mesh": "the manifold of the tokens and its mesh",
+    "feedforward": "the affine feed-forward layer A x + b (boxes R1/R2 only)",
+    "attention": "the heads of multi-head self-attention and how the velocity is evaluated",
+    "weights": "how the heads' matrices evolve in time (docs/model.md, M1b)",
+    "initial": "the initial density of the tokens",
+    "time": "the time interval and the scheme",
+    "transport": "the finite-volume reconstruction",
+    "output": "what is written, and how often",
+}
+
+_IDENTITY_HEAD = [{"Q": "identity", "K": "identity", "V": "identity"}]
+
+KEYS: tuple[Key, ...] = (
+    # [mesh]
+    Key("mesh", "manifold", "string", "S2", "S1 circle, S2 sphere, R1/R2 boxes",
+        ("S1", "S2", "R1", "R2")),
+    Key("mesh", "refinement", "integer", 3,
+        "S2: icosphere level 0..8 (20 * 4^level cells); S1: 16 * 2^refinement cells, 0..16; "
+        "R1 (0..14), R2 (0..6): 16 * 2^refinement cells per axis"),
+    Key("mesh", "file", "string", "",
+        "a mesh file (meshio format: vertices on the unit sphere) instead of the built-in "
+        "mesh; S1/S2 only; empty: built-in"),
+    Key("mesh", "lower", "number or list of d numbers", -4.0, "lower corner of the box (R1/R2)"),
+    Key("mesh", "upper", "number or list of d numbers", 4.0,
+        "upper corner of the box (R1/R2), > lower on every axis"),
+    # [feedforward]
+    Key("feedforward", "A", '"zero", "identity" or d x d list', "zero",
+        "the matrix A of the feed-forward term A x + b (R1/R2)"),
+    Key("feedforward", "b", "number or list of d numbers", 0.0,
+        "the vector b of the feed-forward term A x + b (R1/R2)"),
+    # [attention]
+    Key("attention", "beta", "number", 1.0, "inverse temperature of the softmax, > 0"),
+    Key("attention", "sign", "integer", 1,
+        "+1: the attention dynamics of Geshkovski et al.; -1: tokens go down the energy ([P1])"),
+    Key("attention", "heads", "list of tables {Q, K, V}", _IDENTITY_HEAD,
+        'the heads; each matrix "identity" or a d x d nested list (d = 2 on S1, 3 on S2)'),
+    Key("attention", "backend", "string", "auto",
+        "how the nonlocal velocity is summed: auto picks per head the low-rank expansion when "
+        "its error bound meets tolerance and it is cheaper, else compiled brute force",
+        ("auto", "brute", "lowrank", "numba", "numpy")),
+    Key("attention", "tolerance", "number", 1e-10,
+        "relative accuracy asked of the low-rank expansion, in (0, 1)"),
+    Key("attention", "velocity", "string", "attention",
+        "attention: the softmax velocity s (1/H) sum_h P a_h; gradient: the weighted "
+        "Wasserstein gradient s grad(dE/dmu) / b of the interaction energy (what the JKO "
+        "scheme discretises; equal to attention for one head with V = Q^T K symmetric)",
+        ("attention", "gradient")),
+    # [weights]
+    Key("weights", "dynamics", "string", "frozen",
+        "frozen heads; Ornstein-Uhlenbeck or oscillating D_h(t) (heads (I, D, D)); "
+        "fokker-planck: a law of weights on a parameter mesh",
+        ("frozen", "ou", "oscillating", "fokker-planck")),
+    Key("weights", "init", "string", "config",
+        "config: D_h(0) = V_h of [attention] heads (needs V symmetric, Q^T K = V); "
+        "random: D_h(0) = Z + Z^T, Z standard normal (seeded)",
+        ("config", "random")),
+    Key("weights", "seed", "integer", 0, "seed of every random draw (>= 0)"),
+    Key("weights", "phases", "string", "equispaced",
+        "oscillating: phase of head h is 2 pi h / H (equispaced) or uniform on [0, 2 pi) "
+        "(random, seeded)",
+        ("equispaced", "random")),
+    Key("weights", "sigma", "number", math.sqrt(2.0),
+        "noise of the OU weights; diffusion of the weight law (>= 0; default sqrt 2)"),
+    Key("weights", "dt", "number", 5e-3, "time grid of the OU path and of the weight law, > 0"),
+    Key("weights", "p", "integer", 1,
+        "fokker-planck: dimension of the parameter theta, 1..3 (D(theta) = V_1 + sum_k "
+        "theta_k B_k)"),
+    Key("weights", "B", "list of p symmetric d x d matrices", [],
+        "fokker-planck: the directions B_k (default: e_1 e_1^T for each k)"),
+    Key("weights", "lower", "number or list of p numbers", -3.0,
+        "fokker-planck: lower corner of the parameter box"),
+    Key("weights", "upper", "number or list of p numbers", 3.0,
+        "fokker-planck: upper corner of the parameter box"),
+    Key("weights", "cells", "integer or list of p integers", 32,
+        "fokker-planck: cells per axis of the parameter mesh (at most 4096 in all)"),
+    Key("weights", "centre", "number or list of p numbers", 0.5,
+        "fokker-planck: mean of the OU drift of theta"),
+    Key("weights", "mean0", "number or list of p numbers", -0.5,
+        "fokker-planck: mean of the initial Gaussian law of theta"),
+    Key("weights", "std0", "number", 0.3,
+        "fokker-planck: standard deviation of the initial law of theta, > 0"),
+    # [initial]
+    Key("initial", "density", "string", "1 + 0.5 * x[0]",
+        "an expression in the coordinates x[0], x[1] (, x[2]) (grammar below); normalised to "
+        "mass 1; must be >= 0 with positive mass"),
+    # [time]
+    Key("time", "t_end", "number", 1.0, "final time, > 0"),
+    Key("time", "scheme", "string", "fv",
+        "fv: finite volumes; jko: minimizing movements (one optimal-transport problem a step); "
+        "particles: the token ODE with weighted particles",
+        ("fv", "jko", "particles")),
+    Key("time", "cfl", "number", 0.4,
+        "Courant number: fv in (0, 0.5] (muscl) or (0, 1] (upwind); particles in (0, 1]"),
+    Key("time", "dt", "number", 0.0,
+        "time step: required by jko; fixed step for particles; an upper bound for fv; "
+        "0: from cfl"),
+    Key("time", "rk", "string", "",
+        "time integrator: fv ssp3 (default), ssp2, euler; particles rk4 (default), euler; "
+        "jko: none; empty: the scheme's default"),
+    # [transport]
+    Key("transport", "reconstruction", "string", "muscl",
+        "fv: piecewise-linear limited (second order) or piecewise-constant (first order)",
+        ("muscl", "upwind")),
+    # [output]
+    Key("output", "every", "integer", 10,
+        "write density.xdmf and a metrics row every k-th step (t = 0 and t_end always), >= 1"),
+    Key("output", "progress", "number", 5.0, "seconds between progress lines on rank 0"),
+    Key("output", "checkpoint_every", "integer", 0,
+        "checkpoint every k-th step for --restart (0: off)"),
+    Key("output", "edi", "boolean", True,
+        "the energy-dissipation budget: its columns in metrics.csv and edi.png"),
+    Key("output", "edi_every", "integer", 0,
+        "add the state to the budget every k-th step and at every output and checkpoint "
+        "(0: with the outputs only)"),
+)  # fmt: skip
+
+#: the keys of a ``transformer-pde gaussian`` config (one table ``[gaussian]``; docs/model.md, M3)
+GAUSSIAN_KEYS: tuple[Key, ...] = (
+    Key("gaussian", "m0", "list of d numbers", None, "initial mean (required; fixes d)"),
+    Key("gaussian", "S0", '"identity" or d x d list', "identity",
+        "initial covariance, symmetric positive semidefinite"),
+    Key("gaussian", "A", '"zero", "identity" or d x d list', "zero", "feed-forward matrix A"),
+    Key("gaussian", "b", "number or list of d numbers", 0.0, "feed-forward vector b"),
+    Key("gaussian", "B", '"zero", "identity" or d x d list', "zero",
+        "attention matrix B of the kernel exp(y^T B x)"),
+    Key("gaussian", "V", '"zero", "identity" or d x d list', "zero", "attention value matrix V (X = V softmax-mean + A x + b)"),
+    Key("gaussian", "t_end", "number", 1.0, "final time, > 0"),
+    Key("gaussian", "outputs", "integer", 201, "number of output times, >= 2"),
+)  # fmt: skip
+
+
+def defaults() -> dict[str, dict[str, Any]]:
+    """The default run configuration, ``{section: {key: value}}`` (a fresh copy)."""
+    out: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    for k in KEYS:
+        out[k.section][k.name] = json.loads(json.dumps(k.default))
+    return out
+
+
+def choices() -> dict[tuple[str, str], tuple[str, ...]]:
+    """The allowed values of the string keys that have a fixed list, ``{(section, key): ...}``."""
+    return {(k.section, k.name): k.choices for k in KEYS if k.choices}
+
+
+def _toml(value: Any) -> str:
+    """A value as it would be written in TOML."""
+    if value is None:
+        return "(required)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        inner = ", ".join(
+            f"{{ {', '.join(f'{a} = {_toml(b)}' for a, b in d.items())} }}" for d in value
+        )
+        return f"[{inner}]"
+    return json.dumps(value)
+
+
+def _table(keys: tuple[Key, ...]) -> list[str]:
+    lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for k in keys:
+        allowed = ", ".join(f"`{_toml(c)}`" for c in k.choices)
+        lines.append(f"| `{k.name}` | {k.type} | `{_toml(k.default)}` | {allowed} | {k.meaning} |")
+    return lines
+
+
+def _expression_grammar() -> list[str]:
+    from solvers.transport import EXPRESSION_CONSTANTS, EXPRESSION_FUNCTIONS
+
+    names = ", ".join(f"`{n}`" for n in sorted(EXPRESSION_FUNCTIONS))
+    consts = ", ".join(f"`{n}`" for n in sorted(EXPRESSION_CONSTANTS))
+    return [
+        "Density expressions are data, not code: they are parsed and checked against a whitelist",
+        "(never passed to `eval`). Allowed: numbers, the coordinates `x[0]`, `x[1]`, `x[2]`",
+        f"(up to d), the constants {consts}, the operators `+ - * / ** % //`, comparisons `< <= > >= == !=`",
+        f"(giving 0 or 1), and the functions {names}.",
+    ]
+
+
+def reference() -> str:
+    """The configuration reference (Markdown): every key of both kinds of config."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- generated by `transformer-pde keys > docs/config.md`; do not edit by hand -->",
+        "",
+        "A run config (`transformer-pde run CONFIG.toml`) is a TOML file with the tables below;",
+        "every key is optional and takes its default when absent. Unknown tables or keys, values",
+        "of the wrong type or outside their range are errors (exit code 2, one line naming the",
+        "key) before any work starts. A value can be overridden on the command line with",
+        "`--set section.key=value` (TOML syntax, e.g. `--set attention.beta=4`,",
+        "`--set 'mesh.manifold=\"S1\"'`). Examples for every scheme are in `configs/`.",
+        "",
+        "Notation: d is the ambient dimension (S1: 2, S2: 3, R1: 1, R2: 2), H the number of heads,",
+        "s = `attention.sign`, E the interaction energy and b the harmonic mean of the heads'",
+        "partition functions (docs/model.md, M1).",
+    ]
+    for section, meaning in SECTIONS.items():
+        lines += ["", f"## [{section}]", "", meaning[0].upper() + meaning[1:] + ".", ""]
+        lines += _table(tuple(k for k in KEYS if k.section == section))
+        if section == "initial":
+            lines += ["", *_expression_grammar()]
+    lines += [
+        "",
+        "## [gaussian] (`transformer-pde gaussian CONFIG.toml`)",
+        "",
+        "The Gaussian moment ODE alone (docs/model.md, M3): a config with exactly this table.",
+        "",
+    ]
+    lines += _table(GAUSSIAN_KEYS)
+    return "\n".join(lines) + "\n"
