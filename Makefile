@@ -39,7 +39,7 @@ test-mpi:
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -q -m "not serial" tests
 
 # ruff lint and format check (configured in pyproject.toml); `make format` rewrites the files
-LINTED := solvers meshes drivers tests benchmarks
+LINTED := solvers meshes drivers tests benchmarks docs/examples
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)

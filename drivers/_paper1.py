@@ -42,7 +42,7 @@ from drivers._paper1_figures import plot_g2, plot_scaling, plot_snapshots
 from drivers.engine import GatheredCells, plot_budget, write_final, write_json
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, gather_measure
-from solvers.diagnostics import EDI_COLUMNS, EnergyBudget
+from solvers.diagnostics import EDI_COLUMNS, EnergyBudget, bootstrap_interval, fit_power_law
 from solvers.transport import ParticleSystem, TransportSolver, initial_density
 from solvers.weights import WeightDynamics
 
@@ -98,11 +98,15 @@ class Setup:
     kappa: float = 10.0
     cfl: float = 0.4
     backend: str | None = None  # kernel backend: None (compiled) or "numpy" (tiny runs)
+    phases: str = "equispaced"  # oscillating heads: "equispaced" (2 pi h / H) or "random"
+
+    def _phases(self) -> str:
+        return f" ({self.phases} phases)" if self.dynamics == "oscillating" else ""
 
     def describe(self) -> str:
         """One line: the weights, the particle runs and the mesh runs."""
         return (
-            f"{self.dynamics} weights, particles: n = {self.n_tokens}, H = {list(self.heads)}, "
+            f"{self.dynamics} weights{self._phases()}, particles: n = {self.n_tokens}, H = {list(self.heads)}, "
             f"paths {list(self.paths)}, T = {self.t_end:g}, dt = {self.dt:g} ({self.integrator}); "
             f"mesh: level {self.mesh_level}, H = {list(self.mesh_heads)}, "
             f"T = {self.mesh_t_end:g}, kappa = {self.kappa:g} -> {self.out}"
@@ -146,8 +150,16 @@ def parse_setup(
     p.add_argument("--mesh-t-end", type=float, help="mesh final time (default 10)")
     p.add_argument("--kappa", type=float, help="cap concentration of the mesh density (10)")
     p.add_argument("--seed", type=int, default=0)
+    if dynamics == "oscillating":
+        p.add_argument(
+            "--phases",
+            choices=("equispaced", "random"),
+            default="equispaced",
+            help="phases of the heads: 2 pi h / H, or uniform on [0, 2 pi) (seeded per path)",
+        )
     a = p.parse_args(argv)
     s = Setup(name=experiment.name, dynamics=dynamics, out=a.out, paths=tuple(paths), seed=a.seed)
+    s.phases = getattr(a, "phases", "equispaced")
     if a.tiny:
         s.n_tokens, s.heads, s.t_end, s.record_every = 24, (1, 2), 0.1, 2
         s.paths = (min(paths[0], 2),)
@@ -438,7 +450,8 @@ def summarise(runs: list[Run], scheme: str) -> list[dict]:
         late = np.array([time_average(r.rows) for r in mine])
         sem = float(late.std(ddof=1) / math.sqrt(len(late))) if len(late) > 1 else 0.0
         row = {"scheme": scheme, "H": H, "paths": len(mine), "t_end": mine[0].rows[-1]["t"]}
-        row.update(G2_late_mean=float(late.mean()), G2_late_sem=sem)
+        lo, hi = bootstrap_interval(late, seed=H)
+        row.update(G2_late_mean=float(late.mean()), G2_late_sem=sem, G2_late_lo=lo, G2_late_hi=hi)
         for key in EDI_COLUMNS:
             row[key] = float(np.mean([r.rows[-1][key] for r in mine]))
         row["max_abs_edi_residual"] = max(abs(r.rows[-1]["edi_residual"]) for r in mine)
@@ -465,10 +478,13 @@ def report(
     particle_runs, _ = load_runs(out, "particles")
     mesh_runs, centres = load_runs(out, "mesh")
     table = summarise(particle_runs, "particles") + summarise(mesh_runs, "mesh")
-    exponents = {}
-    for scheme in ("particles", "mesh"):
+    exponents, fits = {}, {}
+    for scheme, runs in (("particles", particle_runs), ("mesh", mesh_runs)):
         rows = [r for r in table if r["scheme"] == scheme]
         exponents[scheme] = fit_exponent([r["H"] for r in rows], [r["G2_late_mean"] for r in rows])
+        late = [[time_average(r.rows) for r in runs if r.H == row["H"]] for row in rows]
+        if len(rows) >= 3 and min(map(len, late)) >= 2:  # bootstrap over the paths of every H
+            fits[scheme] = fit_power_law([r["H"] for r in rows], late).as_dict()
     write_csv(out / "summary.csv", table)
     first = [r for r in particle_runs if r.path == 0]
     groups = {}
@@ -500,12 +516,14 @@ def report(
         write_final(out / "final.npz", big.final, masses, masses, t_particles, **extra)
     parameters = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(setup).items()}
     del parameters["out"]
-    summary = {"setup": parameters, "exponents": exponents, "table": table}
+    summary = {"setup": parameters, "exponents": exponents, "exponent_fits": fits, "table": table}
     write_json(out / "summary.json", {**summary, "provenance": provenance or {}})
     log(
         f"fitted exponent of the late-time G^2 in H: particles {exponents['particles']:.3f}, "
         f"mesh {exponents['mesh']:.3f}"
     )
+    for scheme, fit in fits.items():
+        log(f"  {scheme}: 95% bootstrap interval [{fit['ci_low']:.3f}, {fit['ci_high']:.3f}]")
     return {"exponents": exponents, "table": table}
 
 

@@ -55,9 +55,9 @@ Things to try:
   oscillation.
 - ``--paths 4``: other draws of D_h(0); they are forgotten after t ~ 5 (relaxation rate 1).
 - ``--integrator euler`` and look at budget_particles_H1.png: the residual grows like dt.
-- Random phases instead of 2 pi h / H (set ``phases`` of the OscillatingWeights in
-  ``oscillating_weights``): the head average then converges like H^{-1/2} (Monte Carlo), and
-  G^2 like H^{-1}.
+- ``--phases random --paths 8``: phases uniform on [0, 2 pi) instead of 2 pi h / H; the head
+  average of the forcing is then a Monte Carlo sum whose oscillation falls like H^{-1/2}
+  (drivers/README.md reports what G^2 does).
 """
 
 from __future__ import annotations
@@ -88,11 +88,14 @@ def oscillating_weights(setup: Setup) -> WeightsFactory:
         setup: the setup (its seed).
 
     Returns:
-        (H, path) -> the oscillating weight dynamics of H heads, phases 2 pi h / H.
+        (H, path) -> the oscillating weight dynamics of H heads, phases 2 pi h / H
+        (``--phases equispaced``) or uniform on [0, 2 pi), drawn per (seed, H, path)
+        (``--phases random``).
     """
 
     def factory(H: int, path: int) -> WeightDynamics:
-        return OscillatingWeights(random_symmetric(H, 3, [setup.seed, H, path]))
+        D0 = random_symmetric(H, 3, [setup.seed, H, path])
+        return OscillatingWeights(D0, phases=setup.phases, seed=[setup.seed, H, path, 2])
 
     return factory
 

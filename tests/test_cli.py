@@ -139,6 +139,8 @@ BAD = [
     ),
     ('[attention]\nheads = [{ V = "eye" }]\n', "attention.heads[0].V"),
     ("[attention]\nheads = []\n", "attention.heads"),
+    ('[weights]\ndynamics = "ou"\nsigma = 1e200\n', "weights.sigma: must be in [0, 1e+06]"),
+    ('[attention]\nvelocity = "grad"\n', "attention.velocity: must be one of"),
     ('[initial]\ndensity = "exp(x[0]"\n', "initial.density"),
     ('[initial]\ndensity = "foo(x[0])"\n', "initial.density"),
     ('[initial]\ndensity = "x[0]"\n', "negative"),

@@ -217,3 +217,17 @@ def test_repository_is_self_contained():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert f"## [{project['version']}]" in changelog, "the version is not cut in CHANGELOG.md"
+
+
+def test_relative_links_resolve():
+    """Every relative Markdown link or image of the documentation points to a shipped file."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages += [ROOT / d / "README.md" for d in ("drivers", "benchmarks", "docker")]
+    missing = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s#]+)", page.read_text()):
+            if "://" in target or not re.search(r"[./]", target):  # a URL, or math like a[mu](x)
+                continue
+            if not (page.parent / target).exists():
+                missing.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not missing, "broken links:\n" + "\n".join(missing)

@@ -1,47 +1,54 @@
-"""Real ParaView opens our outputs: ``pvbatch`` reads density.xdmf and renders a screenshot.
+"""Real ParaView opens our outputs: ``pvbatch`` reads density.xdmf, and ``transformer-pde paraview``.
 
 Optional (marker ``paraview``; skipped with the reason when ``pvbatch`` is not installed):
 Debian's ``paraview`` package (5.11) plus ``xvfb`` (its pvbatch needs an X display; the
-Debian build aborts under ``--force-offscreen-rendering`` without one; the test starts its
-own ``Xvfb -displayfd`` server per pvbatch run), about 2 minutes and
-1.5 GB to install with ``apt-get install -y paraview xvfb``. The test runs a small S^2 and
-S^1 case in-process, then a pvbatch script that opens each ``density.xdmf`` with the
-``Xdmf3ReaderT`` reader (falling back to ``XDMFReader``), checks the number of time steps
-(= rows of metrics.csv) and of cells, colours by the cell array ``density`` and saves a
-screenshot, which must not be blank.
+Debian build aborts under ``--force-offscreen-rendering`` without one; each pvbatch run gets
+its own ``Xvfb -displayfd`` server, :func:`drivers.engine._paraview.x_display`), about 2
+minutes and 1.5 GB to install with ``apt-get install -y paraview xvfb``. Small S^2 and S^1
+cases (and R^1/R^2 boxes) run in-process, then:
+
+- a pvbatch script opens each ``density.xdmf`` with the ``Xdmf3ReaderT`` reader (falling
+  back to ``XDMFReader``), checks the number of time steps (= rows of metrics.csv) and of
+  cells, colours by the cell array ``density`` and saves a screenshot, which must not be blank;
+- ``transformer-pde paraview`` (:mod:`drivers.engine._paraview`) renders one frame per
+  output time with its own script (log colour scale over the series, or ``--linear``),
+  checked against the series read with h5py: frame count, not blank, the colour range used.
+
+The command's checks that need no ParaView (errors, no pvbatch, ``--no-run``) always run.
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
+import ast
 import json
 import os
-import select
 import shutil
-import subprocess
+import sys
 import textwrap
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import dolfinx_solver  # noqa: F401
 
+import h5py
 import numpy as np
 import pytest
 
 from drivers.engine import main
+from drivers.engine._paraview import XServerError, add_arguments, run_from_args, run_pvbatch
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.paraview, pytest.mark.serial]
+# serial: in-process runs and pvbatch; the tests that run pvbatch are marked ``paraview``
+pytestmark = [pytest.mark.serial]
+paraview = pytest.mark.paraview
 
 #: a screenshot whose pixel standard deviation (over all RGB values) is below this is blank
 #: (one background colour); measured: about 30 for the sphere, 8 for the circle (a line)
 BLANK_STD = 3.0
 #: seconds pvbatch may take (measured: 3-5 s, most of it starting ParaView)
 PVBATCH_TIMEOUT = 180
-#: seconds Xvfb may take to accept connections, and how many fresh servers to try
-XVFB_START_TIMEOUT = 30
-X_ATTEMPTS = 3
+#: the frames of ``transformer-pde paraview`` (the script's default --size)
+FRAME_SHAPE = (600, 800, 3)
 
 PVBATCH_SCRIPT = textwrap.dedent(
     """
@@ -121,58 +128,11 @@ def _pvbatch() -> str:
     return pvbatch
 
 
-@contextlib.contextmanager
-def _x_display(log: Path) -> Iterator[str]:
-    """A private Xvfb server for one pvbatch run; yields its DISPLAY.
+def _pixels(png: Path) -> np.ndarray:
+    from PIL import Image
 
-    ``Xvfb -displayfd`` picks a display whose sockets it can bind itself and reports the number
-    once it accepts connections. ``xvfb-run -a`` instead guesses a free number from the
-    /tmp/.X*-lock files; on a CI machine (where :99 was locked) it handed pvbatch a display
-    that pvbatch could not use ("bad X server connection. DISPLAY=:100", SIGABRT).
-    Without ``-auth`` the server admits local clients only; ``-nolisten tcp`` closes TCP.
-    Falls back to an existing DISPLAY when Xvfb is not installed.
-    """
-    if shutil.which("Xvfb") is None:
-        yield os.environ["DISPLAY"]
-        return
-    read_end, write_end = os.pipe()
-    with open(log, "ab") as err:
-        server = subprocess.Popen(
-            ["Xvfb", "-displayfd", str(write_end), "-screen", "0", "1024x768x24"]
-            + ["-nolisten", "tcp"],
-            pass_fds=(write_end,),
-            stdin=subprocess.DEVNULL,
-            stdout=err,
-            stderr=err,
-        )
-    os.close(write_end)
-    try:
-        number = b""
-        deadline = time.monotonic() + XVFB_START_TIMEOUT
-        while not number.endswith(b"\n"):
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([read_end], [], [], max(left, 0.0))
-            chunk = os.read(read_end, 16) if ready else b""
-            if not chunk:  # timed out, or Xvfb exited before it was ready
-                raise XServerError(f"Xvfb did not start (see {log})")
-            number += chunk
-        yield f":{int(number)}"
-    finally:
-        os.close(read_end)
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
-class XServerError(RuntimeError):
-    """The X display could not be set up (not a fault of the files under test)."""
-
-
-#: pvbatch's messages when its X connection, not the data, is at fault
-X_FAILURES = ("bad X server connection", "cannot open display", "Could not open display")
+    with Image.open(png) as im:
+        return np.asarray(im.convert("RGB"), dtype=np.float64)
 
 
 def _open_in_paraview(out: Path, tmp: Path) -> tuple[dict, np.ndarray]:
@@ -180,49 +140,55 @@ def _open_in_paraview(out: Path, tmp: Path) -> tuple[dict, np.ndarray]:
     script = tmp / "open_density.py"
     script.write_text(PVBATCH_SCRIPT)
     png, report = tmp / f"{out.name}.png", tmp / f"{out.name}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    if shutil.which("Xvfb"):  # our own server has no cookie; a user's DISPLAY keeps theirs
-        env.pop("XAUTHORITY", None)
-    log, failures = tmp / "pvbatch.log", []
-    for _ in range(X_ATTEMPTS):  # a fresh server each time; only X set-up failures retry
-        try:
-            with _x_display(tmp / "xvfb.log") as display:
-                proc = subprocess.run(
-                    [pvbatch, str(script), str(out / "density.xdmf"), str(png), str(report)],
-                    capture_output=True,
-                    text=True,
-                    timeout=PVBATCH_TIMEOUT,
-                    env={**env, "DISPLAY": display},
-                    cwd=tmp,
-                )
-        except XServerError as exc:
-            failures.append(str(exc))
-            continue
-        log.write_text(proc.stdout + proc.stderr)
-        if proc.returncode != 0 and any(m in proc.stdout + proc.stderr for m in X_FAILURES):
-            failures.append(f"pvbatch could not use display {display}")
-            continue
-        break
-    else:
-        pytest.skip(f"no usable X display for pvbatch after {X_ATTEMPTS} tries: {failures}")
+    argv = [str(script), str(out / "density.xdmf"), str(png), str(report)]
+    try:
+        proc = run_pvbatch(pvbatch, argv, log_dir=tmp, timeout=PVBATCH_TIMEOUT, cwd=tmp)
+    except XServerError as exc:
+        pytest.skip(str(exc))
     assert proc.returncode == 0 and report.is_file(), proc.stdout + proc.stderr
-    from PIL import Image
-
-    with Image.open(png) as im:
-        pixels = np.asarray(im.convert("RGB"), dtype=np.float64)
-    return json.loads(report.read_text()), pixels
+    return json.loads(report.read_text()), _pixels(png)
 
 
 def _rows(out: Path) -> int:
     return len((out / "metrics.csv").read_text().strip().splitlines()) - 1
 
 
-def test_paraview_opens_s2(tmp_path):
-    out = tmp_path / "s2"
-    argv = ["run", str(ROOT / "configs/demo_s2.toml"), "--set", "mesh.refinement=2"]
-    argv += ["--set", "time.t_end=0.3", "--set", "output.every=3", "--quiet", "--out", str(out)]
+def _run(out: Path, *argv: str) -> Path:
+    assert main(["run", *argv, "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def s2_run(tmp_path_factory) -> Path:
+    """A small S^2 run (320 cells, 3 outputs), shared by the tests of this module."""
     _pvbatch()  # skip before the run when ParaView is absent
-    assert main(argv) == 0
+    out = tmp_path_factory.mktemp("paraview") / "s2"
+    config = str(ROOT / "configs/demo_s2.toml")
+    return _run(
+        out,
+        config,
+        "--set",
+        "mesh.refinement=2",
+        "--set",
+        "time.t_end=0.3",
+        "--set",
+        "output.every=3",
+    )
+
+
+@pytest.fixture(scope="module")
+def s1_run(tmp_path_factory) -> Path:
+    """A small S^1 run (32 cells, PolyLine topology, XY geometry)."""
+    _pvbatch()
+    folder = tmp_path_factory.mktemp("paraview")
+    config = folder / "s1.toml"
+    config.write_text('[mesh]\nmanifold = "S1"\nrefinement = 1\n[time]\nt_end = 0.3\n')
+    return _run(folder / "s1", str(config), "--set", "output.every=2")
+
+
+@paraview
+def test_paraview_opens_s2(s2_run, tmp_path):
+    out = s2_run
     seen, pixels = _open_in_paraview(out, tmp_path)
     n = _rows(out)
     assert n >= 3
@@ -237,15 +203,197 @@ def test_paraview_opens_s2(tmp_path):
     assert pixels.std() > BLANK_STD, f"blank screenshot (std {pixels.std():.2f})"
 
 
-def test_paraview_opens_s1(tmp_path):
+@paraview
+def test_paraview_opens_s1(s1_run, tmp_path):
     """The S^1 output (PolyLine topology, XY geometry) opens too."""
-    _pvbatch()
-    config = tmp_path / "s1.toml"
-    config.write_text('[mesh]\nmanifold = "S1"\nrefinement = 1\n[time]\nt_end = 0.3\n')
-    out = tmp_path / "s1"
-    assert main(["run", str(config), "--set", "output.every=2", "--quiet", "--out", str(out)]) == 0
+    out = s1_run
     seen, pixels = _open_in_paraview(out, tmp_path)
     n = _rows(out)
     assert len(seen["times"]) == n and seen["cells"] == [32] * n
     assert "density" in seen["cell_arrays"]
     assert pixels.std() > BLANK_STD, f"blank screenshot (std {pixels.std():.2f})"
+
+
+# ------------------------------------------------------------- transformer-pde paraview
+def _command(argv: list[str]) -> int:
+    """``transformer-pde paraview ARGV`` through the module's own arguments (as _cli wires it)."""
+    parser = argparse.ArgumentParser(prog="transformer-pde paraview")
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+def _render(capfd, argv: list[str]) -> tuple[dict, str]:
+    """Run the command with pvbatch; its report and its one stdout line (skip on X trouble)."""
+    _pvbatch()
+    capfd.readouterr()  # what came before (a run)
+    code = _command(argv)
+    out, err = capfd.readouterr()
+    if code == 3 and "no usable X display" in err:
+        pytest.skip(err.strip())
+    assert code == 0, err
+    assert err == "" and len(out.strip().splitlines()) == 1, (out, err)
+    folder = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path(argv[0]) / "paraview"
+    return json.loads((folder / "paraview_density.json").read_text()), out
+
+
+def _series_range(out: Path) -> tuple[float, float]:
+    """Smallest and largest density over all outputs, read with h5py."""
+    with h5py.File(out / "density.h5", "r") as f:
+        steps = [np.asarray(v) for v in f["/Function/density"].values()]
+    return min(float(v.min()) for v in steps), max(float(v.max()) for v in steps)
+
+
+def _check_frames(folder: Path, report: dict, n: int) -> list[np.ndarray]:
+    assert report["reader"] == "Xdmf3ReaderT"
+    assert report["frames"] == [f"frame_{i:04d}.png" for i in range(n)]
+    assert sorted(p.name for p in folder.glob("frame_*.png")) == report["frames"]
+    frames = [_pixels(folder / name) for name in report["frames"]]
+    for name, pixels in zip(report["frames"], frames, strict=True):
+        assert pixels.shape == FRAME_SHAPE, name
+        assert pixels.std() > BLANK_STD, f"{name} is blank (std {pixels.std():.2f})"
+    from PIL import Image
+
+    with Image.open(folder / "density.gif") as gif:
+        assert gif.n_frames == n
+    if report["animation"] is not None:  # Debian's 5.11 has FFMPEG: density.avi
+        assert (folder / report["animation"]).stat().st_size > 0
+    return frames
+
+
+@paraview
+def test_paraview_command_s2_log(s2_run, tmp_path, capfd):
+    """Frames of the sphere, 3D camera, log colour scale over the whole series."""
+    folder = tmp_path / "frames"
+    report, line = _render(capfd, [str(s2_run), "--out", str(folder), "--fps", "4"])
+    n = _rows(s2_run)
+    frames = _check_frames(folder, report, n)
+    assert not np.array_equal(frames[0], frames[-1])  # the time label and the density move
+    lo, hi = _series_range(s2_run)
+    assert report["scale"] == "log" and report["camera"] == "3D"
+    assert report["data_range"] == pytest.approx([lo, hi], rel=1e-12)
+    assert report["colour_range"] == pytest.approx([max(lo, 1e-6 * hi), hi], rel=1e-12)
+    assert report["times"][-1] == pytest.approx(0.3) and len(report["times"]) == n
+    assert f"wrote {n} frames to {folder}" in line and "log colour scale" in line
+    script = s2_run / "paraview_density.py"
+    assert f"RESULTS = {str(s2_run.resolve())!r}" in script.read_text()
+
+
+@paraview
+def test_paraview_command_s1_linear(s1_run, capfd):
+    """The circle (line cells, 2D camera), ``--linear``: the colours span the data range."""
+    report, line = _render(capfd, [str(s1_run), "--linear"])
+    folder = s1_run / "paraview"
+    _check_frames(folder, report, _rows(s1_run))
+    lo, hi = _series_range(s1_run)
+    assert report["scale"] == "linear" and report["camera"] == "2D"
+    assert report["colour_range"] == pytest.approx([lo, hi], rel=1e-12)
+    assert "linear colour scale" in line
+
+
+BOX_R1 = ['mesh.manifold="R1"', "mesh.lower=-3.0", "mesh.upper=3.0"]
+BOX_R1 += ["attention.heads=[{V=[[-1.0]]}]", "feedforward.A=[[0.5]]", "feedforward.b=0.1"]
+BOX_R1 += ['initial.density="exp(-x[0]**2/0.4)"']
+
+
+@paraview
+# R1 is a PolyLine mesh like S1 (test_paraview_command_s1_linear): the box R2 only, for time
+@pytest.mark.parametrize("manifold", ["R2"])
+def test_paraview_command_boxes(tmp_path, capfd, manifold):
+    """Boxes of R^1 (segments) and R^2 (quadrilaterals): 2D camera; the Gaussian tails go
+    below 1e-6 of the peak, so the log scale starts at the floor."""
+    _pvbatch()
+    argv = [str(ROOT / "configs/gaussian_r2.toml"), "--set", "mesh.refinement=0"]
+    argv += ["--set", "time.t_end=0.3"]
+    for item in BOX_R1 if manifold == "R1" else []:
+        argv += ["--set", item]
+    out = _run(tmp_path / manifold, *argv)
+    report, _ = _render(capfd, [str(out)])
+    _check_frames(out / "paraview", report, _rows(out))
+    lo, hi = _series_range(out)
+    assert lo < 1e-6 * hi
+    assert report["scale"] == "log" and report["camera"] == "2D"
+    assert report["colour_range"] == pytest.approx([1e-6 * hi, hi], rel=1e-12)
+
+
+@paraview
+def test_paraview_command_pvbatch_fails(s1_run, tmp_path, capfd):
+    """A series whose HDF5 file lost a step: pvbatch fails, exit 3, one line, no traceback."""
+    _pvbatch()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("density.xdmf", "density.h5"):
+        shutil.copy(s1_run / name, bad / name)
+    with h5py.File(bad / "density.h5", "a") as f:
+        del f["/Function/density/1"]
+    capfd.readouterr()
+    code = _command([str(bad)])
+    out, err = capfd.readouterr()
+    if code == 3 and "no usable X display" in err:
+        pytest.skip(err.strip())
+    assert code == 3, (out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("transformer-pde: error: pvbatch") and "pvbatch.log" in err
+
+
+def _fake_results(folder: Path) -> Path:
+    """A folder that looks like results to the command (it does not read the HDF5 file)."""
+    folder.mkdir()
+    (folder / "density.xdmf").write_text(
+        '<?xml version="1.0"?><Xdmf Version="3.0"><Domain><Grid><Grid>'
+        '<Time Value="0.0" /></Grid></Grid></Domain></Xdmf>'
+    )
+    (folder / "density.h5").write_bytes(b"")
+    return folder
+
+
+def test_paraview_command_without_pvbatch(tmp_path, monkeypatch, capfd):
+    """No pvbatch on the PATH: the script is written, one line says how to run it, exit 0."""
+    results = _fake_results(tmp_path / "r")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert _command([str(results), "--linear"]) == 0
+    out, err = capfd.readouterr()
+    script = results / "paraview_density.py"
+    assert err == "" and len(out.strip().splitlines()) == 1
+    assert f"wrote {script}" in out and "pvbatch not found" in out
+    assert f"pvbatch {script} --linear" in out and "View > Python Shell > Run Script" in out
+    assert not (results / "paraview").exists()
+    # a script for ParaView's own Python: paraview and the standard library, no package of ours
+    tree = ast.parse(script.read_text())
+    imported = {
+        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported - set(sys.stdlib_module_names) == {"paraview"}
+    assert f"RESULTS = {str(results.resolve())!r}" in script.read_text()
+
+
+def test_paraview_command_no_run(tmp_path, capfd):
+    results = _fake_results(tmp_path / "r")
+    assert _command([str(results), "--no-run", "--out", str(tmp_path / "f"), "--fps", "3"]) == 0
+    out, err = capfd.readouterr()
+    assert err == "" and "pvbatch not found" not in out
+    assert f"--out {tmp_path / 'f'} --fps 3" in out
+    assert (results / "paraview_density.py").is_file() and not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "argv", "says"),
+    [
+        (None, [], "no such folder"),
+        ("empty", [], "no density.xdmf"),
+        ("results", ["--fps", "0"], "fps must be > 0"),
+        ("results", ["--out", "missing/frames"], "does not exist"),
+    ],
+)
+def test_paraview_command_errors(tmp_path, capfd, make, argv, says):
+    """Invalid input: exit 2, one line naming the problem, no traceback, nothing run."""
+    folder = tmp_path / "r"
+    if make == "empty":
+        folder.mkdir()
+    elif make == "results":
+        _fake_results(folder)
+    argv = [str(folder), *(str(tmp_path / a) if a.startswith("missing") else a for a in argv)]
+    assert _command(argv) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("transformer-pde: error:") and says in err, err

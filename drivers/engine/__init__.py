@@ -1,6 +1,7 @@
 """The engine behind ``transformer-pde``: config -> problem -> run loop -> recorder.
 
-Public face of the engine. :func:`main` is the command line (``run``, ``gaussian``, ``view``);
+Public face of the engine. :func:`main` is the command line (``run``, ``gaussian``, ``view``,
+``paraview``, ``keys``);
 :func:`run` runs a validated config (:func:`load_config`) and writes the results folder;
 :class:`Recorder` owns every output of a run (density series, metrics, energy budget,
 checkpoints, final files, pictures); :func:`build_problem` turns a config into mesh, model and
@@ -9,8 +10,11 @@ scheme (through the scheme registry of :mod:`solvers.transport`).
 Names are imported on first use: the command line must parse its arguments and hand the
 PETSc options to ``petsc4py.init`` before anything imports DOLFINx or PETSc.
 
-Modules: ``_cli``, ``_config`` (schema, TOML reading, ``--set``), ``_problem``, ``_run``,
-``_recorder``, ``_writers`` (XDMF, CSV, npz, json), ``_plots``, ``_checkpoint``, ``_view``,
+Modules: ``_cli``, ``_schema`` (every config key: type, default, allowed values, meaning),
+``_config`` (TOML reading, ``--set``, validation), ``_problem``, ``_run``,
+``_recorder``, ``_writers`` (XDMF, CSV, npz, json), ``_plots`` and ``_pictures`` (the
+pictures of a run and of ``view``), ``_checkpoint``, ``_view``,
+``_paraview`` (the ``paraview`` command; its pvbatch script is ``paraview_density.py``),
 ``_gaussian_command``, ``_resources`` (the memory check), ``_provenance`` (version, commit, command line, host, threads, PETSc
 options of a results folder).
 """
@@ -43,6 +47,7 @@ _HOME = {
     "build_model": "_problem",
     "build_problem": "_problem",
     "feedforward": "_problem",
+    "velocity_record": "_problem",
     "METRIC_COLUMNS": "_recorder",
     "Recorder": "_recorder",
     "RunResult": "_run",

@@ -3,6 +3,8 @@
 - ``transformer-pde run CONFIG.toml [--out DIR] [--set section.key=value ...]``;
 - ``transformer-pde gaussian CONFIG.toml``: the moment ODE alone;
 - ``transformer-pde view DIR``: an animation of a results folder's density;
+- ``transformer-pde paraview DIR``: the same series rendered by ParaView (``pvbatch``), with
+  the script written to DIR for the GUI (docs/paraview.md);
 - ``transformer-pde keys``: the configuration reference (every key, type, default, meaning).
 
 Exit codes (docs/interface.md): 0 success; 2 invalid input, with one line naming the key or
@@ -93,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("view", help="render the density of a results folder as a GIF/MP4")
     view_arguments(v)
+    from drivers.engine._paraview import add_arguments as paraview_arguments
+
+    pv = sub.add_parser(
+        "paraview", help="render the density of a results folder with ParaView (pvbatch)"
+    )
+    paraview_arguments(pv)
     sub.add_parser(
         "keys",
         help="print the configuration reference (Markdown, as docs/config.md)",
@@ -136,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         from drivers.engine._view import run_from_args
 
         return run_from_args(args)
+    if args.command == "paraview":  # no MPI, no PETSc: rank 0 of a launcher runs pvbatch
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        from drivers.engine._paraview import run_from_args as paraview_run
+
+        return paraview_run(args)
     petsc_args = _petsc_arguments(parser, rest)
     if args.command == "run" and not args.restart and args.config is None:
         parser.error("the following arguments are required: config")

@@ -53,6 +53,9 @@ DEFAULTS: dict[str, dict[str, Any]] = defaults()
 
 #: the most time steps a fixed time.dt may ask for (a guard against typos such as 1e-300)
 MAX_STEPS = 1e9
+#: the largest weight noise: one OU step of size sigma sqrt(dt) beyond ~1e3 already overflows
+#: exp(beta x^T D y), and sigma^2 (the Ito correction of the energy budget) must stay finite
+MAX_SIGMA = 1e6
 #: the most Ornstein-Uhlenbeck grid steps (the path is kept: H d^2 8 bytes a step)
 MAX_WEIGHT_STEPS = 1e7
 
@@ -239,8 +242,12 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     if w["seed"] < 0:
         raise ConfigError("weights.seed", "must be >= 0")
     w["sigma"] = as_float(w["sigma"], "weights.sigma")
-    if w["sigma"] < 0:
-        raise ConfigError("weights.sigma", f"must be >= 0, got {w['sigma']}")
+    if not 0 <= w["sigma"] <= MAX_SIGMA:
+        raise ConfigError(
+            "weights.sigma",
+            f"must be in [0, {MAX_SIGMA:g}] (a larger noise overflows the kernel "
+            f"exp(beta x^T D y) within one weight step), got {w['sigma']}",
+        )
     w["dt"] = as_float(w["dt"], "weights.dt")
     if not w["dt"] > 0:
         raise ConfigError("weights.dt", f"must be > 0, got {w['dt']}")

@@ -1,134 +1,192 @@
-"""Pictures of a run: the final density, the metrics and the energy budget (rank 0 only).
+"""Pictures of a run: the density, the metrics and the energy budget (rank 0 only).
 
-matplotlib (Agg) everywhere, and pyvista off-screen (EGL, no X server) for S^2 densities;
-pyvista builds its mesh from arrays (VTK's XDMF reader crashes on DOLFINx function files).
+matplotlib (Agg) only, through the panels and colour scales of :mod:`drivers.engine._pictures`
+(shared with the animations of ``transformer-pde view``): S^2 as its two opposite hemispheres
+(orthographic projection), R^2 as coloured cells, S^1 and R^1 as curves. A density spanning
+more than three decades gets a log colour scale (:func:`drivers.engine._pictures.choose_scale`).
+No axis uses matplotlib's offset notation ("1e-12+1"): the mass is plotted as ``mass - 1``.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["plot_budget", "plot_metrics", "render_density"]
+from drivers.engine._pictures import (
+    CurvePanel,
+    SurfacePanel,
+    choose_scale,
+    manifold_of,
+    pyplot,
+    sphere_views,
+)
+
+__all__ = ["plot_budget", "plot_metrics", "plain_ticks", "render_density", "strip_steps"]
+
+#: snapshots in the strip of density.png: t = 0, two intermediate times, the final time
+STRIP = 4
 
 Array = npt.NDArray[np.float64]
 
 
 def render_density(
-    path: str | Path, vertices: Array, density: Array, title: str = "density"
-) -> None:
-    """Picture of a cell density: pyvista off-screen on S^2, matplotlib otherwise (rank 0).
+    path: str | Path,
+    vertices: Array,
+    density: Array,
+    title: str = "density",
+    log: bool | None = None,
+    times: Sequence[float] | None = None,
+    label: str | None = None,
+    clim: tuple[float, float] | None = None,
+) -> Any:
+    """Picture of a cell density, or a strip of snapshots on one colour scale (rank 0).
+
+    One snapshot: S^2 seen from the densest cell and from the opposite side, R^2 as a heat
+    map, S^1/R^1 as a curve. Several snapshots (``density`` of shape (k, n)): S^2 as k
+    columns (front row and back row), R^2 as k heat maps, S^1/R^1 as k curves on one axes
+    with a legend of the times; every panel on the same colour scale, so that they compare.
 
     Args:
-        vertices: (n, nv, d) cell vertices in original order; density: (n,) cell values.
+        path: the PNG file.
+        vertices: (n, nv, d) cell vertices in original order.
+        density: (n,) or (k, n) cell values.
+        title: the figure title.
+        log: log colour scale (log y axis for curves); None: when the values are
+            non-negative and span more than ``LOG_RANGE`` (floored at max * ``LOG_FLOOR``).
+        times: the k times (column titles, legend); None: no times shown.
+        label: the colour-bar (or y-axis) label; None: none on a colour bar, "density" on a
+            curve's y axis.
+        clim: a fixed colour range (lo, hi).
+
+    Returns:
+        The matplotlib figure (closed, for inspection).
     """
-    nv, dim = vertices.shape[1], vertices.shape[2]
-    if nv == 3 and dim == 3:
-        # render through EGL off-screen: no X server needed (and no warning about one)
-        os.environ.setdefault("VTK_DEFAULT_OPENGL_WINDOW", "vtkEGLRenderWindow")
-        import pyvista as pv
-
-        pv.OFF_SCREEN = True
-        pts = vertices.reshape(-1, 3)
-        faces = np.column_stack(
-            [np.full(len(vertices), 3), np.arange(3 * len(vertices)).reshape(-1, 3)]
-        )
-        surf = pv.PolyData(pts, faces.ravel())
-        surf.cell_data[title] = density
-        plotter = pv.Plotter(off_screen=True, window_size=(1000, 540), shape=(1, 2))
-        centres = vertices.sum(axis=1)
-        centres /= np.linalg.norm(centres, axis=1)[:, None]
-        peak = centres[int(np.argmax(density))]  # look at the densest cell from the front
-        for col, view in enumerate((peak, -peak)):
-            plotter.subplot(0, col)
-            plotter.add_mesh(
-                surf.copy(),
-                scalars=title,
-                cmap="viridis",
-                show_edges=False,
-                scalar_bar_args={"title": title, "vertical": False} if col == 0 else None,
-                show_scalar_bar=col == 0,
-            )
-            up = (0, 0, 1) if abs(view[2]) < 0.9 else (1, 0, 0)
-            plotter.camera_position = [tuple(4.3 * np.asarray(view)), (0, 0, 0), up]
-            plotter.add_text("front" if col == 0 else "back", font_size=10)
-        plotter.screenshot(str(path))
-        plotter.close()
+    values = np.atleast_2d(np.asarray(density, dtype=np.float64))
+    k = len(values)
+    if times is not None and len(times) != k:
+        raise ValueError(f"{len(times)} times for {k} snapshots")
+    stamps = [f"t = {t:.3g}" for t in times] if times is not None else [None] * k
+    scale = choose_scale(list(values), log, clim)
+    kind = manifold_of(vertices)
+    plt = pyplot()
+    if kind in ("S1", "R1"):
+        fig, ax = plt.subplots(figsize=(7.5, 4.0), layout="constrained")
+        panel = CurvePanel(ax, vertices, label or "density")
+        colours = plt.get_cmap("plasma")(np.linspace(0.0, 0.8, k)) if k > 1 else ["C0"]
+        for i in range(k):
+            panel.add(values[i], scale, color=colours[i], label=stamps[i])
+        panel.set_scale(scale)
+        if stamps[0] is not None:
+            ax.legend(fontsize=8, title=None, loc="best")
+        ax.set_title(title)
     else:
-        import matplotlib
+        if kind == "S2":
+            front, back = sphere_views(vertices, values[-1])
+            if k == 1:
+                fig, axes = plt.subplots(1, 2, figsize=(9.0, 4.8), layout="constrained")
+                panels = [(axes[0], 0, front, "front"), (axes[1], 0, back, "back")]
+            else:
+                fig, axes = plt.subplots(
+                    2, k, figsize=(2.4 * k + 1.4, 5.4), layout="constrained", squeeze=False
+                )
+                panels = [(axes[0, i], i, front, stamps[i]) for i in range(k)]
+                panels += [(axes[1, i], i, back, None) for i in range(k)]
+                for row, name in enumerate(("front", "back")):
+                    ax = axes[row, 0]
+                    kw = {"rotation": 90, "ha": "right", "va": "center", "transform": ax.transAxes}
+                    ax.text(-0.04, 0.5, name, **kw)
+        else:
+            fig, axes = plt.subplots(
+                1, k, figsize=(3.4 * k + 1.4, 3.9), layout="constrained", squeeze=False
+            )
+            panels = [(axes[0, i], i, None, stamps[i]) for i in range(k)]
+        made: dict[int, SurfacePanel] = {}  # one geometry per view (rows of a strip)
+        for ax, i, view, top in panels:
+            key = 0 if view is None else hash(np.asarray(view).tobytes())
+            made[key] = SurfacePanel(ax, vertices, view, like=made.get(key))
+            made[key].update(values[i], scale)
+            if top:
+                ax.set_title(top, fontsize=10)
+        bar = fig.colorbar(scale.mappable(), ax=axes, shrink=0.85, pad=0.02)
+        if label:
+            bar.set_label(label + (" (log scale)" if scale.log else ""))
+        if not scale.log:
+            bar.ax.ticklabel_format(axis="y", useOffset=False)
+        fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(7, 3.5) if nv == 2 else (6, 5))
-        if nv == 2 and dim == 2:  # S^1: density against the angle
-            mid = vertices.sum(axis=1)
-            ang = np.arctan2(mid[:, 1], mid[:, 0])
-            order = np.argsort(ang)
-            ax.step(ang[order], density[order], where="mid")
-            ax.set_xlabel("angle on S^1")
-            ax.set_xlim(-np.pi, np.pi)
-            ax.set_ylabel(title)
-        elif dim == 1:  # R^1
-            mid = vertices.mean(axis=1)[:, 0]
-            order = np.argsort(mid)
-            ax.step(mid[order], density[order], where="mid")
-            ax.set_xlabel("x")
-            ax.set_ylabel(title)
-        else:  # R^2: the cells as coloured quadrilaterals
-            from matplotlib.collections import PolyCollection
-
-            coll = PolyCollection(vertices, array=density, cmap="viridis", edgecolors="none")
-            ax.add_collection(coll)
-            ax.autoscale_view()
-            ax.set_aspect("equal")
-            fig.colorbar(coll, ax=ax, label=title)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+def strip_steps(times: Sequence[float], count: int = STRIP) -> list[int]:
+    """Indices of about ``count`` output times evenly spread in time for a strip of snapshots:
+    the first, the last and those nearest to the times in between (no repeats)."""
+    times = np.asarray(times, dtype=np.float64)
+    if len(times) == 0:
+        return []
+    targets = np.linspace(times[0], times[-1], max(count, 2))
+    picks = {int(np.argmin(np.abs(times - target))) for target in targets[1:-1]}
+    return sorted(picks | {0, len(times) - 1})
 
 
-def plot_metrics(path: str | Path, rows: Sequence[dict[str, float]], keys: Sequence[str]) -> None:
-    """Small multiples of metrics against t (rank 0)."""
-    import matplotlib
+def plain_ticks(ax: Any) -> None:
+    """No offset notation ("1e-12+1") on the linear axes of ``ax``; small or large numbers
+    get a plain ``x 10^k`` multiplier instead."""
+    for axis, scale in (("x", ax.get_xscale()), ("y", ax.get_yscale())):
+        if scale == "linear":
+            ax.ticklabel_format(axis=axis, useOffset=False, useMathText=True)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def plot_metrics(path: str | Path, rows: Sequence[dict[str, float]], keys: Sequence[str]) -> Any:
+    """Small multiples of metrics against t (rank 0); returns the (closed) figure.
+
+    ``mass`` is plotted as ``mass - 1`` (its drift is what matters: round-off, or outflow
+    from a box), G2 on a log scale when positive, and no axis uses offset notation.
+    """
+    plt = pyplot()
     t = np.array([r["t"] for r in rows])
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
-    for ax, key in zip(np.atleast_1d(axes), keys, strict=True):
-        ax.plot(t, [r[key] for r in rows], marker=".")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        y = np.array([r[key] for r in rows], dtype=np.float64)
+        if key == "mass":
+            y, key = y - 1.0, "mass - 1"
+        ax.plot(t, y, marker=".")
         ax.set_xlabel("t")
         ax.set_title(key)
-        if key == "G2" and all(r[key] > 0 for r in rows):
+        if key == "G2" and np.all(y > 0):
             ax.set_yscale("log")
+        plain_ticks(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return fig
 
 
 def plot_budget(path: str | Path, rows: Sequence[dict[str, float]], title: str = "") -> None:
     """Energy balance against t: every EDI term, and the residuals on a log scale (rank 0).
 
     ``rows``: dicts with ``t`` and the columns :data:`solvers.edi.EDI_COLUMNS` (e.g. the
-    metrics rows of a run), cumulative from the first row.
+    metrics rows of a run), cumulative from the first row. When the rows carry the
+    maximal-slope columns (``G2, slope2, slope_defect, uphill_mass``), a third panel shows
+    them on a log scale (docs/model.md, M1).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     t = np.array([r["t"] for r in rows])
 
     def col(key: str) -> np.ndarray:
         return np.array([r[key] for r in rows], dtype=np.float64)
 
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True, height_ratios=(3, 2))
+    slope = all("slope_defect" in r and "uphill_mass" in r for r in rows)
+    if slope:
+        fig, (ax, bx, cx) = plt.subplots(
+            3, 1, figsize=(7.5, 9.4), sharex=True, height_ratios=(3, 2, 2)
+        )
+    else:
+        fig, (ax, bx) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True, height_ratios=(3, 2))
     ax.plot(t, col("dE"), "k", lw=2.2, label=r"$\Delta E$")
     ax.plot(
         t,
@@ -149,14 +207,29 @@ def plot_budget(path: str | Path, rows: Sequence[dict[str, float]], title: str =
     ax.legend(fontsize=8, ncol=2)
     ax.set_title(title or "energy-dissipation budget")
     ax.grid(True, alpha=0.3)
+    plain_ticks(ax)
     for key, label in (("edi_residual", "|EDI residual|"), ("dtE_remainder", "|dtE remainder|")):
         v = np.abs(col(key))
         if np.any(v > 0):
             bx.semilogy(t, np.where(v > 0, v, np.nan), label=label)
-    bx.set_xlabel("t")
     if bx.lines:  # nothing to label when both residuals are exactly 0
         bx.legend(fontsize=8)
     bx.grid(True, which="both", alpha=0.3)
+    if slope:  # is the flow a curve of maximal slope? (docs/model.md, M1)
+        for key, label, style in (
+            ("G2", r"$G^2 = \int b |X|^2$", "-"),
+            ("slope2", r"slope$^2 = \int |\nabla \delta E|^2 / b$", "--"),
+            ("slope_defect", r"defect $(G^2 + $slope$^2)/2 - s\mathcal{D}$", "-"),
+            ("uphill_mass", r"uphill mass $\mu\{s\langle X, \nabla \delta E\rangle \leq 0\}$", ":"),
+        ):
+            v = col(key)
+            if np.any(v > 0):
+                cx.semilogy(t, np.where(v > 0, v, np.nan), style, label=label)
+        cx.set_title("maximal slope: defect and uphill mass are 0 on a gradient flow", fontsize=9)
+        if cx.lines:
+            cx.legend(fontsize=8)
+        cx.grid(True, which="both", alpha=0.3)
+    (cx if slope else bx).set_xlabel("t")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -30,7 +30,7 @@ from meshes import (
     icosphere,
     mesh_quality,
 )
-from solvers.attention import Attention, Head
+from solvers.attention import Attention, Head, velocity_mismatch
 from solvers.stepping import TokenScheme
 from solvers.transport import SchemeOptions, initial_density, make_scheme
 from solvers.weights import (
@@ -39,11 +39,19 @@ from solvers.weights import (
     ParameterisedHeads,
     WeightDynamics,
     gaussian_density,
+    head_weights_at,
     make_weights,
     ou_drift,
 )
 
-__all__ = ["Problem", "build_mesh", "build_model", "build_problem", "feedforward"]
+__all__ = [
+    "Problem",
+    "build_mesh",
+    "build_model",
+    "build_problem",
+    "feedforward",
+    "velocity_record",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -99,6 +107,10 @@ def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
         backend=a["backend"],
         tolerance=a["tolerance"],
         frozen_heads=w["dynamics"] == "frozen",
+        # the velocity of the flow the scheme computes: JKO discretises the gradient flow
+        # whatever the config asks (velocity_record says so), and the diagnostics and the
+        # energy budget must describe the trajectory that was computed
+        velocity_model="gradient" if cfg["time"]["scheme"] == "jko" else a["velocity"],
     )
     if w["dynamics"] == "fokker-planck":
         return attention, _weight_measure(w, heads)
@@ -171,3 +183,28 @@ def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
     except ValueError as exc:  # e.g. the JKO scheme needs rho > 0 everywhere
         raise ConfigError("time.scheme", f"{name}: {exc}") from None
     return Problem(cfg, cv, quality, attention, weights, density0, scheme)
+
+
+def velocity_record(cfg: dict[str, Any], weights: WeightDynamics) -> dict[str, Any]:
+    """Which velocity the run's scheme follows, for summary.json (docs/model.md, M1).
+
+    ``model`` is ``[attention] velocity``; ``solved`` the flow the scheme discretises (the
+    model's, except for ``scheme = "jko"``, which is always the b-weighted gradient flow of E);
+    ``mismatch`` why the attention and gradient velocities differ for these heads
+    (:func:`solvers.attention.velocity_mismatch` at t = 0; more than one head with moving
+    weights always differs), or None; ``notice`` the one line a run prints when the two
+    differ and the scheme solves the other one (else None).
+    """
+    model = cfg["attention"]["velocity"]
+    solved = "gradient" if cfg["time"]["scheme"] == "jko" else model
+    mismatch = velocity_mismatch(weights.heads_at(0.0), head_weights_at(weights, 0.0))
+    if mismatch is None and weights.kind != "frozen" and weights.n_heads > 1:
+        mismatch = f"{weights.n_heads} heads with {weights.kind} weights, apart for t > 0"
+    notice = None
+    if mismatch is not None and solved != model:
+        notice = (
+            'scheme "jko" solves the gradient flow s grad(dE/dmu)/b ([attention] velocity = '
+            f'"gradient"), not the attention velocity asked for, which differs for these heads '
+            f"({mismatch}); metrics and budget are those of the gradient flow (docs/model.md, M1)"
+        )
+    return {"model": model, "solved": solved, "mismatch": mismatch, "notice": notice}

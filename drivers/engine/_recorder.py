@@ -44,9 +44,10 @@ import numpy.typing as npt
 
 from drivers.engine._checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
 from drivers.engine._config import ConfigError
-from drivers.engine._plots import plot_budget, plot_metrics, render_density
-from drivers.engine._problem import Problem
+from drivers.engine._plots import plot_budget, plot_metrics, render_density, strip_steps
+from drivers.engine._problem import Problem, velocity_record
 from drivers.engine._provenance import library_versions, provenance
+from drivers.engine._view import read_series
 from drivers.engine._writers import (
     DensityWriter,
     GatheredCells,
@@ -56,8 +57,14 @@ from drivers.engine._writers import (
     write_json,
 )
 from meshes.control_volumes import flat_control_volumes
-from solvers.diagnostics import EDI_COLUMNS, EnergyBudget
+from solvers.diagnostics import (
+    EDI_COLUMNS,
+    MAXIMAL_SLOPE_COLUMNS,
+    EnergyBudget,
+    metric_diagnostics,
+)
 from solvers.stepping import SchemeState, StepResult, TokenScheme
+from solvers.weights import head_weights_at
 
 __all__ = ["METRIC_COLUMNS", "Outcome", "Recorder", "RunResult"]
 
@@ -73,6 +80,7 @@ METRIC_COLUMNS = [
     "max_density",
     "G2",
     "dissipation",
+    *MAXIMAL_SLOPE_COLUMNS,
     "outflow",
     "newton_its",
     "ksp_its",
@@ -135,6 +143,9 @@ class Recorder:
         )
         self.t_end = cfg["time"]["t_end"]
         self.weights, self.attention = problem.weights, problem.attention
+        self.velocity = velocity_record(cfg, self.weights)
+        if self.velocity["notice"] and comm.rank == 0:  # one line, whatever the verbosity
+            print(f"[transformer-pde] notice: {self.velocity['notice']}", file=sys.stderr)
         self.budget = None
         if o["edi"]:
             backend = "numpy" if cfg["attention"]["backend"] == "numpy" else None
@@ -258,6 +269,7 @@ class Recorder:
             "max_density": rho_max,
             "G2": diag.G2,
             "dissipation": diag.dissipation,
+            **self._maximal_slope(scheme),
             "outflow": last.outflow,
             "newton_its": last.newton_its,
             "ksp_its": last.ksp_its,
@@ -268,6 +280,17 @@ class Recorder:
         row.update(self.weights.diagnostics(t))
         self.metrics.write(row)
         self.density, self.t = density, t
+
+    def _maximal_slope(self, scheme: TokenScheme) -> dict[str, float]:
+        """slope2, slope_defect, uphill_mass of the current state (collective; module
+        ``solvers.diagnostics._metric``: the model's velocity at the scheme's measure)."""
+        points, masses = scheme.measure()
+        t = scheme.t
+        heads, hw = self.weights.heads_at(t), head_weights_at(self.weights, t)
+        metric = metric_diagnostics(
+            self.attention, heads, points, masses, self.comm, head_weights=hw
+        )
+        return metric.columns()
 
     def _checkpoint(self, scheme: TokenScheme) -> None:
         state = scheme.state()
@@ -365,6 +388,11 @@ class Recorder:
             ),
             "backend": self.attention.backend,
             "tolerance": cfg["attention"]["tolerance"],
+            "velocity": self.velocity,
+            "maximal_slope": {
+                f"max_{k}": max((float(r[k]) for r in self.metrics.rows if k in r), default=None)
+                for k in ("slope_defect", "uphill_mass")
+            },
             "head_choice": [
                 {
                     k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -375,12 +403,29 @@ class Recorder:
         }
 
     def _pictures(self, final_density: Array) -> None:
+        """density.png, metrics.png, edi.png (rank 0). density.png is a strip of snapshots
+        (t = 0, intermediate times, the final state) read back from density.xdmf, on one
+        colour scale; the final state alone when the series cannot be read."""
         cfg, rows = self.problem.cfg, self.metrics.rows
+        snapshots, times = [final_density], [self.t]
+        try:
+            series = read_series(self.out / "density.xdmf")
+        except ValueError:
+            series = None
+        if series is not None and series.values(0).shape == final_density.shape:
+            past = np.flatnonzero(series.times < self.t)  # then the final state itself
+            picks = strip_steps(np.append(series.times[past], self.t))
+            before = [int(past[i]) for i in picks if i < len(past)]
+            snapshots = [series.values(k) for k in before] + snapshots
+            times = [float(series.times[k]) for k in before] + times
+        span = f"{times[0]:.3g} to {self.t:.3g}" if len(times) > 1 else f"{self.t:.3g}"
         render_density(
             self.out / "density.png",
             self.gathered.vertices,
-            final_density,
-            title=f"density t={self.t:.3g}",
+            np.array(snapshots),
+            title=f"density, t = {span}",
+            times=times,
+            label="density",
         )
         plot_metrics(self.out / "metrics.png", rows, ["mass", "energy", "G2", "min_density"])
         if self.budget is not None and rows:

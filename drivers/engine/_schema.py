@@ -112,7 +112,7 @@ KEYS: tuple[Key, ...] = (
         "(random, seeded)",
         ("equispaced", "random")),
     Key("weights", "sigma", "number", math.sqrt(2.0),
-        "noise of the OU weights; diffusion of the weight law (>= 0; default sqrt 2)"),
+        "noise of the OU weights; diffusion of the weight law (in [0, 1e6]; default sqrt 2)"),
     Key("weights", "dt", "number", 5e-3, "time grid of the OU path and of the weight law, > 0"),
     Key("weights", "p", "integer", 1,
         "fokker-planck: dimension of the parameter theta, 1..3 (D(theta) = V_1 + sum_k "

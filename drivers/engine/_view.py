@@ -1,24 +1,36 @@
-"""Animations of a results folder: ``transformer-pde view DIR [--out FILE] [--fps N] [--every K]``.
+"""Animations of a results folder: ``transformer-pde view DIR [options]``.
 
 Reads the density time series that a run wrote (``density.xdmf`` + ``density.h5``, DOLFINx's
 XDMF layout: one mesh grid, then a temporal collection of cell or vertex attributes) and
-renders one frame per output time:
+renders one frame per output time, with matplotlib (Agg; no X server, no OpenGL) through the
+panels of :mod:`drivers.engine._pictures` (the same colours as ``density.png``):
 
-- S^2 (triangles): the sphere seen from the densest cell of the last frame and from the
-  opposite side, pyvista off-screen (Mesa EGL, no X server), one colour range for the whole
-  series so that frames compare, the time in the title;
-- S^1 (PolyLine): the density against the angle, matplotlib (Agg), fixed axes.
+- S^2 (Triangle): the sphere seen from the densest cell of the last frame and from the
+  opposite side (orthographic, the visible hemispheres), with a colour bar;
+- R^2 (Quadrilateral): a heat map of the box, equal aspect, with a colour bar;
+- S^1 and R^1 (Polyline; unit-circle vertices are S^1): the density against the angle or x.
 
-Frames are written as an animated GIF (Pillow), or as an MP4 when ``ffmpeg`` is on the PATH
-(nothing is downloaded). The arrays are read with h5py, never with VTK's XDMF reader (which
-segfaults on DOLFINx function files) nor with ``meshio.read`` (which calls ``sys.exit`` on
-them). Serial: under ``mpiexec`` only rank 0 renders.
+Colours: one range for the whole series (``--range global``, the default) so that frames
+compare, or one per frame (``--range frame``); a log scale when the data are non-negative and
+span more than three decades (max / smallest positive value > 1e3; floored at max * 1e-6),
+else linear; ``--log``/``--linear`` force it and ``--clim LO HI`` fixes the range. With the
+default, the frame at t = 0 shows the initial data even when the density later concentrates.
+
+Frames are written as an animated GIF (Pillow), or as an MP4 (H.264) with the static ffmpeg
+of the ``imageio-ffmpeg`` package (a dependency), else an ``ffmpeg`` on the PATH. The arrays
+are read with h5py, never with VTK's XDMF reader (which segfaults on DOLFINx function files)
+nor with ``meshio.read`` (which calls ``sys.exit`` on them). Serial: under ``mpiexec`` only
+rank 0 renders.
 
 Example::
 
     transformer-pde run configs/demo_s2.toml --out results/demo
-    transformer-pde view results/demo --fps 12          # -> results/demo/density.gif
-    python -m drivers.view results/demo --out demo.mp4  # needs ffmpeg on the PATH
+    transformer-pde view results/demo --fps 12            # -> results/demo/density.gif
+    transformer-pde view results/demo --out demo.mp4      # MP4 (imageio-ffmpeg's ffmpeg)
+    transformer-pde view results/demo --linear --range frame --every 2
+    transformer-pde view results/demo --log --clim 1e-4 80
+    transformer-pde run configs/gaussian_r2.toml --out results/r2
+    transformer-pde view results/r2                       # R^2 heat map
 """
 
 from __future__ import annotations
@@ -32,17 +44,32 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from drivers.engine._pictures import (
+    ColourScale,
+    CurvePanel,
+    SurfacePanel,
+    choose_scale,
+    manifold_of,
+    pyplot,
+    sphere_views,
+)
 
 __all__ = ["DensitySeries", "read_series", "frame_indices", "render_frames", "view", "main"]
 
 Array = npt.NDArray[np.float64]
 
-#: pixel size of one S^2 frame (two views side by side) and of one S^1 frame
+#: pixel size of a frame: S^2 (two views side by side), R^2 (a heat map), S^1 and R^1 (a curve)
 S2_SIZE = (900, 500)
+R2_SIZE = (640, 560)
 S1_SIZE = (800, 400)
+SIZES = {"S2": S2_SIZE, "R2": R2_SIZE, "S1": S1_SIZE, "R1": S1_SIZE}
+#: colour ranges: one for the series, or one per frame
+RANGES = ("global", "frame")
 
 
 @dataclass(frozen=True)
@@ -51,8 +78,10 @@ class DensitySeries:
 
     Attributes:
         points: (n_points, gdim) vertex coordinates.
-        cells: (n_cells, k) vertex indices (k = 3 triangles on S^2, 2 segments on S^1).
-        manifold: "S2" (Triangle topology) or "S1" (PolyLine topology).
+        cells: (n_cells, k) vertex indices (k = 3 triangles on S^2, 4 quadrilaterals on R^2,
+            2 segments on S^1 and R^1).
+        manifold: "S2" (Triangle topology), "R2" (Quadrilateral), "S1" or "R1" (Polyline;
+            S^1 when every vertex lies on the unit circle).
         name: the attribute name (``density``).
         center: "Cell" (one value per cell) or "Node" (one per vertex).
         times: (n_steps,) output times.
@@ -78,6 +107,16 @@ class DensitySeries:
 
         with h5py.File(self.h5, "r") as f:
             return np.asarray(f[self.datasets[k]], dtype=np.float64).reshape(-1)
+
+    @property
+    def vertices(self) -> Array:
+        """(n_cells, k, gdim) cell vertex coordinates."""
+        return self.points[self.cells]
+
+    def cell_values(self, k: int) -> Array:
+        """The values at step k, one per cell (vertex values averaged over each cell)."""
+        values = self.values(k)
+        return values if self.center == "Cell" else values[self.cells].mean(axis=1)
 
 
 def _local(tag: str) -> str:
@@ -128,9 +167,11 @@ def read_series(path: str | Path) -> DensitySeries:
         raise ValueError(f"{xdmf}: expected a mesh grid and a temporal collection")
     topology = _children(mesh, "Topology")[0]
     kind = topology.get("TopologyType", topology.get("Type", ""))
-    manifold = {"triangle": "S2", "polyline": "S1"}.get(kind.lower())
-    if manifold is None:
-        raise ValueError(f"{xdmf}: topology {kind!r} is not a sphere mesh (Triangle or PolyLine)")
+    if kind.lower() not in ("triangle", "quadrilateral", "polyline"):
+        raise ValueError(
+            f"{xdmf}: topology {kind!r} is not a transformer-pde mesh "
+            "(Triangle, Quadrilateral or Polyline)"
+        )
     topo_file, topo_path = _hdf_item(next(iter(_children(topology, "DataItem")), None), xdmf)
     geometry = _children(mesh, "Geometry")
     if not geometry:
@@ -166,6 +207,10 @@ def read_series(path: str | Path) -> DensitySeries:
         raise ValueError(f"{h5}: dataset {missing[0]} listed in {xdmf.name} is missing")
     if cells.ndim != 2 or cells.size == 0 or cells.min() < 0 or cells.max() >= len(points):
         raise ValueError(f"{h5}: the mesh topology does not index its {len(points)} points")
+    nv = {"triangle": 3, "quadrilateral": 4, "polyline": 2}[kind.lower()]
+    if cells.shape[1] != nv or points.ndim != 2 or points.shape[1] < 2:
+        raise ValueError(f"{h5}: a {kind} mesh with {cells.shape[1]} vertices per cell")
+    manifold = manifold_of(points[cells])
     return DensitySeries(
         points, cells, manifold, name, center, np.array(times), h5, tuple(datasets)
     )
@@ -181,115 +226,95 @@ def frame_indices(n_steps: int, every: int = 1) -> list[int]:
     return idx
 
 
-def _colour_range(series: DensitySeries, frames: Sequence[int]) -> tuple[float, float]:
-    lo, hi = np.inf, -np.inf
-    for k in frames:
-        v = series.values(k)
-        v = v[np.isfinite(v)]
-        if v.size:
-            lo, hi = min(lo, float(v.min())), max(hi, float(v.max()))
-    if not np.isfinite(lo):
-        lo, hi = 0.0, 1.0
-    if hi - lo <= 1e-12 * max(1.0, abs(hi)):
-        lo, hi = lo - 0.5 * max(abs(lo), 1e-12), hi + 0.5 * max(abs(hi), 1e-12)
-    return lo, hi
-
-
-def _title(series: DensitySeries, k: int, i: int, n: int) -> str:
+def _title(series: DensitySeries, k: int) -> str:
     return f"{series.name}   t = {series.times[k]:.4g}   (output {k + 1}/{series.n_steps})"
 
 
-def _frames_s2(series: DensitySeries, frames: Sequence[int]) -> list[npt.NDArray[np.uint8]]:
-    # render through EGL off-screen: no X server needed (and no warning about one)
-    os.environ.setdefault("VTK_DEFAULT_OPENGL_WINDOW", "vtkEGLRenderWindow")
-    import pyvista as pv
+def _bar_label(series: DensitySeries, scale: ColourScale) -> str:
+    return series.name + (" (log scale)" if scale.log else "")
 
-    pv.OFF_SCREEN = True
-    pts = (
-        series.points
-        if series.points.shape[1] == 3
-        else np.c_[series.points, 0 * series.points[:, :1]]
-    )
-    faces = np.column_stack([np.full(len(series.cells), 3), series.cells]).ravel()
-    surf = pv.PolyData(pts, faces)
-    data = surf.cell_data if series.center == "Cell" else surf.point_data
-    data[series.name] = series.values(frames[0])
-    last = series.values(frames[-1])
-    where = np.nan_to_num(last, nan=-np.inf)
-    if series.center == "Cell":
-        peak = pts[series.cells[int(np.argmax(where))]].mean(axis=0)
+
+def _surface_frame(fig: Any, series: DensitySeries, scale: ColourScale, frames: Sequence[int]):
+    """Panels of an S^2 (front and back) or R^2 frame with a colour bar; returns draw(v, s)."""
+    vertices = series.vertices
+    if series.manifold == "S2":
+        front, back = sphere_views(vertices, series.cell_values(frames[-1]))
+        panels = []
+        for x, view, name in ((0.01, front, "front"), (0.44, back, "back")):
+            ax = fig.add_axes((x, 0.07, 0.42, 0.82))
+            panels.append(SurfacePanel(ax, vertices, view))
+            ax.text(0.5, -0.03, name, transform=ax.transAxes, ha="center", va="top", fontsize=9)
+        cax = fig.add_axes((0.885, 0.1, 0.022, 0.72))
     else:
-        peak = pts[int(np.argmax(where))]
-    peak = peak / np.linalg.norm(peak) if np.linalg.norm(peak) > 0 else np.array([1.0, 0, 0])
-    clim = _colour_range(series, frames)
-    plotter = pv.Plotter(off_screen=True, window_size=S2_SIZE, shape=(1, 2), border=False)
-    title = None
-    try:
-        for col, view in enumerate((peak, -peak)):
-            plotter.subplot(0, col)
-            plotter.add_mesh(
-                surf,
-                scalars=series.name,
-                preference="cell" if series.center == "Cell" else "point",
-                clim=clim,
-                cmap="viridis",
-                show_scalar_bar=col == 0,
-                scalar_bar_args={
-                    "title": "",
-                    "vertical": False,
-                    "position_x": 0.2,
-                    "position_y": 0.03,
-                    "width": 0.6,
-                    "height": 0.07,
-                    "n_labels": 4,
-                    "fmt": "%.3g",
-                },
-            )
-            up = (0, 0, 1) if abs(view[2]) < 0.9 else (1, 0, 0)
-            plotter.camera_position = [tuple(5.2 * view), (0, 0, 0), up]
-            plotter.add_text("front" if col == 0 else "back", position="lower_right", font_size=9)
-            if col == 0:
-                title = plotter.add_text(" ", position="upper_left", font_size=11)
-        images = []
-        for i, k in enumerate(frames):
-            data[series.name][:] = series.values(k)
-            data.active_scalars_name = series.name
-            surf.Modified()
-            title.SetText(2, _title(series, k, i, len(frames)))  # corner 2: upper left
-            plotter.render()
-            images.append(np.asarray(plotter.screenshot(return_img=True))[..., :3].copy())
-        return images
-    finally:
-        plotter.close()
+        ax = fig.add_axes((0.12, 0.1, 0.64, 0.78))
+        panels = [SurfacePanel(ax, vertices)]
+        cax = fig.add_axes((0.8, 0.1, 0.03, 0.78))
+    mappable = scale.mappable()
+    bar = fig.colorbar(mappable, cax=cax, label=_bar_label(series, scale))
+
+    def draw(values: Array, frame_scale: ColourScale) -> None:
+        for panel in panels:
+            panel.update(values, frame_scale)
+        if frame_scale is not scale:
+            mappable.set_norm(frame_scale.norm())
+            bar.update_normal(mappable)
+        if not frame_scale.log:
+            cax.ticklabel_format(axis="y", useOffset=False)
+
+    return draw
 
 
-def _frames_s1(series: DensitySeries, frames: Sequence[int]) -> list[npt.NDArray[np.uint8]]:
-    import matplotlib
+def _curve_frame(fig: Any, series: DensitySeries, scale: ColourScale, frames: Sequence[int]):
+    """The axes of an S^1 or R^1 frame; returns draw(values, scale)."""
+    ax = fig.add_axes((0.1, 0.13, 0.86, 0.76))
+    panel = CurvePanel(ax, series.vertices, series.name)
+    line = panel.add(series.cell_values(frames[0]), scale)
+    panel.set_scale(scale)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def draw(values: Array, frame_scale: ColourScale) -> None:
+        panel.update(line, values, frame_scale)
+        if frame_scale is not scale:
+            panel.set_scale(frame_scale)
 
-    if series.center == "Cell":
-        where = series.points[series.cells].mean(axis=1)
-    else:
-        where = series.points
-    angle = np.arctan2(where[:, 1], where[:, 0])
-    order = np.argsort(angle)
-    lo, hi = _colour_range(series, frames)
+    return draw
+
+
+def render_frames(
+    series: DensitySeries,
+    every: int = 1,
+    log: bool | None = None,
+    clim: tuple[float, float] | None = None,
+    range_mode: str = "global",
+) -> list[npt.NDArray[np.uint8]]:
+    """RGB frames (height, width, 3) of the series, steps ``frame_indices(n_steps, every)``.
+
+    Args:
+        series: the density series.
+        every: render every k-th output step (the last one always).
+        log: log colour scale (log y axis on S^1/R^1); None: automatic
+            (:func:`drivers.engine._pictures.choose_scale`, decided over all the frames).
+        clim: a fixed colour range (lo, hi) for every frame.
+        range_mode: "global" (one colour range for the frames) or "frame" (each its own;
+            the log-or-linear choice is still made once for the series).
+    """
+    if range_mode not in RANGES:
+        raise ValueError(f"range must be one of {', '.join(RANGES)}, got {range_mode!r}")
+    frames = frame_indices(series.n_steps, every)
+    scale = choose_scale((series.cell_values(k) for k in frames), log, clim)
+    per_frame = range_mode == "frame" and clim is None
+    plt = pyplot()
+    width, height = SIZES[series.manifold]
     dpi = 100
-    fig, ax = plt.subplots(figsize=(S1_SIZE[0] / dpi, S1_SIZE[1] / dpi), dpi=dpi)
+    fig = plt.figure(figsize=(width / dpi, height / dpi), dpi=dpi)
     try:
-        (line,) = ax.step(angle[order], series.values(frames[0])[order], where="mid")
-        ax.set_xlim(-np.pi, np.pi)
-        ax.set_ylim(min(0.0, lo), hi + 0.05 * (hi - min(0.0, lo)))
-        ax.set_xlabel("angle on S^1")
-        ax.set_ylabel(series.name)
-        ax.set_title(_title(series, frames[0], 0, len(frames)))  # room for the title
-        fig.tight_layout()
+        make = _curve_frame if series.manifold in ("S1", "R1") else _surface_frame
+        draw = make(fig, series, scale, frames)
+        title = fig.text(0.02, 0.975, "", va="top", fontsize=11)
         images = []
-        for i, k in enumerate(frames):
-            line.set_ydata(series.values(k)[order])
-            ax.set_title(_title(series, k, i, len(frames)))
+        for k in frames:
+            values = series.cell_values(k)
+            draw(values, choose_scale(values, scale.log) if per_frame else scale)
+            title.set_text(_title(series, k))
             fig.canvas.draw()
             images.append(np.asarray(fig.canvas.buffer_rgba())[..., :3].copy())
         return images
@@ -297,17 +322,11 @@ def _frames_s1(series: DensitySeries, frames: Sequence[int]) -> list[npt.NDArray
         plt.close(fig)
 
 
-def render_frames(series: DensitySeries, every: int = 1) -> list[npt.NDArray[np.uint8]]:
-    """RGB frames (height, width, 3) of the series, steps ``frame_indices(n_steps, every)``."""
-    frames = frame_indices(series.n_steps, every)
-    if series.manifold == "S2":
-        return _frames_s2(series, frames)
-    return _frames_s1(series, frames)
-
-
 def _write_gif(path: Path, images: Sequence[np.ndarray], fps: float) -> None:
     from PIL import Image
 
+    # adaptive (median-cut) palettes: smooth spheres, a little banding in the colour bar
+    # where the frame has few pixels of its colours; an MP4 keeps every colour
     frames = [Image.fromarray(a).convert("P", palette=Image.Palette.ADAPTIVE) for a in images]
     frames[0].save(
         path,
@@ -319,31 +338,57 @@ def _write_gif(path: Path, images: Sequence[np.ndarray], fps: float) -> None:
     )
 
 
+def _ffmpeg() -> str:
+    """The ffmpeg of imageio-ffmpeg, else one on the PATH (ValueError: one line, if none)."""
+    try:
+        import imageio_ffmpeg
+
+        return imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception:  # not installed, or no binary for this platform: try the PATH
+        found = shutil.which("ffmpeg")
+        if found is not None:
+            return found
+    raise ValueError(
+        "writing .mp4 needs ffmpeg: pip install imageio-ffmpeg (a dependency of "
+        "transformer-pde) or put ffmpeg on the PATH; or write a .gif"
+    )
+
+
 def _write_mp4(path: Path, images: Sequence[np.ndarray], fps: float) -> None:
-    ffmpeg = shutil.which("ffmpeg")
-    if ffmpeg is None:
-        raise ValueError(f"{path}: writing .mp4 needs ffmpeg on the PATH; write a .gif instead")
+    ffmpeg = _ffmpeg()
     h, w = images[0].shape[:2]
     cmd = [ffmpeg, "-loglevel", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24"]
     cmd += ["-s", f"{w}x{h}", "-r", f"{fps:g}", "-i", "-", "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2"]
     cmd += ["-pix_fmt", "yuv420p", "-f", "mp4", str(path)]
-    proc = subprocess.run(cmd, input=b"".join(a.tobytes() for a in images), capture_output=True)
+    try:
+        proc = subprocess.run(cmd, input=b"".join(a.tobytes() for a in images), capture_output=True)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot run {ffmpeg} ({exc})") from None
     if proc.returncode != 0:
         msg = " ".join(proc.stderr.decode(errors="replace").split())
         raise ValueError(f"{path}: ffmpeg failed ({msg})")
 
 
 def view(
-    out_dir: str | Path, output: str | Path | None = None, fps: float = 8, every: int = 1
+    out_dir: str | Path,
+    output: str | Path | None = None,
+    fps: float = 8,
+    every: int = 1,
+    log: bool | None = None,
+    clim: tuple[float, float] | None = None,
+    range_mode: str = "global",
 ) -> Path:
     """Render the density series of a results folder as an animation; returns its path.
 
     Args:
         out_dir: the results folder (with density.xdmf/.h5), or the ``.xdmf`` file itself.
         output: the animation file, ``.gif`` (default ``out_dir/density.gif``) or ``.mp4``
-            (needs ``ffmpeg`` on the PATH).
+            (ffmpeg from imageio-ffmpeg, else on the PATH).
         fps: frames per second.
         every: render every k-th output step (the last one always).
+        log: log colour scale; None: when the data span more than three decades.
+        clim: a fixed colour range (lo, hi).
+        range_mode: "global" (one colour range for the series) or "frame".
 
     Raises:
         ValueError: one-line message: no density series there, unreadable files, bad options.
@@ -352,17 +397,21 @@ def view(
         raise ValueError(f"fps must be > 0, got {fps!r}")
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"every must be an integer >= 1, got {every!r}")
+    if range_mode not in RANGES:
+        raise ValueError(f"range must be one of {', '.join(RANGES)}, got {range_mode!r}")
+    if clim is not None:
+        choose_scale([], log, clim)  # a bad range fails before any work
     series = read_series(out_dir)
     base = Path(out_dir) if Path(out_dir).suffix != ".xdmf" else Path(out_dir).parent
     output = Path(output) if output is not None else base / f"{series.name}.gif"
     suffix = output.suffix.lower()
     if suffix not in (".gif", ".mp4"):
         raise ValueError(f"{output}: the animation must be a .gif or .mp4 file")
-    if suffix == ".mp4" and shutil.which("ffmpeg") is None:
-        raise ValueError(f"{output}: writing .mp4 needs ffmpeg on the PATH; write a .gif instead")
+    if suffix == ".mp4":
+        _ffmpeg()
     if not output.parent.is_dir():
         raise ValueError(f"{output}: folder {output.parent} does not exist")
-    images = render_frames(series, every)
+    images = render_frames(series, every, log=log, clim=clim, range_mode=range_mode)
     tmp = output.with_name(f".{output.name}.tmp{output.suffix}")
     try:
         (_write_gif if suffix == ".gif" else _write_mp4)(tmp, images, float(fps))
@@ -381,6 +430,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--fps", type=float, default=8.0, help="frames per second (default 8)")
     parser.add_argument("--every", type=int, default=1, help="render every k-th output (default 1)")
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument(
+        "--log",
+        dest="log",
+        action="store_const",
+        const=True,
+        default=None,
+        help="log colour scale (default: log when the density spans more than 3 decades)",
+    )
+    scale.add_argument(
+        "--linear", dest="log", action="store_const", const=False, help="linear colour scale"
+    )
+    parser.add_argument(
+        "--clim",
+        nargs=2,
+        type=float,
+        metavar=("LO", "HI"),
+        default=None,
+        help="fixed colour range (default: from the data)",
+    )
+    parser.add_argument(
+        "--range",
+        dest="range",
+        choices=RANGES,
+        default="global",
+        help="one colour range for the whole series (global, default) or one per frame",
+    )
 
 
 def _mpi_rank() -> int:
@@ -396,7 +472,15 @@ def run_from_args(args: argparse.Namespace) -> int:
     if _mpi_rank() != 0:
         return 0
     try:
-        path = view(args.dir, args.out, fps=args.fps, every=args.every)
+        path = view(
+            args.dir,
+            args.out,
+            fps=args.fps,
+            every=args.every,
+            log=args.log,
+            clim=tuple(args.clim) if args.clim is not None else None,
+            range_mode=args.range,
+        )
     except ValueError as exc:
         msg = " ".join(str(exc).split())
         print(f"transformer-pde: error: {msg}", file=sys.stderr, flush=True)
@@ -411,7 +495,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m drivers.view DIR [--out FILE] [--fps N] [--every K]``."""
+    """``python -m drivers.view DIR [--out FILE] [--fps N] [--every K] [--log | --linear]
+    [--clim LO HI] [--range global|frame]``."""
     parser = _Parser(prog="transformer-pde view", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

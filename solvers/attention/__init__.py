@@ -4,11 +4,15 @@ Public face of the attention package (docs/model.md, M1). :class:`Attention` (be
 evaluates, for heads :class:`Head` ``(Q, K, V)`` and a measure given by quadrature points and
 masses, the partition functions Z_h, the softmax means and the velocity
 X = s (1/H) sum_h P_x V_h mean_h; :func:`measure_diagnostics` gives the energy, G^2 and the
-token dissipation of a distributed measure. The sums are brute force (compiled numba kernel,
+token dissipation of a distributed measure. With ``velocity_model="gradient"`` the velocity is
+instead the b-weighted Wasserstein gradient s grad(dE/dmu)/b of the interaction energy
+(:meth:`Attention.energy_gradient`, :class:`EnergyGradient`; :func:`velocity_mismatch` says
+when the two differ). The sums are brute force (compiled numba kernel,
 log-sum-exp stabilised, in blocks) or a low-rank expansion with an a-priori error bound,
 chosen per head (backend "auto").
 
-Modules: ``_attention`` (Head, Attention, diagnostics), ``_kernels`` (brute-force kernel sums),
+Modules: ``_attention`` (Head, Attention, diagnostics), ``_gradient`` (the energy gradient,
+the mobility b and the gradient velocity), ``_kernels`` (brute-force kernel sums),
 ``_lowrank*`` (the low-rank expansion: plans, bounds, cost model, monomial features, sphere
 basis evaluation), :mod:`solvers.attention.sphere_basis` (orthonormal polynomial bases and exact
 quadratures on S^1 and S^2, also used by the JKO Hessian), ``_sources`` (the MPI gather).
@@ -27,6 +31,12 @@ from solvers.attention._attention import (
     kernel_sums_with_choice,
     measure_diagnostics,
 )
+from solvers.attention._gradient import (
+    VELOCITY_MODELS,
+    EnergyGradient,
+    energy_gradient_from_sums,
+    velocity_mismatch,
+)
 from solvers.attention._kernels import HAVE_NUMBA
 from solvers.attention._lowrank import HeadChoice
 from solvers.attention._sources import GlobalSources
@@ -35,15 +45,19 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_TOLERANCE",
     "HAVE_NUMBA",
+    "VELOCITY_MODELS",
     "Attention",
     "AttentionField",
+    "EnergyGradient",
     "GlobalSources",
     "Head",
     "HeadChoice",
     "MeasureDiagnostics",
     "gather_measure",
     "kernel_sums",
+    "energy_gradient_from_sums",
     "kernel_sums_with_choice",
     "measure_diagnostics",
     "sphere_basis",
+    "velocity_mismatch",
 ]

@@ -45,6 +45,8 @@ computed by :func:`measure_diagnostics` for :math:`\mu = \sum_i m_i \delta_{x_i}
 weights (:math:`\nabla_x Z_h = \beta Z_h a_h` then). For :math:`H = 1`, :math:`b = Z` and
 :math:`X = s P a`, so :math:`\mathcal{D} = s\, G^2`: equal to :math:`G^2` for :math:`s = +1`,
 to :math:`-G^2` for :math:`s = -1` (the energy then decreases at rate :math:`G^2`).
+With ``velocity_model="gradient"`` the velocity is :math:`X = s \nabla_S(\delta E/\delta\mu)/b`
+instead, in :meth:`Attention.evaluate` and in :math:`G^2, \mathcal{D}` (module ``_gradient``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import numpy as np
 
 from solvers.attention import _kernels as kernels
 from solvers.attention import _lowrank as lowrank
+from solvers.attention._gradient import EnergyGradient, check_velocity_model, heads_energy_gradient
 
 __all__ = [
     "BACKENDS",
@@ -298,6 +301,10 @@ class Attention:
         frozen_heads: the heads are the same at every evaluation (constant weights): the
             low-rank cost model then amortises the sphere basis's per-head set-up over the run
             (:func:`kernel_sums_with_choice`). Only the choice of method depends on it.
+        velocity_model: "attention" (default, the velocity above) or "gradient": the
+            b-weighted Wasserstein gradient velocity :math:`s \nabla_S(\delta E/\delta\mu)/b`
+            (:meth:`energy_gradient`, module ``_gradient``), in :meth:`evaluate` and in
+            :func:`measure_diagnostics`.
     """
 
     def __init__(
@@ -309,6 +316,7 @@ class Attention:
         backend: str = "auto",
         tolerance: float = DEFAULT_TOLERANCE,
         frozen_heads: bool = False,
+        velocity_model: str = "attention",
     ) -> None:
         if isinstance(beta, bool) or not isinstance(beta, int | float | np.number):
             raise ValueError(f"beta must be a real number, got {beta!r}")
@@ -322,6 +330,7 @@ class Attention:
         self._backend = _resolve_backend(backend)
         self._tolerance = _check_tolerance(tolerance)
         self._frozen_heads = bool(frozen_heads)
+        self._velocity_model = check_velocity_model(velocity_model)
         self.last_choice: tuple[lowrank.HeadChoice, ...] | None = None
 
     @property
@@ -346,10 +355,16 @@ class Attention:
         """Accuracy asked of the low-rank expansion."""
         return self._tolerance
 
+    @property
+    def velocity_model(self) -> str:
+        """The velocity :meth:`evaluate` returns: "attention" or "gradient"."""
+        return self._velocity_model
+
     def __repr__(self) -> str:
         return (
             f"Attention(beta={self._beta!r}, sign={self._sign:+d}, manifold={self._manifold}, "
-            f"backend={self._backend!r}, tolerance={self._tolerance!r})"
+            f"backend={self._backend!r}, tolerance={self._tolerance!r}, "
+            f"velocity_model={self._velocity_model!r})"
         )
 
     def attention_matrices(self, heads: Sequence[Head], d: int | None = None) -> np.ndarray:
@@ -407,6 +422,9 @@ class Attention:
         Raises:
             ValueError: naming the offending argument.
         """
+        if self._velocity_model == "gradient":
+            grad = self.energy_gradient(targets, sources, masses, heads, head_weights)
+            return AttentionField(grad.log_Z, grad.mean, grad.gradient_velocity)
         _, log_Z, mean, Pa = self._head_outputs(targets, sources, masses, heads)
         w = _head_weights(head_weights, len(heads))
         if w is None:
@@ -425,6 +443,25 @@ class Attention:
     ) -> np.ndarray:
         """The velocity :math:`X(x_i)`, shape (m, d) (= ``evaluate(...).velocity``)."""
         return self.evaluate(targets, sources, masses, heads, head_weights).velocity
+
+    def energy_gradient(
+        self,
+        targets: np.ndarray,
+        sources: np.ndarray,
+        masses: np.ndarray,
+        heads: Sequence[Head],
+        head_weights: np.ndarray | None = None,
+    ) -> EnergyGradient:
+        r""":math:`\nabla_S\, \delta E/\delta\mu`, :math:`b` and both velocities at the targets.
+
+        Arguments as :meth:`evaluate`; formulas in :mod:`solvers.attention._gradient` (one more
+        kernel sum, with :math:`\beta M_h^T`, for heads whose :math:`Q_h^T K_h` is not symmetric).
+        """
+        X, log_Z, mean, _ = self._head_outputs(targets, sources, masses, heads)
+        opts = (self._backend, self._tolerance, self._frozen_heads)
+        sums = lambda B: kernel_sums_with_choice(X, sources, masses, B, *opts)[:2]  # noqa: E731
+        hw = _head_weights(head_weights, len(heads))
+        return heads_energy_gradient(self, X, log_Z, mean, sums, heads, hw)
 
 
 def _head_weights(head_weights: Any, H: int) -> np.ndarray | None:
@@ -541,6 +578,9 @@ def measure_diagnostics(
         b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
         drift = np.einsum("h,hi,hik->ik", hw, Z, Pa)  # sum_h w_h Z_h P a_h
         energy = np.sum(w * (hw @ Z)) / (2.0 * attention.beta)
+    if attention.velocity_model == "gradient":  # the drift keeps V_h (= M_h: the gradient)
+        grad = attention.energy_gradient(X, sources, masses_all, heads, head_weights)
+        velocity = grad.gradient_velocity
     partial = np.array(
         [
             energy,

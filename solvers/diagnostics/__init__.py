@@ -6,6 +6,9 @@ explicit time derivative through the weights with its Ito split, the metric spee
 token dissipation and the residual); the module ``_edi`` writes out the mathematics, and
 ``_energy`` the energy and its derivatives in the weights (:func:`energy_derivatives`) that the
 budget evaluates at every record.
+``_metric`` asks whether the flow is a curve of maximal slope of the energy in the b-weighted
+Wasserstein metric (:func:`metric_diagnostics`: the metric speed G^2, the slope, the
+maximal-slope defect and the uphill mass, with the mathematics in its docstring).
 ``_distances`` holds the distances between measures used by the limit studies (binned
 Wasserstein on the sphere, MMD, power-law fits with confidence intervals).
 """
@@ -13,6 +16,7 @@ Wasserstein on the sphere, MMD, power-law fits with confidence intervals).
 from solvers.diagnostics._distances import (
     PowerLawFit,
     binned_wasserstein,
+    bootstrap_interval,
     fit_power_law,
     geodesic_cost,
     mmd_vmf,
@@ -26,19 +30,30 @@ from solvers.diagnostics._energy import (
     interaction_energy,
     noise_contraction,
 )
+from solvers.diagnostics._metric import (
+    MAXIMAL_SLOPE_COLUMNS,
+    REST_RTOL,
+    MetricDiagnostics,
+    metric_diagnostics,
+)
 
 __all__ = [
     "EDI_COLUMNS",
+    "MAXIMAL_SLOPE_COLUMNS",
+    "REST_RTOL",
     "BudgetInterval",
     "BudgetPoint",
     "EnergyBudget",
     "EnergyDerivatives",
+    "MetricDiagnostics",
     "PowerLawFit",
     "binned_wasserstein",
+    "bootstrap_interval",
     "energy_derivatives",
     "fit_power_law",
     "geodesic_cost",
     "interaction_energy",
+    "metric_diagnostics",
     "mmd_vmf",
     "noise_contraction",
     "quantise",

@@ -242,3 +242,26 @@ def fit_power_law(
         t_high=float(reg.slope + tq * reg.stderr),
         n_boot=int(n_boot),
     )
+
+
+def bootstrap_interval(
+    values: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (resampled with replacement).
+
+    Args:
+        values: the sample (>= 2 values; with one value the interval is that value).
+        n_boot: number of resamples.
+        seed: seed of the resampling.
+        level: coverage of the interval.
+
+    Returns:
+        (low, high).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.size < 2:
+        return (float(v.mean()), float(v.mean())) if v.size else (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, v.size, (int(n_boot), v.size))].mean(axis=1)
+    q = (1.0 - level) / 2.0
+    return float(np.quantile(means, q)), float(np.quantile(means, 1.0 - q))

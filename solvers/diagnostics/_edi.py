@@ -331,7 +331,7 @@ class EnergyBudget:
         drift_rate = 0.0 if rate is None else float(np.sum(der.gradient * rate))
         ito_rate = 0.0
         if ou:
-            ito_rate = 0.5 * float(weights.sigma) ** 2 * noise_contraction(der.hessian)
+            ito_rate = 0.5 * np.float64(weights.sigma) ** 2 * noise_contraction(der.hessian)
         point = BudgetPoint(t, der.energy, der.G2, der.dissipation, der.mass, drift_rate, ito_rate)
         return _State(
             point,

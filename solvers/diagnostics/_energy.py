@@ -58,7 +58,13 @@ from typing import Any
 
 import numpy as np
 
-from solvers.attention import HAVE_NUMBA, Attention, gather_measure, kernel_sums
+from solvers.attention import (
+    HAVE_NUMBA,
+    Attention,
+    energy_gradient_from_sums,
+    gather_measure,
+    kernel_sums,
+)
 
 __all__ = [
     "EnergyDerivatives",
@@ -173,7 +179,9 @@ def energy_derivatives(
     r"""Energy, :math:`G^2`, dissipation, :math:`\partial_M E` and :math:`\partial^2_M E` (module doc).
 
     Args:
-        attention: beta, sign and manifold of the model.
+        attention: beta, sign and manifold of the model, and its velocity model (with
+            ``"gradient"``, :math:`X = s \nabla_S(\delta E/\delta\mu)/b` in :math:`G^2` and
+            :math:`\mathcal D`).
         matrices: (H, d, d) the :math:`M_h = Q_h^T K_h` (kernel :math:`e^{\beta x^T M_h y}`).
         points_local, masses_local: this rank's part of :math:`\mu` ((n_r, d), (n_r,)).
         comm: mpi4py communicator or None. Collective.
@@ -209,6 +217,20 @@ def energy_derivatives(
         a -= xhat[None] * np.einsum("hik,ik->hi", a, xhat)[:, :, None]
     hw = np.full(H, 1.0 / H) if head_weights is None else np.asarray(head_weights, float)
     velocity = attention.sign * np.einsum("h,hik->ik", hw, a)
+    if getattr(attention, "velocity_model", "attention") == "gradient":  # s grad(dE/dmu) / b
+        brute = brute_force_backend(backend)
+        velocity = energy_gradient_from_sums(
+            X,
+            M,
+            V,
+            log_Z,
+            ybar,
+            lambda B: kernel_sums(X, sources, masses_all, B, brute),
+            beta=beta,
+            sign=attention.sign,
+            manifold=attention.manifold,
+            head_weights=hw,
+        ).gradient_velocity
     b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
     drift = np.einsum("h,hi,hik->ik", hw, Z, a)  # sum_h w_h Z_h P a_h
     wZ = w[None, :] * Z  # (H, m)

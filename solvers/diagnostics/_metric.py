@@ -1,0 +1,203 @@
+r"""Is the flow a curve of maximal slope? The metric diagnostics of a state (docs/model.md, M1).
+
+Setting (module ``solvers.attention._gradient``). Heads :math:`(Q_h, K_h, V_h)`,
+:math:`M_h = Q_h^T K_h`, head weights :math:`w_h` (sum 1), :math:`\beta > 0`, :math:`s = \pm 1`,
+:math:`s' = -s`. The energy :math:`E(\mu) = (2\beta)^{-1} \sum_h w_h \iint e^{\beta x^T M_h y}
+d\mu\, d\mu` (the kernel as it is; :math:`V_h` plays no role), its first variation with the
+symmetrised kernel and the gradient
+
+.. math::
+
+    g = \nabla_S \frac{\delta E}{\delta \mu}
+      = \sum_h w_h \tfrac12 P_x \big[Z_h M_h \bar y_h + Z_h^\top M_h^T \bar y_h^\top\big],
+
+the mobility :math:`b = [\sum_h w_h / Z_h]^{-1}` (harmonic mean of the partition functions) and
+the metric: the Wasserstein distance :math:`W_b` of action :math:`\int_0^1 \int b\, |v|^2 d\mu_r\,
+dr` over :math:`\partial_r \mu + \mathrm{div}(\mu v) = 0`. The functional the tokens go down is
+:math:`F = s' E = -sE` (for :math:`s = -1`, :math:`F = E`).
+
+Quantities, for the model's velocity :math:`X` at a measure
+:math:`\mu = \sum_i m_i \delta_{x_i}` (:attr:`Attention.velocity_model`: the attention velocity
+:math:`s \sum_h w_h P V_h \bar y_h`, or the gradient velocity :math:`X_{\rm grad} = s\, g / b`):
+
+.. math::
+
+    G^2 = \int b |X|^2 d\mu, \qquad
+    \text{slope}^2 = \int \frac{|g|^2}{b}\, d\mu, \qquad
+    \mathcal D = \int \langle g, X \rangle d\mu = \frac{dE}{dt} \text{ (frozen weights)},
+
+    \text{slope\_defect} = \tfrac12 (G^2 + \text{slope}^2) - s\, \mathcal D
+        = \tfrac12 \int b\, \big| X - X_{\rm grad} \big|^2 d\mu \;\ge\; 0,
+
+    \text{uphill\_mass} = \mu\{x : s \langle X, g \rangle \le 0\}
+        \text{ (points at rest, } X = g = 0 \text{, left out).}
+
+Why. Along a flow with velocity :math:`X`, :math:`-\frac{d}{dt} F = s \mathcal D` (chain rule)
+and, pointwise by Cauchy-Schwarz and Young with the weight :math:`b`,
+:math:`s \langle g, X \rangle \le |X| |g| \le \tfrac12 b |X|^2 + \tfrac12 |g|^2 / b`. Integrated:
+:math:`-\frac{d}{dt} F \le \tfrac12 G^2 + \tfrac12 \text{slope}^2`, the inequality whose equality
+case defines a curve of maximal slope of :math:`F` [AGS08, 1.3], with :math:`G` the speed and
+slope the local slope :math:`|\partial F|` in :math:`W_b`. The defect is the gap, and it is 0
+exactly when :math:`X = X_{\rm grad}` :math:`\mu`-a.e. Signs: :math:`\mathcal D` is signed
+(:math:`\mathcal D = s G^2` for one head, the column ``dissipation``), so :math:`s \mathcal D`
+is the rate at which :math:`F` decreases (:math:`= G^2 \ge 0` for one head, possibly negative
+for several) and the defect is :math:`(G^2 + \text{slope}^2)/2 - s\mathcal D` with exactly
+this sign, for both :math:`s = \pm 1`. For one head with
+:math:`V = M = M^T`, :math:`X = X_{\rm grad}`: defect 0 (to round-off; here exactly, the same
+arrays) and no uphill mass. It is computed as the right-hand integral, which is
+non-negative in floating point and carries no cancellation.
+
+Two caveats, stated so that no more is read into the numbers than they say:
+
+* :math:`G^2` is the action of the velocity :math:`X`; the metric speed
+  :math:`|\dot\mu|^2_{W_b}` is that of the minimal velocity with the same
+  :math:`\mathrm{div}(\mu X)` (the projection of :math:`X` onto the closure of
+  :math:`\{\nabla\varphi / b\}` in :math:`L^2(b\mu)`), so :math:`|\dot\mu|^2 \le G^2` and the
+  true maximal-slope defect is :math:`\le` slope_defect, with equality when :math:`X` is of
+  gradient form (always for the particles: on empirical measures every velocity at the
+  points is tangent, and slope_defect is the defect of the particle ODE in the metric
+  :math:`\sum_i m_i b(x_i) |\dot x_i|^2`). A positive defect on a mesh therefore shows that
+  :math:`X \ne X_{\rm grad}`, not by itself that no other :math:`W_b`-tangent flow matches.
+* The uphill mass is independent of any metric: if :math:`X = s B(x)^{-1} g` for a positive
+  definite tensor mobility :math:`B(x)` then :math:`s \langle X, g \rangle = \langle B^{-1} g,
+  g\rangle > 0` wherever :math:`g \ne 0`, and :math:`X = 0` where :math:`g = 0`. So mass where
+  :math:`s \langle X, g \rangle \le 0` (other than at rest) is where the velocity does not
+  decrease :math:`F`, and no local metric, scalar or tensor, can make the flow its gradient
+  flow. A point is at rest when :math:`|X|` and :math:`|X_{\rm grad}|` are both below
+  :data:`REST_RTOL` times :math:`\max_h \max(|M_h|, |V_h|) \max_j |y_j|` (round-off of a
+  vanishing field, e.g. a symmetric equilibrium).
+
+Non-symmetric :math:`M_h` or :math:`V_h \ne M_h`: :math:`E` and :math:`g` are as above, and
+:math:`\mathcal D = \int \langle g, X \rangle d\mu` here is the true :math:`dE/dt` of the flow
+(frozen weights). The column ``dissipation`` of ``measure_diagnostics`` is
+:math:`\int \langle \sum_h w_h Z_h P V_h \bar y_h, X \rangle d\mu`, equal to it when
+:math:`V_h = M_h = M_h^T`; only then is
+:math:`\text{slope\_defect} = (G^2 + \text{slope}^2)/2 - s\cdot\text{dissipation}` in metrics.csv.
+The affine feed-forward velocity of the boxes is not part of :math:`X` (as for :math:`G^2`).
+
+Parallel. :func:`metric_diagnostics` is collective: the measure is gathered once
+(:func:`~solvers.attention.gather_measure`), the kernel sums run at the local points against
+all of it (blocked, no :math:`N \times N` array), and the per-rank partial sums are added in
+rank order with ``math.fsum`` (an allgather), so every rank holds identical values, and the
+values for different numbers of ranks differ by rounding only.
+
+Reference: [AGS08] L. Ambrosio, N. Gigli, G. Savaré, *Gradient flows in metric spaces and in
+the space of probability measures*, 2nd ed., Birkhäuser (2008), Ch. 1-2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from solvers.attention import Attention, Head, gather_measure
+
+__all__ = ["MAXIMAL_SLOPE_COLUMNS", "REST_RTOL", "MetricDiagnostics", "metric_diagnostics"]
+
+#: the columns of metrics.csv added by these diagnostics (``G2`` is there already)
+MAXIMAL_SLOPE_COLUMNS = ("slope2", "slope_defect", "uphill_mass")
+
+#: a point is at rest when |X| and |X_grad| are below this times the velocity scale
+REST_RTOL = 1e-12
+
+
+@dataclass(frozen=True)
+class MetricDiagnostics:
+    r"""The metric diagnostics of one state, identical on every rank (module docstring).
+
+    Attributes:
+        G2: :math:`\int b |X|^2 d\mu` (the model's velocity :math:`X`).
+        slope2: :math:`\int |g|^2 / b\, d\mu`.
+        dissipation: :math:`\int \langle g, X \rangle d\mu`, the chain-rule rate of :math:`E`.
+        slope_defect: :math:`\tfrac12 \int b |X - X_{\rm grad}|^2 d\mu
+            = (G^2 + \text{slope}^2)/2 - s\,\mathcal D \ge 0`.
+        uphill_mass: the mass where :math:`s \langle X, g \rangle \le 0` (not at rest).
+        min_cosine: the least :math:`\cos(X, s g)` over the points not at rest (1 when none).
+        mass: the total mass.
+    """
+
+    G2: float
+    slope2: float
+    dissipation: float
+    slope_defect: float
+    uphill_mass: float
+    min_cosine: float
+    mass: float
+
+    def columns(self) -> dict[str, float]:
+        """The values of :data:`MAXIMAL_SLOPE_COLUMNS`, by name."""
+        return {name: float(getattr(self, name)) for name in MAXIMAL_SLOPE_COLUMNS}
+
+
+def metric_diagnostics(
+    attention: Attention,
+    heads: Sequence[Head],
+    points_local: np.ndarray,
+    masses_local: np.ndarray,
+    comm: Any,
+    *,
+    sources: np.ndarray | None = None,
+    masses_all: np.ndarray | None = None,
+    head_weights: np.ndarray | None = None,
+) -> MetricDiagnostics:
+    r""":math:`G^2`, slope, maximal-slope defect and uphill mass of a distributed measure.
+
+    Args:
+        attention: beta, sign, manifold, backend and velocity model (the :math:`X` judged).
+        heads: the heads at the time of the state.
+        points_local, masses_local: this rank's part of :math:`\mu` ((n_r, d), (n_r,)).
+        comm: mpi4py communicator or None. Collective.
+        sources, masses_all: the gathered measure (gathered here when both are None).
+        head_weights: (H,) weights :math:`w_h` (None: :math:`1/H`), as in
+            :func:`~solvers.attention.measure_diagnostics`.
+
+    Returns:
+        The :class:`MetricDiagnostics`, identical on every rank.
+    """
+    if (sources is None) != (masses_all is None):
+        raise ValueError("pass both sources and masses_all, or neither")
+    if sources is None:
+        sources, masses_all = gather_measure(comm, points_local, masses_local)
+    m = np.asarray(masses_local, dtype=np.float64)
+    grad = attention.energy_gradient(points_local, sources, masses_all, heads, head_weights)
+    X_grad = grad.gradient_velocity
+    X = X_grad if attention.velocity_model == "gradient" else grad.attention_velocity
+    g, b = grad.gradient, grad.mobility
+    s = attention.sign
+    inner = s * np.einsum("ik,ik->i", X, g)  # s <X, g>
+    norm_X = np.linalg.norm(X, axis=1)
+    scale = max(float(np.max(np.abs(np.stack([h.Q.T @ h.K, h.V])))) for h in heads)
+    scale *= float(np.max(np.linalg.norm(sources, axis=1), initial=0.0))
+    moving = (norm_X > REST_RTOL * scale) | (np.linalg.norm(X_grad, axis=1) > REST_RTOL * scale)
+    uphill = moving & (inner <= 0.0)
+    denominator = norm_X * np.linalg.norm(g, axis=1)
+    cosine = np.divide(inner, denominator, out=np.zeros_like(inner), where=denominator > 0)
+    diff = X - X_grad
+    partial = np.array(
+        [
+            np.sum(m * b * np.einsum("ik,ik->i", X, X)),
+            np.sum(m * np.einsum("ik,ik->i", g, g) / b),
+            np.sum(m * np.einsum("ik,ik->i", g, X)),
+            0.5 * np.sum(m * b * np.einsum("ik,ik->i", diff, diff)),
+            np.sum(m[uphill]),
+            np.sum(m),
+            float(np.min(cosine[moving], initial=1.0)),
+        ]
+    )
+    parts = [partial] if comm is None or comm.Get_size() == 1 else comm.allgather(partial)
+    G2, slope2, dissipation, defect, uphill_mass, mass = (
+        math.fsum(p[q] for p in parts) for q in range(6)
+    )
+    return MetricDiagnostics(
+        G2=G2,
+        slope2=slope2,
+        dissipation=dissipation,
+        slope_defect=defect,
+        uphill_mass=uphill_mass,
+        min_cosine=min(float(p[6]) for p in parts),
+        mass=mass,
+    )
