@@ -252,21 +252,16 @@ def _write_gif(folder: Path, frames: Sequence[str], fps: float) -> Path | None:
         from PIL import Image
     except ImportError:
         return None
+    from drivers.engine._pictures import write_gif
+
     images = []
     for name in frames:
         with Image.open(folder / name) as im:
-            images.append(im.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE))
+            images.append(im.convert("RGB"))
     path = folder / "density.gif"
     tmp = folder / ".density.gif.tmp.gif"
     try:
-        images[0].save(
-            tmp,
-            format="GIF",
-            save_all=True,
-            append_images=images[1:],
-            duration=max(20, round(1000 / fps)),
-            loop=0,
-        )
+        write_gif(tmp, images, fps)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -39,6 +39,7 @@ __all__ = [
     "manifold_of",
     "sphere_views",
     "pyplot",
+    "write_gif",
 ]
 
 Array = npt.NDArray[np.float64]
@@ -375,3 +376,27 @@ class CurvePanel:
         hi = scale.hi if scale.fixed else scale.hi + 0.05 * (scale.hi - lo)
         ax.set_ylim(lo, hi)
         ax.ticklabel_format(axis="y", useOffset=False)
+
+
+def write_gif(path: Any, images: Iterable[Any], fps: float) -> None:
+    """An animated GIF of RGB frames (arrays (h, w, 3) or Pillow images), looping.
+
+    Adaptive (median-cut) palettes per frame: smooth spheres, a little banding in a colour bar
+    whose colours cover few pixels (an MP4 keeps every colour).
+    """
+    from PIL import Image
+
+    frames = [
+        (Image.fromarray(a) if isinstance(a, np.ndarray) else a.convert("RGB")).convert(
+            "P", palette=Image.Palette.ADAPTIVE
+        )
+        for a in images
+    ]
+    frames[0].save(
+        path,
+        format="GIF",
+        save_all=True,
+        append_images=frames[1:],
+        duration=max(20, round(1000 / fps)),
+        loop=0,
+    )

@@ -57,6 +57,7 @@ from drivers.engine._pictures import (
     manifold_of,
     pyplot,
     sphere_views,
+    write_gif,
 )
 
 __all__ = ["DensitySeries", "read_series", "frame_indices", "render_frames", "view", "main"]
@@ -322,22 +323,6 @@ def render_frames(
         plt.close(fig)
 
 
-def _write_gif(path: Path, images: Sequence[np.ndarray], fps: float) -> None:
-    from PIL import Image
-
-    # adaptive (median-cut) palettes: smooth spheres, a little banding in the colour bar
-    # where the frame has few pixels of its colours; an MP4 keeps every colour
-    frames = [Image.fromarray(a).convert("P", palette=Image.Palette.ADAPTIVE) for a in images]
-    frames[0].save(
-        path,
-        format="GIF",
-        save_all=True,
-        append_images=frames[1:],
-        duration=max(20, round(1000 / fps)),
-        loop=0,
-    )
-
-
 def _ffmpeg() -> str:
     """The ffmpeg of imageio-ffmpeg, else one on the PATH (ValueError: one line, if none)."""
     try:
@@ -414,7 +399,7 @@ def view(
     images = render_frames(series, every, log=log, clim=clim, range_mode=range_mode)
     tmp = output.with_name(f".{output.name}.tmp{output.suffix}")
     try:
-        (_write_gif if suffix == ".gif" else _write_mp4)(tmp, images, float(fps))
+        (write_gif if suffix == ".gif" else _write_mp4)(tmp, images, float(fps))
         os.replace(tmp, output)
     finally:
         tmp.unlink(missing_ok=True)
