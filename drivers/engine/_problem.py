@@ -107,10 +107,8 @@ def build_model(cfg: dict[str, Any]) -> tuple[Attention, WeightDynamics]:
         backend=a["backend"],
         tolerance=a["tolerance"],
         frozen_heads=w["dynamics"] == "frozen",
-        # the velocity of the flow the scheme computes: JKO discretises the gradient flow
-        # whatever the config asks (velocity_record says so), and the diagnostics and the
-        # energy budget must describe the trajectory that was computed
-        velocity_model="gradient" if cfg["time"]["scheme"] == "jko" else a["velocity"],
+        # the diagnostics and the energy budget describe the trajectory that was computed
+        velocity_model=solved_velocity(cfg),
     )
     if w["dynamics"] == "fokker-planck":
         return attention, _weight_measure(w, heads)
@@ -185,6 +183,16 @@ def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
     return Problem(cfg, cv, quality, attention, weights, density0, scheme)
 
 
+#: schemes that discretise one velocity whatever ``[attention] velocity`` says
+FIXED_VELOCITY = {"jko": "gradient"}
+
+
+def solved_velocity(cfg: dict[str, Any]) -> str:
+    """The velocity of the flow the configured scheme computes: ``[attention] velocity``,
+    except for schemes of :data:`FIXED_VELOCITY` (JKO: the b-weighted gradient flow of E)."""
+    return FIXED_VELOCITY.get(cfg["time"]["scheme"], cfg["attention"]["velocity"])
+
+
 def velocity_record(cfg: dict[str, Any], weights: WeightDynamics) -> dict[str, Any]:
     """Which velocity the run's scheme follows, for summary.json (docs/model.md, M1).
 
@@ -196,7 +204,7 @@ def velocity_record(cfg: dict[str, Any], weights: WeightDynamics) -> dict[str, A
     differ and the scheme solves the other one (else None).
     """
     model = cfg["attention"]["velocity"]
-    solved = "gradient" if cfg["time"]["scheme"] == "jko" else model
+    solved = solved_velocity(cfg)
     mismatch = velocity_mismatch(weights.heads_at(0.0), head_weights_at(weights, 0.0))
     if mismatch is None and weights.kind != "frozen" and weights.n_heads > 1:
         mismatch = f"{weights.n_heads} heads with {weights.kind} weights, apart for t > 0"
