@@ -24,7 +24,6 @@ Sources:
 
 from __future__ import annotations
 
-import csv
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -38,13 +37,22 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._paper1_figures import plot_g2, plot_scaling, plot_snapshots
-from drivers.engine import GatheredCells, plot_budget, write_final, write_json
+from drivers._paper1_report import (
+    PAPER_SLOPE,
+    Run,
+    fit_exponent,
+    load_runs,
+    report,
+    save_runs,
+    time_average,
+    write_csv,
+)
+from drivers.engine import GatheredCells
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, gather_measure
-from solvers.diagnostics import EDI_COLUMNS, EnergyBudget, bootstrap_interval, fit_power_law
+from solvers.diagnostics import EnergyBudget, metric_diagnostics
 from solvers.transport import ParticleSystem, TransportSolver, initial_density
-from solvers.weights import WeightDynamics
+from solvers.weights import WeightDynamics, head_weights_at
 
 if TYPE_CHECKING:
     from meshes.control_volumes import ControlVolumes
@@ -55,6 +63,8 @@ __all__ = [
     "Setup",
     "WeightsFactory",
     "caps_expression",
+    "fit_exponent",
+    "load_runs",
     "mesh_study",
     "octahedron_tokens",
     "parse_setup",
@@ -62,13 +72,13 @@ __all__ = [
     "report",
     "run_mesh",
     "run_particles",
+    "save_runs",
+    "time_average",
+    "write_csv",
 ]
 
 #: (H, path) -> the weight dynamics of the H heads on that Monte Carlo path.
 WeightsFactory = Callable[[int, int], WeightDynamics]
-
-#: The exponent of the late-time G^2 in H reported by [P1], section 6.
-PAPER_SLOPE = {"ou": -1.0, "oscillating": 0.0}
 
 
 # %% Parameters
@@ -94,6 +104,7 @@ class Setup:
     seed: int = 0
     mesh_level: int = 3
     mesh_heads: Sequence[int] = (1, 3, 10)
+    mesh_paths: int = 1  # Monte Carlo paths of every mesh run
     mesh_t_end: float = 10.0
     kappa: float = 10.0
     cfl: float = 0.4
@@ -109,6 +120,7 @@ class Setup:
             f"{self.dynamics} weights{self._phases()}, particles: n = {self.n_tokens}, H = {list(self.heads)}, "
             f"paths {list(self.paths)}, T = {self.t_end:g}, dt = {self.dt:g} ({self.integrator}); "
             f"mesh: level {self.mesh_level}, H = {list(self.mesh_heads)}, "
+            f"{self.mesh_paths} path(s), "
             f"T = {self.mesh_t_end:g}, kappa = {self.kappa:g} -> {self.out}"
         )
 
@@ -146,6 +158,7 @@ def parse_setup(
     p.add_argument("--integrator", choices=("rk4", "euler"), default="rk4")
     p.add_argument("--record-every", type=int, help="steps between budget records (4)")
     p.add_argument("--mesh-heads", type=int, nargs="*", help="mesh head counts (1 3 10)")
+    p.add_argument("--mesh-paths", type=int, help="Monte Carlo paths of every mesh H (1)")
     p.add_argument("--mesh-level", type=int, help="icosphere level of the mesh run (3)")
     p.add_argument("--mesh-t-end", type=float, help="mesh final time (default 10)")
     p.add_argument("--kappa", type=float, help="cap concentration of the mesh density (10)")
@@ -165,7 +178,7 @@ def parse_setup(
         s.paths = (min(paths[0], 2),)
         s.mesh_level, s.mesh_heads, s.mesh_t_end, s.backend = 1, (1, 2), 0.05, "numpy"
     overrides = ("heads", "paths", "t_end", "n_tokens", "record_every", "mesh_heads")
-    for key in (*overrides, "mesh_level", "mesh_t_end", "kappa"):
+    for key in (*overrides, "mesh_paths", "mesh_level", "mesh_t_end", "kappa"):
         if getattr(a, key) is not None:
             setattr(s, key, getattr(a, key))
     s.integrator = a.integrator
@@ -173,6 +186,8 @@ def parse_setup(
         s.paths = (s.paths[0],)  # other head counts than the defaults: the first default
     if len(s.paths) not in (1, len(s.heads)) or min(s.paths) < 1:
         p.error(f"--paths: one value >= 1, or one per head count {list(s.heads)}")
+    if s.mesh_paths < 1:
+        p.error(f"--mesh-paths: must be >= 1, got {s.mesh_paths}")
     experiment.prepare(s.out)
     return s
 
@@ -214,17 +229,19 @@ def caps_expression(kappa: float) -> str:
 
 # %% Solver
 # ---------
-@dataclass
-class Run:
-    """One trajectory: metrics rows (rank 0 gets all), snapshots (rank 0), wall time."""
-
-    scheme: str
-    H: int
-    path: int
-    rows: list[dict[str, float]]
-    snapshots: dict[float, np.ndarray]
-    final: np.ndarray | None
-    wall: float
+def _record(
+    budget: EnergyBudget,
+    t: float,
+    points: np.ndarray,
+    masses: np.ndarray,
+    weights: WeightDynamics,
+    attention: Attention,
+    comm: MPI.Comm,
+) -> dict[str, float]:
+    """Add the state to the budget; its maximal-slope columns (slope2, defect, uphill mass)."""
+    budget.record(t, points, masses, weights, attention, comm)
+    heads, hw = weights.heads_at(t), head_weights_at(weights, t)
+    return metric_diagnostics(attention, heads, points, masses, comm, head_weights=hw).columns()
 
 
 def _row(budget: EnergyBudget, H: int, path: int, extra: dict | None = None) -> dict:
@@ -277,8 +294,8 @@ def run_particles(setup: Setup, factory: WeightsFactory, H: int, path: int, comm
 
     def record(k: int) -> None:
         t = k * setup.dt
-        budget.record(t, system.points, system.masses, weights, attention, comm)
-        rows.append(_row(budget, H, path))
+        metric = _record(budget, t, system.points, system.masses, weights, attention, comm)
+        rows.append(_row(budget, H, path, metric))
 
     record(0)
     snaps[0.0] = gather_measure(comm, system.points, system.masses)[0]
@@ -308,8 +325,9 @@ def run_mesh(
     H: int,
     comm: MPI.Comm,
     gathered: GatheredCells,
+    path: int = 0,
 ) -> Run:
-    """Finite volumes from the six-cap density, driven by the weights of path 0.
+    """Finite volumes from the six-cap density, driven by the weights of one path.
 
     Args:
         setup: the setup.
@@ -318,13 +336,14 @@ def run_mesh(
         H: the number of heads.
         comm: the communicator of the mesh.
         gathered: the cells of the mesh on rank 0.
+        path: the Monte Carlo path of the weights (the particles' path of the same index).
 
     Returns:
         The run (collective; rows on every rank, snapshots and final density on rank 0).
     """
     wall0 = time.perf_counter()
     rho0 = initial_density(cv, caps_expression(setup.kappa))
-    weights = factory(H, 0)
+    weights = factory(H, path)
     grid_dt = float(weights.dt) if hasattr(weights, "grid_value") else None
     attention = Attention(setup.beta, setup.sign, backend=setup.backend or "numba")
     solver = TransportSolver(
@@ -338,9 +357,12 @@ def run_mesh(
     rows, snaps, steps = [], {}, 0
 
     def record() -> None:
-        budget.record(solver.t, cv.centres[:n], solver.masses, weights, attention, comm)
-        rho_min = comm.allreduce(float(solver.density.min(initial=np.inf)), op=MPI.MIN)
-        rows.append(_row(budget, H, 0, {"min_density": rho_min, "steps": steps}))
+        metric = _record(budget, solver.t, cv.centres[:n], solver.masses, weights, attention, comm)
+        metric["min_density"] = comm.allreduce(
+            float(solver.density.min(initial=np.inf)), op=MPI.MIN
+        )
+        metric["steps"] = steps
+        rows.append(_row(budget, H, path, metric))
 
     record()
     snaps[0.0] = gathered.gather(solver.density)
@@ -353,182 +375,17 @@ def run_mesh(
         if r in snap_at:
             snaps[snap_at[r]] = gathered.gather(solver.density)
     final = gathered.gather(solver.density)
-    return Run("mesh", H, 0, rows, snaps, final, time.perf_counter() - wall0)
-
-
-# %% Output
-# ---------
-def time_average(rows: list[dict], key: str = "G2") -> float:
-    """(2/T) int_{T/2}^{T} key dt by the trapezoid rule over the records of one run."""
-    t = np.array([r["t"] for r in rows])
-    v = np.array([r[key] for r in rows])
-    late = t >= 0.5 * t[-1] - 1e-12
-    return float(np.trapezoid(v[late], t[late]) / (t[late][-1] - t[late][0]))
-
-
-def fit_exponent(H: Sequence[int], values: Sequence[float]) -> float:
-    """Least-squares slope of log(values) against log(H) (nan with fewer than 2 points)."""
-    if len(H) < 2:
-        return math.nan
-    return float(np.polyfit(np.log(H), np.log(values), 1)[0])
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    """A CSV with the union of the rows' keys as columns, floats exactly (repr; rank 0).
-
-    Args:
-        path: the CSV file.
-        rows: the rows.
-    """
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in r.items()})
-
-
-def save_runs(out: Path, scheme: str, runs: list[Run], centres: np.ndarray | None) -> None:
-    """<scheme>.csv (every record of every run) and <scheme>_snapshots.npz (rank 0).
-
-    Args:
-        out: the output folder.
-        scheme: "particles" or "mesh".
-        runs: the runs of the scheme (their rows get the column wall_s).
-        centres: the cell centres of mesh snapshots (None for particles).
-    """
-    for r in runs:
-        for row in r.rows:
-            row["wall_s"] = r.wall
-    write_csv(out / f"{scheme}.csv", [row for r in runs for row in r.rows])
-    arrays = {f"H{r.H}_path{r.path}_t{t!r}": v for r in runs for t, v in r.snapshots.items()}
-    arrays.update({f"final_H{r.H}_path{r.path}": r.final for r in runs})
-    if centres is not None:
-        arrays["centres"] = centres
-    np.savez(out / f"{scheme}_snapshots.npz", **arrays)
-
-
-def load_runs(out: Path, scheme: str) -> tuple[list[Run], np.ndarray | None]:
-    """The runs saved by :func:`save_runs`.
-
-    Args:
-        out: the output folder.
-        scheme: "particles" or "mesh".
-
-    Returns:
-        The runs (empty when the files do not exist) and the cell centres (or None).
-    """
-    if not (out / f"{scheme}.csv").is_file():
-        return [], None
-    with open(out / f"{scheme}.csv", newline="") as fh:
-        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(fh)]
-    data = np.load(out / f"{scheme}_snapshots.npz")
-    runs = []
-    for key in dict.fromkeys((int(r["H"]), int(r["path"])) for r in rows):
-        H, path = key
-        mine = [r for r in rows if (int(r["H"]), int(r["path"])) == key]
-        prefix = f"H{H}_path{path}_t"
-        snaps = {float(k[len(prefix) :]): data[k] for k in data.files if k.startswith(prefix)}
-        final = data[f"final_H{H}_path{path}"]
-        runs.append(Run(scheme, H, path, mine, snaps, final, mine[-1]["wall_s"]))
-    return runs, (data["centres"] if "centres" in data.files else None)
-
-
-def summarise(runs: list[Run], scheme: str) -> list[dict]:
-    """One row per H: late-time G^2 (mean over paths, standard error) and the mean budget.
-
-    Args:
-        runs: the runs of one scheme.
-        scheme: its name.
-
-    Returns:
-        The rows of summary.csv for this scheme.
-    """
-    table = []
-    for H in sorted({r.H for r in runs}):
-        mine = [r for r in runs if r.H == H]
-        late = np.array([time_average(r.rows) for r in mine])
-        sem = float(late.std(ddof=1) / math.sqrt(len(late))) if len(late) > 1 else 0.0
-        row = {"scheme": scheme, "H": H, "paths": len(mine), "t_end": mine[0].rows[-1]["t"]}
-        lo, hi = bootstrap_interval(late, seed=H)
-        row.update(G2_late_mean=float(late.mean()), G2_late_sem=sem, G2_late_lo=lo, G2_late_hi=hi)
-        for key in EDI_COLUMNS:
-            row[key] = float(np.mean([r.rows[-1][key] for r in mine]))
-        row["max_abs_edi_residual"] = max(abs(r.rows[-1]["edi_residual"]) for r in mine)
-        row["wall_s"] = float(sum(r.wall for r in mine))
-        table.append(row)
-    return table
-
-
-def report(
-    setup: Setup, title: str, log: Callable[[str], None], provenance: dict | None = None
-) -> dict:
-    """Figures, summary.csv, summary.json and final.npz from the saved runs (rank 0).
-
-    Args:
-        setup: the setup (its output folder holds the data files of :func:`save_runs`).
-        title: the title of the figures.
-        log: prints the fitted exponents.
-        provenance: the provenance block of summary.json (:func:`drivers.engine.provenance`).
-
-    Returns:
-        The fitted exponents (per scheme) and the summary table.
-    """
-    out = setup.out
-    particle_runs, _ = load_runs(out, "particles")
-    mesh_runs, centres = load_runs(out, "mesh")
-    table = summarise(particle_runs, "particles") + summarise(mesh_runs, "mesh")
-    exponents, fits = {}, {}
-    for scheme, runs in (("particles", particle_runs), ("mesh", mesh_runs)):
-        rows = [r for r in table if r["scheme"] == scheme]
-        exponents[scheme] = fit_exponent([r["H"] for r in rows], [r["G2_late_mean"] for r in rows])
-        late = [[time_average(r.rows) for r in runs if r.H == row["H"]] for row in rows]
-        if len(rows) >= 3 and min(map(len, late)) >= 2:  # bootstrap over the paths of every H
-            fits[scheme] = fit_power_law([r["H"] for r in rows], late).as_dict()
-    write_csv(out / "summary.csv", table)
-    first = [r for r in particle_runs if r.path == 0]
-    groups = {}
-    if first:
-        plot_snapshots(out / "snapshots_particles.png", first, None, f"{title}: particles")
-        groups["particles"] = particle_runs
-    if mesh_runs:
-        mesh_title = f"{title}: mean-field density (icosphere level {setup.mesh_level})"
-        plot_snapshots(out / "snapshots_mesh.png", mesh_runs, centres, mesh_title)
-        groups["mesh"] = mesh_runs
-    if groups:
-        plot_g2(out / "g2.png", groups, title)
-        plot_scaling(out / "g2_vs_H.png", table, exponents, title, PAPER_SLOPE[setup.dynamics])
-    for run in first + mesh_runs:
-        run_title = f"{title}: {run.scheme}, H = {run.H}, path {run.path}"
-        plot_budget(out / f"budget_{run.scheme}_H{run.H}.png", run.rows, title=run_title)
-    extra = {}
-    if first:
-        big = max(first, key=lambda r: r.H)
-        masses = np.full(len(big.final), 1.0 / len(big.final))
-        extra = {"particle_points": big.final, "particle_t": np.float64(big.rows[-1]["t"])}
-        extra["particle_masses"] = masses
-    if mesh_runs:
-        weights = np.load(out / "mesh_snapshots.npz")["cell_measures"]
-        t_mesh = mesh_runs[-1].rows[-1]["t"]
-        write_final(out / "final.npz", centres, weights, mesh_runs[-1].final, t_mesh, **extra)
-    elif first:
-        t_particles = big.rows[-1]["t"]
-        write_final(out / "final.npz", big.final, masses, masses, t_particles, **extra)
-    parameters = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(setup).items()}
-    del parameters["out"]
-    summary = {"setup": parameters, "exponents": exponents, "exponent_fits": fits, "table": table}
-    write_json(out / "summary.json", {**summary, "provenance": provenance or {}})
-    log(
-        f"fitted exponent of the late-time G^2 in H: particles {exponents['particles']:.3f}, "
-        f"mesh {exponents['mesh']:.3f}"
-    )
-    for scheme, fit in fits.items():
-        log(f"  {scheme}: 95% bootstrap interval [{fit['ci_low']:.3f}, {fit['ci_high']:.3f}]")
-    return {"exponents": exponents, "table": table}
+    return Run("mesh", H, path, rows, snaps, final, time.perf_counter() - wall0)
 
 
 # %% Main loop
 # ------------
+def _late_metric(run: Run) -> str:
+    """The late-time maximal-slope defect and uphill mass of one run, for the log."""
+    defect, uphill = (time_average(run.rows, key) for key in ("slope_defect", "uphill_mass"))
+    return f"late defect {defect:.2e}, uphill mass {uphill:.3f}"
+
+
 def particle_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) -> None:
     """Particles for every H and path; particles.csv and particles_snapshots.npz (collective).
 
@@ -552,7 +409,7 @@ def particle_study(experiment: Experiment, setup: Setup, factory: WeightsFactory
                 f"dE = {last['dE']:+.4f}, int dtE = {last['int_dtE']:+.4f} (drift "
                 f"{last['int_dtE_drift']:+.4f}, Ito {last['ito_correction']:+.4f}, martingale "
                 f"{last['martingale']:+.4f}), int D = {last['int_dissipation']:+.4f}, residual "
-                f"{last['edi_residual']:+.2e}; {run.wall:.1f} s"
+                f"{last['edi_residual']:+.2e}, {_late_metric(run)}; {run.wall:.1f} s"
             )
     if runs and comm.rank == 0:
         save_runs(setup.out, "particles", runs, None)
@@ -567,7 +424,7 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
     Args:
         experiment: the script (communicator, log).
         setup: the setup.
-        factory: the weight dynamics (path 0 drives the mesh runs).
+        factory: the weight dynamics (paths 0 .. mesh_paths - 1 drive the mesh runs).
     """
     if not setup.mesh_heads:
         return
@@ -579,15 +436,16 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
         f"icosphere level {setup.mesh_level}: {quality.n_cells} cells, h = {quality.h:.3g}"
     )
     runs = []
-    for H in setup.mesh_heads:
-        run = run_mesh(setup, cv, factory, H, comm, gathered)
+    for H, path in ((H, path) for H in setup.mesh_heads for path in range(setup.mesh_paths)):
+        run = run_mesh(setup, cv, factory, H, comm, gathered, path)
         runs.append(run)
         last = run.rows[-1]
         experiment.log(
-            f"mesh      H = {H:3d}: G2 late mean {time_average(run.rows):.3e}, "
+            f"mesh      H = {H:3d} path {path}: G2 late mean {time_average(run.rows):.3e}, "
             f"dE = {last['dE']:+.4f}, int dtE = {last['int_dtE']:+.4f}, int D = "
             f"{last['int_dissipation']:+.4f}, residual {last['edi_residual']:+.2e}, "
-            f"min rho {last['min_density']:.2e}, {int(last['steps'])} steps; {run.wall:.1f} s"
+            f"min rho {last['min_density']:.2e}, {int(last['steps'])} steps, {_late_metric(run)}; "
+            f"{run.wall:.1f} s"
         )
     if comm.rank == 0:
         save_runs(setup.out, "mesh", runs, gathered.points)

@@ -43,6 +43,7 @@ _FILES = ("density.xdmf", "density.h5", "metrics.csv", "density.png", "final.npz
 #: outputs of both [P1] section 6 drivers
 _PAPER1_FILES = [
     *("snapshots_particles.png", "snapshots_mesh.png", "g2.png", "g2_vs_H.png"),
+    "maximal_slope_vs_H.png",
     *("budget_particles_H1.png", "budget_mesh_H1.png", "particles.csv", "mesh.csv"),
     *("summary.csv", "summary.json", "final.npz"),
 ]
@@ -77,6 +78,21 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
     "paper1_oscillating_s2.py": {
         "args": ["--tiny"],
         "outputs": _PAPER1_FILES,
+    },
+    "paper1_stability_s2.py": {
+        "args": ["--tiny"],
+        "outputs": [
+            *("input_perturbation.png", "weight_perturbation.png", "input_particles.csv"),
+            *("input_mesh.csv", "exponents.csv", "weights.csv", "rates.csv"),
+            *("summary.json", "final.npz"),
+        ],
+    },
+    "paper1_omega_limit_s2.py": {
+        "args": ["--tiny"],
+        "outputs": [
+            *("omega.csv", "summary.csv", "summary.json", "final.npz"),
+            *("g2_limit.png", "g2_limit_vs_H.png"),
+        ],
     },
     "train_mean_field.py": {
         "args": ["--tiny"],
