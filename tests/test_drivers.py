@@ -79,6 +79,10 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
         "args": ["--tiny"],
         "outputs": _PAPER1_FILES,
     },
+    "gradient_lipschitz.py": {
+        "args": ["--tiny"],
+        "outputs": ["table.csv", "summary.json", "lipschitz.png", "final.npz"],
+    },
     "paper1_stability_s2.py": {
         "args": ["--tiny"],
         "outputs": [

@@ -63,9 +63,12 @@ import numpy as np
 from scipy.special import erf, ndtri
 
 __all__ = [
+    "STATISTICS",
     "Encoder",
     "EncoderLayer",
+    "GaussianFloor",
     "Gaussianity",
+    "gaussian_floor",
     "gaussianity",
     "layer_gaussianity",
     "load_minilm",
@@ -141,6 +144,93 @@ def layer_gaussianity(layers: Sequence[Any], **kwargs: Any) -> list[Gaussianity]
     return [gaussianity(np.reshape(h, (-1, np.shape(h)[-1])), **kwargs) for h in layers]
 
 
+#: The statistics of :class:`Gaussianity` compared with the Gaussian floor.
+STATISTICS = ("sliced_w2", "max_w2", "abs_skewness", "excess_kurtosis")
+
+
+@dataclass(frozen=True)
+class GaussianFloor:
+    """The statistics of i.i.d. N(0, I_d) samples of size n: the sampling floor.
+
+    ``mean``, ``lo`` and ``hi`` map each name of :data:`STATISTICS` to the mean and the
+    ``quantiles`` (percent) over ``draws`` samples; ``values`` holds every draw.
+    """
+
+    n: int
+    d: int
+    draws: int
+    quantiles: tuple[float, float]
+    mean: dict[str, float]
+    lo: dict[str, float]
+    hi: dict[str, float]
+    values: dict[str, list[float]]
+
+    def within(self, g: Gaussianity) -> dict[str, bool]:
+        """Whether each statistic of g lies in the floor's band.
+
+        Distances and |skewness| (zero for a Gaussian, larger is worse) are within when at
+        most ``hi``; the signed excess kurtosis when in [``lo``, ``hi``].
+
+        Args:
+            g: the statistics of a cloud of the same size (n, d).
+
+        Returns:
+            statistic name -> within the band.
+        """
+        if (g.n, g.d) != (self.n, self.d):
+            raise ValueError(f"floor is for (n, d) = {(self.n, self.d)}, got {(g.n, g.d)}")
+        out = {k: bool(getattr(g, k) <= self.hi[k]) for k in STATISTICS}
+        out["excess_kurtosis"] &= bool(g.excess_kurtosis >= self.lo["excess_kurtosis"])
+        return out
+
+
+def gaussian_floor(
+    n: int,
+    d: int,
+    draws: int = 20,
+    seed: int = 1,
+    quantiles: tuple[float, float] = (2.5, 97.5),
+    n_directions: int = 128,
+    direction_seed: int = 0,
+) -> GaussianFloor:
+    """:func:`gaussianity` of ``draws`` Gaussian clouds N(0, I_d) of n points (the floor).
+
+    The statistics are affine invariant, so N(0, I_d) stands for every non-degenerate
+    Gaussian.
+
+    Args:
+        n: points per cloud (all tokens of all sequences of a layer).
+        d: dimension.
+        draws: number of clouds.
+        seed: seed of the clouds.
+        quantiles: the band's lower and upper percentiles.
+        n_directions: random directions of :func:`gaussianity`.
+        direction_seed: their seed (the ``seed`` of :func:`gaussianity`).
+
+    Returns:
+        The floor: mean, band and every draw of each statistic.
+    """
+    if draws < 2:
+        raise ValueError(f"draws must be >= 2, got {draws}")
+    rng = np.random.default_rng(seed)
+    gs = [
+        gaussianity(rng.standard_normal((n, d)), n_directions=n_directions, seed=direction_seed)
+        for _ in range(draws)
+    ]
+    values = {k: [float(getattr(g, k)) for g in gs] for k in STATISTICS}
+    q_lo, q_hi = quantiles
+    return GaussianFloor(
+        n=n,
+        d=d,
+        draws=draws,
+        quantiles=(float(q_lo), float(q_hi)),
+        mean={k: float(np.mean(v)) for k, v in values.items()},
+        lo={k: float(np.percentile(v, q_lo)) for k, v in values.items()},
+        hi={k: float(np.percentile(v, q_hi)) for k, v in values.items()},
+        values=values,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Encoder
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +238,10 @@ def layer_gaussianity(layers: Sequence[Any], **kwargs: Any) -> list[Gaussianity]
 
 @dataclass(frozen=True, eq=False)
 class EncoderLayer:
-    """One encoder layer; linear maps are stored as (out, in) matrices, y = x W^T + b."""
+    """One encoder layer; linear maps are stored as (out, in) matrices, y = x W^T + b.
+
+    ``ls1``, ``ls2``: optional LayerScale vectors multiplying the attention and MLP branches
+    (pre-LN only, e.g. DINOv2: h <- h + ls1 * Att(LN1 h))."""
 
     wq: np.ndarray
     bq: np.ndarray
@@ -166,6 +259,8 @@ class EncoderLayer:
     b2: np.ndarray
     ln2_g: np.ndarray
     ln2_b: np.ndarray
+    ls1: np.ndarray | None = None
+    ls2: np.ndarray | None = None
 
 
 def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -196,6 +291,8 @@ class Encoder:
         if self.d % self.n_heads:
             raise ValueError(f"d = {self.d} is not divisible by n_heads = {self.n_heads}")
         self.eps, self.post_ln, self.label = float(eps), bool(post_ln), label
+        if self.post_ln and any(L.ls1 is not None or L.ls2 is not None for L in self.layers):
+            raise ValueError("LayerScale (ls1, ls2) is only supported with post_ln=False")
         self.embeddings: dict[str, np.ndarray] | None = None
         self.vocab: dict[str, int] | None = None
 
@@ -231,9 +328,11 @@ class Encoder:
                 f = _gelu(h @ L.w1.T + L.b1) @ L.w2.T + L.b2
                 h = _layer_norm(h + f, L.ln2_g, L.ln2_b, self.eps)
             else:
-                h = h + self._attention(L, _layer_norm(h, L.ln1_g, L.ln1_b, self.eps), mask)
+                a = self._attention(L, _layer_norm(h, L.ln1_g, L.ln1_b, self.eps), mask)
+                h = h + (a if L.ls1 is None else L.ls1 * a)
                 g = _layer_norm(h, L.ln2_g, L.ln2_b, self.eps)
-                h = h + _gelu(g @ L.w1.T + L.b1) @ L.w2.T + L.b2
+                f = _gelu(g @ L.w1.T + L.b1) @ L.w2.T + L.b2
+                h = h + (f if L.ls2 is None else L.ls2 * f)
             states.append(h)
         return [s[0] for s in states] if squeeze else states
 
@@ -259,7 +358,10 @@ def random_encoder(
         f1, f2 = lin(d_ff, d), lin(d, d_ff)
         one, zero = np.ones(d), np.zeros(d)
         layers.append(EncoderLayer(*q, *k, *v, *o, one, zero, *f1, *f2, one.copy(), zero.copy()))
-    label = f"random init (untrained), d = {d}, {n_heads} heads, seed {seed}"
+    kind = "post-LN" if post_ln else "pre-LN"
+    label = (
+        f"random init (untrained), {kind}, {n_layers} layers, d = {d}, {n_heads} heads, seed {seed}"
+    )
     return Encoder(layers, n_heads, eps=1e-5, post_ln=post_ln, label=label)
 
 
