@@ -5,13 +5,15 @@ affine feed-forward layer stay Gaussian; :func:`solve_moments` integrates the me
 (Riccati-type) covariance equation and reports a finite-time blow-up with its bracket, with
 closed forms for the isotropic case and for V = vI (through P = S^-1); :func:`classify` sorts
 time-invariant parameters; :func:`reach` constructs controls steering a Gaussian to any
-target of equal rank; :func:`gaussianity` measures how far the layers of a network (random,
-or the pretrained all-MiniLM-L6-v2) are from Gaussian. :class:`GaussianParticles` is the
+target of equal rank (:func:`reach_attention`: with the attention (B, V) as the only
+controls); :func:`gaussianity` measures how far the layers of a network (random, or the
+pretrained all-MiniLM-L6-v2) are from Gaussian. :class:`GaussianParticles` is the
 particle system of the same model.
 
 Modules: ``_moments`` (controls, the moment ODE, blow-up detection), ``_closed_forms``
 (isotropic controls, V = vI through P = S^-1), ``_classification`` (time-invariant
-parameters), ``_particles`` (the particle system), ``_reachability``, ``_gaussianity``.
+parameters), ``_particles`` (the particle system), ``_reachability``, ``_reach_attention``,
+``_gaussianity``.
 """
 
 from solvers.gaussian._classification import Classification, classify
@@ -46,6 +48,7 @@ from solvers.gaussian._moments import (
     solve_moments,
 )
 from solvers.gaussian._particles import GaussianParticles
+from solvers.gaussian._reach_attention import AttentionReachPlan, reach_attention
 from solvers.gaussian._reachability import (
     ReachPlan,
     gaussian_rank,
@@ -63,6 +66,7 @@ from solvers.gaussian._vit import (
 
 __all__ = [
     "STATISTICS",
+    "AttentionReachPlan",
     "BlowUp",
     "Classification",
     "ControlValues",
@@ -93,6 +97,7 @@ __all__ = [
     "precision_vI",
     "random_encoder",
     "reach",
+    "reach_attention",
     "read_onnx",
     "read_safetensors",
     "real_log_rotation",

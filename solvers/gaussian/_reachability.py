@@ -46,6 +46,8 @@ same Gaussian path (by uniqueness of the ODE solution). The cancellation is exac
 loop: for the controlled system the designed path can be unstable, perturbations (e.g.
 integration errors) growing like :math:`\exp(2\|V\|\|B\|\max_t\|S(t)\| T)`; with strong
 attention or large covariances the verification by integration loses digits accordingly.
+Steering with the attention alone (A = b = 0, (B, V)(t) the controls) is in
+``_reach_attention`` (:func:`~solvers.gaussian.reach_attention`).
 
 Reference: [P3] A. Alcalde, Z. Ji, E. Zuazua, arXiv 2606.07600 (2026), the finite-time
 reachability theorem.
