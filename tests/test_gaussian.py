@@ -172,6 +172,22 @@ def test_blowup_is_reported_without_nan():
         assert sol.t[-1] < exact + 1e-10 and len(sol.t) == len(sol.S)
 
 
+def test_blowup_right_after_a_control_breakpoint():
+    """The threshold is crossed before the first output time of a segment (a breakpoint off
+    the output grid): reported as a BlowUp (scipy then returns empty lists; was a TypeError)."""
+    I, Z, zero = np.eye(2), np.zeros((2, 2)), np.zeros(2)
+    # |S|_F = sqrt(2) e^{ln(1e3) t}: 1.41e3 at t = 1.003, then S' = 2e6 S
+    ctr = Controls.piecewise(
+        [1.003], [(0.5 * math.log(1e3) * I, Z, Z, zero), (1e6 * I, Z, Z, zero)]
+    )
+    for method in ("flow", "direct"):
+        sol = solve_moments(ctr, np.ones(2), I, 2.0, method=method, norm_max=1.5e3)
+        bu = sol.blowup
+        assert bu is not None and bu.reason == "norm"
+        assert 1.003 < bu.t_lo < bu.t_star < bu.t_hi < 1.00301
+        assert abs(sol.t[-1] - bu.t_lo) < 1e-6 and len(sol.t) == len(sol.S) > 100
+
+
 # ---------------------------------------------------------------------------------------------
 # Structure: symmetry, rank and range
 # ---------------------------------------------------------------------------------------------

@@ -361,9 +361,13 @@ def solve_moments(
                 dense_output=True,
             )
             nfev += sol.nfev
-            keep = np.isin(sol.t, inside)
-            ts.extend(sol.t[keep])
-            ys.extend(sol.y[:, keep].T)
+            # scipy leaves t and y as empty lists when an event stops the run before the
+            # first output time of the segment (e.g. right after a control breakpoint)
+            t_sol = np.asarray(sol.t, dtype=np.float64)
+            y_sol = np.asarray(sol.y, dtype=np.float64).reshape(len(y), t_sol.size)
+            keep = np.isin(t_sol, inside)
+            ts.extend(t_sol[keep])
+            ys.extend(y_sol[:, keep].T)
             if sol.status == 0:
                 y = sol.y[:, -1]
                 continue
