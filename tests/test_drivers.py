@@ -83,6 +83,14 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
         "args": ["--tiny"],
         "outputs": ["table.csv", "summary.json", "lipschitz.png", "final.npz"],
     },
+    "relu_feedforward.py": {
+        "args": ["--tiny"],
+        "outputs": ["distances.csv", "relu_feedforward.png", "summary.json", "final.npz"],
+    },
+    "ntk_training.py": {
+        "args": ["--tiny"],
+        "outputs": ["ntk.csv", "loss.png", "summary.json", "final.npz"],
+    },
     "paper1_stability_s2.py": {
         "args": ["--tiny"],
         "outputs": [

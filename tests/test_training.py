@@ -6,7 +6,8 @@
   operator (fitted rate within 2 %);
 - one layer, MMD readout (convex, nonlinear): monotone decrease, exponential convergence, and
   the limit is the Gibbs fixed point rho = exp(-dL/drho[rho] / kappa) / Z;
-- deep model (many composed steps on S^1) from a near-optimal start: monotone decrease;
+- deep model (many composed steps on S^1) from a near-optimal start: monotone decrease, and
+  the local linear rate of the linearised step (Hessian of the deep readout) within 2 %;
 - the particle model (N tokens, H heads): complex-step gradients against finite differences,
   independence of the number of ranks, bad input.
 """
@@ -133,6 +134,18 @@ def test_one_layer_mmd_converges_to_the_gibbs_fixed_point(comm):
 
 
 def test_deep_model_decreases_from_a_near_optimal_start(comm):
+    """Monotone decrease, then the local linear rate of the linearised training step.
+
+    Prediction: the discrete step is rho' = Phi(rho) = (I + ds A(U[rho]) / h)^{-1} rho (A the
+    Scharfetter-Gummel operator of U = dL/drho, rebuilt here and checked against the solver's
+    step to 1e-10); near the minimiser F - F* ~ q^(2k) with q the second largest |eigenvalue|
+    of D Phi (the largest, 1, is the mass direction), D Phi by central differences at the final
+    law (U through the exact adjoint: the Hessian of the deep readout, not only the
+    Fokker-Planck gap). Measured: -2 log(q) / ds = 0.8006, fitted rate of the last 10
+    decrements 0.7996 (0.12 %); band 2 %. Over the first 15 steps the fit gives 0.70 (the
+    decrement ratio is still falling from 0.58 to q^2 = 0.448): fit only the tail.
+    """
+    kappa, decay, ds = 0.01, 0.05, 1.0
     cv = control_volumes(circle(comm, 1))
     rho = initial_density(cv, "exp(2*x[0]) + 0.5*exp(3*x[1])")
     rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
@@ -145,20 +158,52 @@ def test_deep_model_decreases_from_a_near_optimal_start(comm):
         t_end=1.5,
         n_steps=16,
         loss=MMDLoss(np.array([[0.0, 1.0]]), [1.0], 0.7),
-        kappa=0.01,
-        weight_decay=0.05,
-        ds=1.0,
+        kappa=kappa,
+        weight_decay=decay,
+        ds=ds,
         density=lambda c: np.exp(-0.5 * (c[:, 0] / 0.4) ** 2),
         petsc_options_prefix="train_deep_",
         checkpoint_every=4,
     )
     for _ in range(10):  # warm-up: a near-optimal start
         tr.step()
-    states, s, F = _run(tr, 15)
+    states, s, F = _run(tr, 25)
     _assert_monotone(F)
     assert F[0] - F[-1] > 0
     steps = -np.diff(F)
     assert steps[-1] < 1e-2 * steps[0]  # converging
+
+    th = tr.theta[:, 0]
+    o, h, n = np.argsort(th), tr.volumes[0], len(th)
+
+    def step_map(r):
+        w = tr.volumes * r
+        U = (tr.model.gradient(w / w.sum(), tr.loss).gradient + 0.5 * decay * th**2)[o]
+        pe = -(U[1:] - U[:-1]) / kappa
+        a, b = kappa / h * bernoulli(-pe), kappa / h * bernoulli(pe)
+        A = np.zeros((n, n))
+        i = np.arange(n - 1)
+        A[i, i] += a
+        A[i, i + 1] -= b
+        A[i + 1, i] -= a
+        A[i + 1, i + 1] += b
+        out = np.empty(n)
+        out[o] = np.linalg.solve(np.eye(n) + ds * A / h, r[o])
+        return out
+
+    r = tr.density
+    tr.step()
+    assert np.abs(step_map(r) - tr.density).max() <= 1e-10 * r.max()  # the solver's step
+    r, eps = tr.density, 1e-6
+    D = np.column_stack(
+        [(step_map(r + eps * e) - step_map(r - eps * e)) / (2 * eps) for e in np.eye(n)]
+    )
+    q = np.sort(np.abs(np.linalg.eigvals(D)))[::-1]
+    assert q[0] == pytest.approx(1.0, abs=1e-6)  # mass
+    predicted = -2.0 * np.log(q[1]) / ds
+    rate, residual = fit_exponential_rate(s[1:][-10:], steps[-10:])
+    assert rate == pytest.approx(predicted, rel=0.02), (rate, predicted)
+    assert residual < 0.05
     tr.destroy()
 
 

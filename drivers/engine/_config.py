@@ -4,8 +4,8 @@ The keys, their types, defaults, allowed values and meanings are the table
 :data:`drivers.engine._schema.KEYS` (printed by ``transformer-pde keys``, kept as
 docs/config.md); the keys of docs/interface.md exist with exactly those meanings. This module
 reads the files and checks the values: types, ranges, and the rules that tie keys together
-(a JKO run needs ``time.dt``, ``feedforward`` is for boxes, evolving weights need symmetric
-heads, ...).
+(a JKO run needs ``time.dt``, ``feedforward`` is for boxes and the fv scheme, evolving
+weights need symmetric heads, ...).
 
 Invalid input raises :class:`ConfigError` naming the key; the CLI turns it into exit code 2.
 """
@@ -314,6 +314,13 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         )
     if scheme == "particles" and t["dt"] == 0 and not (0 < t["cfl"] <= 1):
         raise ConfigError("time.cfl", f"must be in (0, 1] (or set time.dt), got {t['cfl']}")
+    ff = cfg["feedforward"]
+    if scheme != "fv" and (np.any(ff["A"]) or any(ff["b"])):  # else silently ignored
+        raise ConfigError(
+            "feedforward",
+            f"the feed-forward layer ({ff['activation']}) is applied by the fv scheme only, "
+            f'not by {scheme!r}: remove the [feedforward] table or set time.scheme = "fv"',
+        )
 
     o = cfg["output"]
     o["every"] = as_int(o["every"], "output.every")

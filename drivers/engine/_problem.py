@@ -141,11 +141,17 @@ def _weight_measure(w: dict[str, Any], heads: list[Head]) -> WeightDynamics:
 
 
 def feedforward(cfg: dict[str, Any]):
-    """The affine layer v(x, t) = A x + b of docs/model.md, M3, or None when it is zero."""
+    """The feed-forward layer v(x, t) of ``[feedforward]``, or None when it is zero.
+
+    ``activation = "affine"``: v = A x + b (docs/model.md, M3); ``"relu"``: v = max(A x + b, 0)
+    componentwise, the same layer as ``GaussianParticles(..., activation="relu")``.
+    """
     A = np.array(cfg["feedforward"]["A"], dtype=np.float64)
     b = np.array(cfg["feedforward"]["b"], dtype=np.float64)
     if not A.any() and not b.any():
         return None
+    if cfg["feedforward"].get("activation", "affine") == "relu":
+        return lambda x, t: np.maximum(x @ A.T + b, 0.0)
     return lambda x, t: x @ A.T + b
 
 

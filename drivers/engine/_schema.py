@@ -51,7 +51,7 @@ class Key:
 #: the tables of a run config, in the order of the reference, with one line each
 SECTIONS: dict[str, str] = {
     "mesh": "the manifold of the tokens and its mesh",
-    "feedforward": "the affine feed-forward layer A x + b (boxes R1/R2 only)",
+    "feedforward": "the feed-forward layer A x + b, or relu(A x + b) (boxes R1/R2 only)",
     "attention": "the heads of multi-head self-attention and how the velocity is evaluated",
     "weights": "how the heads' matrices evolve in time (docs/model.md, M1b)",
     "initial": "the initial density of the tokens",
@@ -80,6 +80,10 @@ KEYS: tuple[Key, ...] = (
         "the matrix A of the feed-forward term A x + b (R1/R2)"),
     Key("feedforward", "b", "number or list of d numbers", 0.0,
         "the vector b of the feed-forward term A x + b (R1/R2)"),
+    Key("feedforward", "activation", "string", "affine",
+        "affine: the field A x + b (Gaussians stay Gaussian, docs/model.md M3); relu: "
+        "max(A x + b, 0) componentwise (not affine: Gaussians do not stay Gaussian)",
+        ("affine", "relu")),
     # [attention]
     Key("attention", "beta", "number", 1.0, "inverse temperature of the softmax, > 0"),
     Key("attention", "sign", "integer", 1,

@@ -13,6 +13,9 @@ with the controls :math:`(A, B, V, b)(t)`. The softmax part is the attention vel
 :class:`solvers.attention.Attention` with :math:`\beta = 1`, sign +1, no tangent projection
 (``manifold=False``) and the single head :math:`(Q, K, V) = (B(t), I, V(t))`, whose kernel is
 :math:`e^{x^TB^Ty} = e^{\langle Bx, y\rangle}`; the affine part :math:`Ax + b` is added here.
+With ``activation="relu"`` the feed-forward part is :math:`\max(Ax + b, 0)` (componentwise)
+instead: the same layer as ``[feedforward] activation = "relu"`` of the box solver; the field is
+then not affine on Gaussians and the moment system no longer describes the particles.
 Time stepping is the classical fourth-order Runge-Kutta method. For particles sampled from
 :math:`N(m_0, S_0)` the weighted mean and covariance (:meth:`GaussianParticles.moments`)
 approach the solution of the moment system (:func:`~solvers.gaussian.solve_moments`) at the
@@ -33,7 +36,10 @@ from solvers.gaussian._moments import Controls
 from solvers.transport import ParticleSystem
 from solvers.weights import WeightDynamics
 
-__all__ = ["GaussianParticles"]
+__all__ = ["ACTIVATIONS", "GaussianParticles"]
+
+#: the feed-forward activations: "affine" (A x + b, the M3 model) and "relu" (max(A x + b, 0))
+ACTIVATIONS = ("affine", "relu")
 
 
 class _ControlHeads(WeightDynamics):
@@ -54,18 +60,28 @@ class GaussianParticles:
 
     The attention part is :class:`solvers.transport.ParticleSystem` with
     ``Attention(beta=1, sign=1, manifold=False)`` and the head (B(t), I, V(t)) (the kernel
-    :math:`e^{x^TB^Ty} = e^{\langle Bx, y\rangle}`); the affine part is added here. Particles
-    are distributed over ``comm`` (each rank passes its block); results do not depend on the
-    number of ranks.
+    :math:`e^{x^TB^Ty} = e^{\langle Bx, y\rangle}`); the feed-forward part is added here:
+    :math:`Ax + b` (``activation="affine"``, the default) or :math:`\max(Ax + b, 0)`
+    componentwise (``"relu"``). Particles are distributed over ``comm`` (each rank passes its
+    block); results do not depend on the number of ranks.
     """
 
     def __init__(
-        self, controls: Controls, points: Any, masses: Any = None, *, comm: Any = None
+        self,
+        controls: Controls,
+        points: Any,
+        masses: Any = None,
+        *,
+        comm: Any = None,
+        activation: str = "affine",
     ) -> None:
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         points = np.array(points, dtype=np.float64)
         masses = np.ones(len(points)) if masses is None else np.asarray(masses, float)
         self.controls = controls
         self.comm = comm
+        self.activation = activation
         self.system = ParticleSystem(
             Attention(1.0, 1, manifold=False),
             _ControlHeads(controls),
@@ -79,6 +95,8 @@ class GaussianParticles:
     def velocity(self, t: float, x: np.ndarray) -> np.ndarray:
         """X[mu](x) at the local stage points x (collective)."""
         c = self.controls.at(t)
+        if self.activation == "relu":
+            return self.system.velocity(t, x) + np.maximum(x @ c.A.T + c.b, 0.0)
         return self.system.velocity(t, x) + x @ c.A.T + c.b
 
     def step(self, t: float, dt: float) -> None:
