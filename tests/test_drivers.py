@@ -91,6 +91,10 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
         "args": ["--tiny"],
         "outputs": ["ntk.csv", "loss.png", "summary.json", "final.npz"],
     },
+    "lsi_training.py": {
+        "args": ["--tiny"],
+        "outputs": ["rates.csv", "rates.png", "summary.json", "final.npz"],
+    },
     "paper1_stability_s2.py": {
         "args": ["--tiny"],
         "outputs": [

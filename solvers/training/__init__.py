@@ -7,7 +7,9 @@ discrete adjoint and the functional gradient dL/drho(theta) of a readout loss
 rho by mean-field Langevin dynamics through the Fokker-Planck solver, and
 :class:`ParticleTraining` trains N tokens / H heads as particles for comparison.
 
-Modules: ``_adjoint``, ``_losses``, ``_mean_field``, ``_particles``.
+Poincare / log-Sobolev constants of the Gibbs measure and the predicted rates: ``_lsi``.
+
+Modules: ``_adjoint``, ``_losses``, ``_lsi``, ``_mean_field``, ``_particles``.
 """
 
 from solvers.training._adjoint import (
@@ -18,12 +20,20 @@ from solvers.training._adjoint import (
     softmax_transposed_sums,
 )
 from solvers.training._losses import MMDLoss, PotentialLoss, gaussian_kernel_sums
+from solvers.training._lsi import (
+    GibbsConstants,
+    gibbs_constants,
+    linearised_rate,
+    lsi_rate,
+    spectral_rate,
+)
 from solvers.training._mean_field import MeanFieldTraining, TrainingState, fit_exponential_rate
 from solvers.training._particles import ParticleState, ParticleTraining
 
 __all__ = [
     "AdjointGradient",
     "ForwardSolution",
+    "GibbsConstants",
     "MMDLoss",
     "MeanFieldTraining",
     "ParticleState",
@@ -33,6 +43,10 @@ __all__ = [
     "TrainingState",
     "fit_exponential_rate",
     "gaussian_kernel_sums",
+    "gibbs_constants",
+    "linearised_rate",
+    "lsi_rate",
     "softmax_sums",
     "softmax_transposed_sums",
+    "spectral_rate",
 ]
