@@ -60,6 +60,12 @@ Things to try:
   across H, so few seeds give a fragile slope (drivers/README.md).
 - Compare with the RMS error of drivers/weights_fokker_planck_s2.py (velocity_vs_H.png): the
   sup is a constant factor above it at every H.
+- ``--trajectories``: the head limit on the token trajectories (drivers/_limit_heads.py): the
+  finite-volume run driven by H sampled heads against the run driven by X_rho, from the same
+  token density, W_1(mu_T^H, mu_T) for H = 4 ... ``--traj-max-heads`` (default 128; icosphere
+  ``--traj-level``, default 2, T = ``--t-end``, default 1), with fits of W_1 and of
+  W_1 / sqrt(log H). Extra outputs: trajectories.csv, limit_heads_trajectories.png and the
+  ``trajectories`` entry of summary.json.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
+from drivers._limit_heads import trajectory_study
 from drivers.engine import GatheredCells, write_final
 from meshes import control_volumes, icosphere
 from meshes.box import box
@@ -234,7 +241,12 @@ def study(
 
 
 def plot(
-    path: Path, heads: list[int], sup: np.ndarray, rms: np.ndarray, fits: dict[str, PowerLawFit]
+    path: Path,
+    heads: list[int],
+    sup: np.ndarray,
+    rms: np.ndarray,
+    fits: dict[str, PowerLawFit],
+    labels: tuple[str, str] = ("sup |X_H - X_rho|", "rms |X_H - X_rho|"),
 ) -> None:
     """The errors against H, log-log, with H^-1/2 and H^-1/2 sqrt(log H) guides (rank 0).
 
@@ -243,7 +255,8 @@ def plot(
         heads: the head numbers H.
         sup: the sup errors (len(heads), seeds).
         rms: the RMS errors (len(heads), seeds).
-        fits: the fits of :func:`study`.
+        fits: the fits of :func:`study` (keys "sup" and "rms").
+        labels: the names of the two curves.
     """
     import matplotlib
 
@@ -252,17 +265,17 @@ def plot(
 
     H = np.asarray(heads, dtype=float)
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    for data, name, c in ((sup, "sup", "C0"), (rms, "rms", "C1")):
+    for data, name, c, lab in ((sup, "sup", "C0", labels[0]), (rms, "rms", "C1", labels[1])):
         for k in range(len(H)):
             ax.plot([H[k]] * data.shape[1], data[k], ".", color=c, alpha=0.2, ms=3)
         f = fits[name]
         slope = f"slope {f.slope:.3f} [{f.ci_low:.3f}, {f.ci_high:.3f}]"
-        ax.loglog(H, data.mean(axis=1), "o-", color=c, label=f"{name} |X_H - X_rho|: {slope}")
+        ax.loglog(H, data.mean(axis=1), "o-", color=c, label=f"{lab}: {slope}")
     e0 = sup.mean(axis=1)[0]
     ax.loglog(H, e0 * (H / H[0]) ** -0.5, "k--", lw=0.8, label="H^-1/2")
     guide = e0 * np.sqrt(np.log(H) / np.log(H[0])) * (H / H[0]) ** -0.5
     ax.loglog(H, guide, "k:", lw=0.8, label="H^-1/2 sqrt(log H)")
-    ax.set(xlabel="H heads", ylabel="velocity error", title="head limit")
+    ax.set(xlabel="H heads", ylabel="error", title="head limit")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -287,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-heads", type=int, default=None, help="largest H (default 1024)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds (default 32)")
     parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature")
+    parser.add_argument(
+        "--trajectories", action="store_true", help="also W1(mu_T^H, mu_T) of FV runs"
+    )
+    parser.add_argument("--t-end", type=float, default=1.0, help="T of the trajectories")
+    parser.add_argument("--traj-level", type=int, default=2, help="icosphere of trajectories")
+    parser.add_argument("--traj-max-heads", type=int, default=128, help="largest H (traj.)")
+    parser.add_argument("--traj-seeds", type=int, default=8, help="seeds (trajectories)")
     args = experiment.start(parser, argv)
     log = experiment.log
 
@@ -314,6 +334,27 @@ def main(argv: list[str] | None = None) -> int:
             f"{name}: slope {f.slope:+.3f}, 95% bootstrap [{f.ci_low:+.3f}, {f.ci_high:+.3f}], "
             f"t-interval [{f.t_low:+.3f}, {f.t_high:+.3f}]"
         )
+    traj = None
+    if args.trajectories:
+        # The head limit on the trajectories (drivers/_limit_heads.py): FV runs to T.
+        t_heads = [int(h) for h in 2 ** np.arange(2, int(math.log2(args.traj_max_heads)) + 1)]
+        wt = time.perf_counter()
+        measure = weight_measure(args.p, cells, 0.5, 0.6)
+        traj = trajectory_study(
+            measure, TOKENS, args.traj_level, t_heads, args.traj_seeds, args.t_end, args.beta
+        )
+        measure.solver.destroy()
+        traj["heads"], traj["wall"] = t_heads, time.perf_counter() - wt
+        for k, H in enumerate(t_heads):
+            log(
+                f"trajectories H = {H:4d}: W1 {traj['w1'][k].mean():.4e} L1 {traj['l1'][k].mean():.4e}"
+            )
+        for name, f in traj["fits"].items():
+            log(
+                f"trajectories {name}: slope {f.slope:+.3f} [{f.ci_low:+.3f}, {f.ci_high:+.3f}]"
+                f" (t-interval [{f.t_low:+.3f}, {f.t_high:+.3f}]); reference motion W1 "
+                f"{traj['motion']:.3e}, {traj['wall']:.1f} s"
+            )
     wall = time.perf_counter() - wall0
 
     # %% Pictures
@@ -345,6 +386,34 @@ def main(argv: list[str] | None = None) -> int:
             "mean_rms": r["rms"].mean(axis=1),
             "theory": "E sup_x |X_H - X_rho| = O(H^-1/2 sqrt(log H)) ([P2])",
         }
+        if traj is not None:
+            summary["trajectories"] = {
+                "heads": traj["heads"],
+                "seeds": args.traj_seeds,
+                "level": args.traj_level,
+                "cells": traj["n_cells"],
+                "t_end": args.t_end,
+                "fv_steps": traj["steps"],
+                "fits": {k: f.as_dict() for k, f in traj["fits"].items()},
+                "mean_w1": traj["w1"].mean(axis=1),
+                "mean_l1": traj["l1"].mean(axis=1),
+                "reference_motion_w1": traj["motion"],
+                "wall_time": traj["wall"],
+            }
+            with open(out / "trajectories.csv", "w", newline="") as fh:
+                writer = csv.writer(fh)
+                writer.writerow(["H", "seed", "w1", "l1"])
+                for k, H in enumerate(traj["heads"]):
+                    for s in range(args.traj_seeds):
+                        writer.writerow([H, s, traj["w1"][k, s], traj["l1"][k, s]])
+            plot(
+                out / "limit_heads_trajectories.png",
+                traj["heads"],
+                traj["w1"],
+                traj["l1"],
+                {"sup": traj["fits"]["w1"], "rms": traj["fits"]["l1"]},
+                ("W1(mu_T^H, mu_T)", "L1 density"),
+            )
         experiment.write_summary(out, summary)
         plot(out / "limit_heads.png", heads, r["sup"], r["rms"], r["fits"])
         g = r["gathered"]

@@ -121,6 +121,10 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
         "args": ["--tiny"],
         "outputs": ["table.csv", "fits.csv", "limit_tokens.png", "summary.json", "final.npz"],
     },
+    "limit_tokens_r3.py": {
+        "args": ["--tiny"],
+        "outputs": ["table.csv", "fits.csv", "limit_tokens_r3.png", "summary.json", "final.npz"],
+    },
     "limit_heads.py": {
         "args": ["--tiny"],
         "outputs": ["table.csv", "limit_heads.png", "summary.json", "final.npz"],
