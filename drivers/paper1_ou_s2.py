@@ -52,13 +52,18 @@ run; drivers/README.md has the results):
     mpiexec -n 2 python drivers/paper1_ou_s2.py
     python drivers/paper1_ou_s2.py --tiny                       # seconds
     python drivers/paper1_ou_s2.py --heads 1 10 100 --paths 8 8 2 --mesh-heads 1
+    python drivers/paper1_ou_s2.py --heads --mesh-heads 1 3 10 --mesh-paths 8 --mesh-t-end 5
 
 Outputs in ``--out`` (default results/paper1_ou_s2): snapshots_particles.png,
 snapshots_mesh.png (t = 0, T/4, T/2, 3T/4, T), g2.png (G^2(t), log scale, every H),
 g2_vs_H.png (time average of G^2 over [T/2, T] against H, log-log, fitted exponent),
 budget_particles_H*.png and budget_mesh_H*.png (every EDI term), particles.csv and mesh.csv
-(one row per record: H, path, t, energy, G2, dissipation and the cumulative budget),
-summary.csv (one row per scheme and H), summary.json and final.npz (mesh: points, weights,
+(one row per record: H, path, t, energy, G2, dissipation, slope2, slope_defect, uphill_mass and
+the cumulative budget),
+maximal_slope_vs_H.png (late maximal-slope defect, relative defect and uphill mass against
+H), summary.csv (one row per scheme and H: late means with bootstrap intervals of G2, slope2,
+slope_defect, relative_defect, uphill_mass), summary.json (with the fitted exponents and their
+bootstrap intervals) and final.npz (mesh: points, weights,
 density, t; particles: particle_points, particle_masses, particle_t).
 
 The engine (token set-up, the two runners, the data files, the figures) is
