@@ -51,7 +51,7 @@ class Key:
 #: the tables of a run config, in the order of the reference, with one line each
 SECTIONS: dict[str, str] = {
     "mesh": "the manifold of the tokens and its mesh",
-    "feedforward": "the feed-forward layer A x + b, or relu(A x + b) (boxes R1/R2 only)",
+    "feedforward": "the feed-forward layer A x + b, or relu(A x + b) (boxes R1/R2, fv scheme only)",
     "attention": "the heads of multi-head self-attention and how the velocity is evaluated",
     "weights": "how the heads' matrices evolve in time (docs/model.md, M1b)",
     "initial": "the initial density of the tokens",
