@@ -52,6 +52,20 @@ def test_registry_is_the_config_choice():
         make_scheme("rk45", None, None, None, None, SchemeOptions())
 
 
+@pytest.mark.parametrize("name", ["particles", "jko"])
+def test_schemes_without_a_background_velocity_refuse_it(name, cv):
+    """Only fv applies SchemeOptions.background (the feed-forward layer); the others raise
+    instead of silently moving the tokens without it."""
+    from dataclasses import replace
+
+    attention = Attention(3.0, 1, manifold=True)
+    weights = make_weights("frozen", [Head.identity(3)])
+    rho = initial_density(cv, "exp(2 * x[2]) + 0.5")
+    options = replace(OPTIONS[name], background=lambda x, t: 0.0 * x)
+    with pytest.raises(ValueError, match="only 'fv' does"):
+        make_scheme(name, cv, attention, weights, rho, options)
+
+
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_scheme_is_a_token_scheme(name, cv):
     s = _scheme(name, cv)

@@ -41,8 +41,8 @@ class SchemeOptions:
         rk: the Runge-Kutta scheme: "ssp3" | "ssp2" | "euler" (fv), "rk4" | "euler"
             (particles); "" for the scheme's default.
         reconstruction: "muscl" | "upwind" (fv).
-        background: an extra local velocity v(x, t) (the affine feed-forward layer on
-            boxes; fv only), or None.
+        background: an extra local velocity v(x, t) (the feed-forward layer on boxes), or
+            None; fv applies it, particles and jko raise ValueError when it is set.
         petsc_options_prefix: the options prefix of the PETSc objects (jko).
     """
 
@@ -108,8 +108,18 @@ def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> 
     )
 
 
+def _no_background(name: str, options: SchemeOptions) -> None:
+    """A scheme that does not apply ``options.background`` refuses it (never ignores it)."""
+    if options.background is not None:
+        raise ValueError(
+            f"the {name!r} scheme does not apply a background velocity (the feed-forward "
+            "layer): only 'fv' does"
+        )
+
+
 @register_scheme("particles")
 def _particles(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
+    _no_background("particles", options)
     return MeshParticles(
         cv,
         attention,
@@ -123,6 +133,7 @@ def _particles(cv, attention, weights, density, options: SchemeOptions) -> Token
 
 @register_scheme("jko")
 def _jko(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
+    _no_background("jko", options)
     return JKOSolver(
         cv,
         attention,
