@@ -15,7 +15,13 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from solvers.attention import Attention, Head, kernel_sums, kernel_sums_with_choice
+from solvers.attention import (
+    Attention,
+    Head,
+    _lowrank_geometry,
+    kernel_sums,
+    kernel_sums_with_choice,
+)
 from solvers.attention import _kernels as kernels
 from solvers.attention import _lowrank as lowrank
 from solvers.attention import _lowrank_bounds as lowrank_bounds
@@ -229,12 +235,12 @@ def test_auto_basis_choice():
 
 
 def test_frozen_heads_amortise_the_sphere_setup():
-    """N = 20,000 spread tokens, c = 4: per call the coupling matrix (~6e7 pair-equivalents)
-    makes the monomials cheaper; with frozen heads it is built once and the sphere basis wins.
-    The choice depends on the declaration only, not on what happens to be cached."""
+    """N = 8,000 spread tokens, c = 4: per call the coupling matrix (~2.3e7 pair-equivalents,
+    p = 20) makes the monomials cheaper; with frozen heads it is built once and the sphere basis
+    wins. The choice depends on the declaration only, not on what happens to be cached."""
     rng = np.random.default_rng(14)
-    points = sphere_points(rng, 20_000, 3)
-    masses = np.full(20_000, 1 / 20_000)
+    points = sphere_points(rng, 8_000, 3)
+    masses = np.full(8_000, 1 / 8_000)
     heads = [Head(np.eye(3), 4.0 * np.eye(3), np.eye(3))]
     for frozen, basis in ((False, "monomial"), (True, "sphere"), (False, "monomial")):
         att = Attention(1.0, 1, frozen_heads=frozen)
@@ -249,7 +255,7 @@ def test_frozen_heads_need_room_in_the_coupling_cache(monkeypatch):
     rebuild them: frozen heads are then costed like time-dependent ones. The cache stays
     within its byte budget (least recently used matrices go first)."""
     rng = np.random.default_rng(16)
-    points = sphere_points(rng, 20_000, 3)
+    points = sphere_points(rng, 8_000, 3)  # unfrozen: the monomials are cheaper (see above)
     A = 4.0 * np.eye(3)[None]
     (plan,) = lowrank.make_plans(points, points, A, 1e-10, setup_once=True)
     assert plan.basis == "sphere"
@@ -338,14 +344,14 @@ def test_geometry_kernels_match_numpy():
     Y = sphere_points(rng, 500, 3) * rng.uniform(0.9, 1.1, (500, 1))
     A = rng.normal(size=(2, 3, 3))
     lo, hi, dist = lowrank._geometry(Y, A)
-    lo_np, hi_np, dist_np = lowrank._geometry_numpy(Y, A)
+    lo_np, hi_np, dist_np = _lowrank_geometry.geometry_numpy(Y, A)
     np.testing.assert_allclose(lo, lo_np, rtol=1e-15, atol=1e-15)
     np.testing.assert_allclose(hi, hi_np, rtol=1e-15, atol=1e-15)
     assert dist == pytest.approx(dist_np, abs=1e-15) and 0.05 < dist <= 0.1
     centres = rng.normal(size=(3, 3))
     np.testing.assert_allclose(
         lowrank._squared_radii(Y, A, centres),
-        lowrank._radii_numpy(Y, A, centres[0], centres[1:]),
+        _lowrank_geometry.radii_numpy(Y, A, centres[0], centres[1:]),
         rtol=1e-14,
     )
 

@@ -107,7 +107,6 @@ from typing import Any
 
 import numpy as np
 
-from solvers._jit import read_only
 from solvers.attention import _lowrank_sphere as lowrank_sphere
 from solvers.attention import sphere_basis
 from solvers.attention._lowrank_bounds import (
@@ -128,14 +127,11 @@ from solvers.attention._lowrank_cost import (
     plan_cost,
 )
 from solvers.attention._lowrank_cost import sphere_setup_cost as sphere_setup_cost
+from solvers.attention._lowrank_geometry import HAVE_NUMBA as HAVE_NUMBA
+from solvers.attention._lowrank_geometry import bbox_centre as _bbox_centre
+from solvers.attention._lowrank_geometry import geometry as _geometry
+from solvers.attention._lowrank_geometry import squared_radii as _squared_radii
 from solvers.attention._lowrank_monomial import source_sums, target_eval
-
-try:
-    import numba
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover
-    HAVE_NUMBA = False
 
 __all__ = [
     "COST_OVERHEAD",
@@ -219,10 +215,6 @@ def plan_sphere_head(
     return LowRankPlan(zero, zero, 1.0, rho, p, rank, bound, kind, "sphere", A_h)
 
 
-def _bbox_centre(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    return np.where(np.isfinite(lo) & np.isfinite(hi), 0.5 * (lo + hi), 0.0)
-
-
 def plan_head(
     x0: np.ndarray, r_x: float, u0: np.ndarray, r_u: float, tol: float, kind: str = "chebyshev"
 ) -> LowRankPlan:
@@ -236,96 +228,10 @@ def plan_head(
     return LowRankPlan(x0, u0, r_x, r_u, p, expansion_rank(d, p), bound, kind)
 
 
-def _geometry_numpy(Y: np.ndarray, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """Boxes lo, hi (H + 1, d) of y_j (row 0) and u_j = A_h y_j (row 1 + h), and
-    max_j | |y_j| - 1 |, for n >= 1 sources."""
-    U = np.concatenate([Y[None], np.einsum("hkl,jl->hjk", A, Y)])
-    dist = float(np.max(np.abs(np.sqrt(np.einsum("jk,jk->j", Y, Y)) - 1.0)))
-    return U.min(axis=1), U.max(axis=1), dist
-
-
-def _radii_numpy(Y: np.ndarray, A: np.ndarray, x0: np.ndarray, u0: np.ndarray) -> np.ndarray:
-    """Squared radii (H + 1,): max_j |y_j - x0|^2, then max_j |A_h y_j - u0_h|^2."""
-    U = np.concatenate([Y[None], np.einsum("hkl,jl->hjk", A, Y)]) - np.vstack([x0, u0])[:, None]
-    return np.max(np.einsum("hjk,hjk->hj", U, U), axis=1)
-
-
-if HAVE_NUMBA:
-
-    @numba.njit(cache=True)
-    def _geometry_numba(Y, A, lo, hi):
-        # fills lo, hi (H + 1, d) as _geometry_numpy; returns max_j | |y_j| - 1 |
-        n, d = Y.shape
-        H = A.shape[0]
-        lo[:] = np.inf
-        hi[:] = -np.inf
-        dist = 0.0
-        for j in range(n):
-            norm2 = 0.0
-            for k in range(d):
-                v = Y[j, k]
-                norm2 += v * v
-                lo[0, k] = min(lo[0, k], v)
-                hi[0, k] = max(hi[0, k], v)
-            dist = max(dist, abs(math.sqrt(norm2) - 1.0))
-            for h in range(H):
-                for k in range(d):
-                    u = 0.0
-                    for m in range(d):
-                        u += A[h, k, m] * Y[j, m]
-                    lo[1 + h, k] = min(lo[1 + h, k], u)
-                    hi[1 + h, k] = max(hi[1 + h, k], u)
-        return dist
-
-    @numba.njit(cache=True)
-    def _radii_numba(Y, A, centres, out):
-        # out (H + 1,) squared radii as _radii_numpy; centres (H + 1, d) = [x0, u0_h]
-        n, d = Y.shape
-        H = A.shape[0]
-        out[:] = 0.0
-        for j in range(n):
-            r = 0.0
-            for k in range(d):
-                r += (Y[j, k] - centres[0, k]) ** 2
-            out[0] = max(out[0], r)
-            for h in range(H):
-                r = 0.0
-                for k in range(d):
-                    u = 0.0
-                    for m in range(d):
-                        u += A[h, k, m] * Y[j, m]
-                    r += (u - centres[1 + h, k]) ** 2
-                out[1 + h] = max(out[1 + h], r)
-
-
-def _geometry(Y: np.ndarray, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """Local boxes of y_j and A_h y_j, and the largest distance from the unit sphere."""
-    H, d = A.shape[0], A.shape[1]
-    if len(Y) == 0:
-        return np.full((H + 1, d), np.inf), np.full((H + 1, d), -np.inf), 0.0
-    if HAVE_NUMBA:
-        lo, hi = np.empty((H + 1, d)), np.empty((H + 1, d))
-        dist = _geometry_numba(*read_only(np.ascontiguousarray(Y), np.ascontiguousarray(A)), lo, hi)
-        return lo, hi, float(dist)
-    return _geometry_numpy(Y, A)  # pragma: no cover
-
-
-def _squared_radii(Y: np.ndarray, A: np.ndarray, centres: np.ndarray) -> np.ndarray:
-    """(H + 1,) squared radii of y_j about centres[0] and of A_h y_j about centres[1 + h]."""
-    out = np.zeros(A.shape[0] + 1)
-    if len(Y) == 0:
-        return out
-    if HAVE_NUMBA:
-        Y, A, centres = read_only(np.ascontiguousarray(Y), np.ascontiguousarray(A), centres)
-        _radii_numba(Y, A, centres, out)
-        return out
-    return _radii_numpy(Y, A, centres[0], centres[1:])  # pragma: no cover
-
-
 # ----------------------------------------------------------------------------- evaluation
 
 
-def _head_source_sums(
+def head_source_sums(
     sources: np.ndarray, masses: np.ndarray, A_h: np.ndarray, plan: LowRankPlan
 ) -> np.ndarray:
     """The (r, d + 1) feature sums [S_alpha, S_alpha k] of one head (local sources)."""
@@ -343,7 +249,7 @@ def _head_source_sums(
     return source_sums((dU / scale).T, W, d, plan.degree, g)
 
 
-def _head_targets(
+def head_targets(
     targets: np.ndarray, S: np.ndarray, plan: LowRankPlan
 ) -> tuple[np.ndarray, np.ndarray]:
     """log Z (m,) and mean (m, d) of one head from its feature sums S (r, d + 1)."""
@@ -353,6 +259,13 @@ def _head_targets(
     else:
         scale = math.sqrt(plan.r_u / plan.r_x) if plan.r_x > 0 and plan.r_u > 0 else 1.0
         out = target_eval(((targets - plan.x0) * scale).T, S, targets.shape[1], plan.degree)
+    return finish_targets(targets, out, plan)
+
+
+def finish_targets(
+    targets: np.ndarray, out: np.ndarray, plan: LowRankPlan
+) -> tuple[np.ndarray, np.ndarray]:
+    """log Z (m,) and mean (m, d) from the (d + 1, m) expansion values [Z, Z y-bar]."""
     Zt = out[0]
     if np.any(Zt <= 0) or not np.all(np.isfinite(out)):
         raise FloatingPointError(
@@ -362,6 +275,16 @@ def _head_targets(
     log_Z = targets @ plan.u0 + b + np.log(Zt)
     mean = (out[1:] / Zt).T
     return log_Z, mean
+
+
+def sphere_groups(plans: list[LowRankPlan]) -> dict[int, list[int]]:
+    """Heads on the sphere basis by degree: their source moments do not depend on the head,
+    so each group shares one pass over the sources and one over the targets."""
+    groups: dict[int, list[int]] = {}
+    for h, plan in enumerate(plans):
+        if plan.basis == "sphere" and plan.degree is not None:
+            groups.setdefault(plan.degree, []).append(h)
+    return groups
 
 
 def make_plans(
@@ -488,8 +411,18 @@ def lowrank_kernel_sums(
                 f"head {h}: rho = {plan.rho:.3g} is too large for a low-rank expansion to "
                 f"tolerance {tol:.1e}"
             )
-        S = _head_source_sums(sources, masses, A[h], plan)
-        log_Z[h], mean[h] = _head_targets(targets, S, plan)
+    groups = sphere_groups(plans)
+    for p, heads in groups.items():
+        M = lowrank_sphere.sphere_head_sums(sources, masses, p)
+        gs = [degree_coefficients(plans[h].rho, p, plans[h].kind) for h in heads]
+        outs = lowrank_sphere.sphere_group_targets(targets, M, [plans[h].A for h in heads], p, gs)
+        for h, out in zip(heads, outs, strict=True):
+            log_Z[h], mean[h] = finish_targets(targets, out, plans[h])
+    grouped = {h for heads in groups.values() for h in heads}
+    for h, plan in enumerate(plans):
+        if h not in grouped:
+            S = head_source_sums(sources, masses, A[h], plan)
+            log_Z[h], mean[h] = head_targets(targets, S, plan)
     return log_Z, mean
 
 
@@ -527,7 +460,7 @@ def lowrank_sums_distributed(
         raise ValueError(
             f"heads {bad}: rho too large for a low-rank expansion to tolerance {tol:.1e}"
         )
-    sums = [_head_source_sums(Y, w, A[h], plan) for h, plan in enumerate(plans)]
+    sums = [head_source_sums(Y, w, A[h], plan) for h, plan in enumerate(plans)]
     flat = np.concatenate([S.ravel() for S in sums])
     if comm is not None and comm.Get_size() > 1:
         from mpi4py import MPI
@@ -540,7 +473,7 @@ def lowrank_sums_distributed(
         S = flat[offset : offset + sums[h].size].reshape(sums[h].shape)
         offset += sums[h].size
         if S[:, 0].any() or m == 0:
-            log_Z[h], mean[h] = _head_targets(X, S, plan)
+            log_Z[h], mean[h] = head_targets(X, S, plan)
         else:
             raise ValueError("masses are all zero: Z_h = 0 and the softmax mean is undefined")
     return log_Z, mean, plans
@@ -554,13 +487,17 @@ def choose_heads(
     mode: str,
     brute: str,
     setup_once: bool = False,
+    comm: Any = None,
+    n_sources: int | None = None,
 ) -> tuple[list[HeadChoice], list[LowRankPlan]]:
     """Per head: low-rank or brute force. mode "lowrank": low-rank whenever the bound meets
     tol; mode "auto": only when it is also cheaper by the cost model, evaluated for as many
     targets as sources (the sources are global, the targets local to a rank: the choice must
-    not depend on the number of ranks). ``setup_once`` as in :func:`make_plans`."""
-    plans = make_plans(targets, sources, A, tol, setup_once=setup_once)
-    n = len(sources)
+    not depend on the number of ranks). ``setup_once`` as in :func:`make_plans`; with
+    ``comm`` the sources are this rank's share, the plans are reduced over ``comm`` and
+    ``n_sources`` is the global number of sources."""
+    plans = make_plans(targets, sources, A, tol, comm, setup_once=setup_once)
+    n = len(sources) if n_sources is None else int(n_sources)
     m = n
     choices = []
     for plan in plans:

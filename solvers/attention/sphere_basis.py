@@ -56,6 +56,7 @@ __all__ = [
     "basis_size",
     "basis_values",
     "project",
+    "project_columns",
     "quadrature",
     "quadrature_size",
 ]
@@ -427,4 +428,37 @@ def project(values: np.ndarray, p: int, d: int = 3) -> np.ndarray:
         out[:, cos_rows] = cos_part[m] @ Lm
         if m > 0:
             out[:, sin_rows] = sin_part[m] @ Lm
+    return out
+
+
+@lru_cache(maxsize=16)
+def _angle_matrix_t(p: int) -> np.ndarray:
+    """(2 (p + 1), 2p + 1): the transpose of :func:`_angle_matrix`, contiguous."""
+    return _frozen(np.ascontiguousarray(_angle_matrix(p).T))
+
+
+def project_columns(values: np.ndarray, p: int, d: int = 3) -> np.ndarray:
+    r"""Basis coefficients of functions sampled on the :func:`quadrature` grid, by columns.
+
+    ``values`` (Q, k) holds k functions at the Q quadrature points, one per column; returns
+    (b, k), equal to ``project(values.T, p, d).T`` up to rounding. The column layout keeps every
+    step a product of contiguous blocks: the angular transform is one batched product over the
+    :math:`p + 1` latitudes, and each order :math:`m` writes whole rows of the result (the
+    coupling matrices of :mod:`solvers.attention._lowrank_sphere`, built on every first call,
+    are two such projections)."""
+    values = np.asarray(values, dtype=np.float64)
+    L, groups = _projection_tables(d, p)
+    if d == 2:
+        return L @ values
+    k = values.shape[1]
+    n_phi = 2 * p + 1
+    # S[z, j, i] = sum_phi [cos, sin](m phi) f_i(z, phi), j = m (cosines) or p + 1 + m (sines)
+    spectrum = np.matmul(_angle_matrix_t(p), values.reshape(p + 1, n_phi, k))
+    spectrum = np.ascontiguousarray(spectrum.transpose(1, 0, 2))  # (2 (p + 1), p + 1, k)
+    out = np.empty((basis_size(3, p), k))
+    for m, cos_rows, sin_rows in groups:
+        Lm = L[cos_rows]  # (p + 1 - m, p + 1)
+        out[cos_rows] = Lm @ spectrum[m]
+        if m > 0:
+            out[sin_rows] = Lm @ spectrum[p + 1 + m]
     return out
