@@ -165,6 +165,16 @@ class TwoPointOperator:
             vals.extend([g, -g] if sign > 0 else [-g, g])
         return np.concatenate(vals)
 
+    def courant(self, psi: Array, tau: float, w: Array) -> float:
+        """The step's Courant number max_K tau out_K / |K| over the owned cells, out_K =
+        sum_sigma w_sigma (psi_L - psi_K)_+ the outflow rate (rank-local; psi on all local
+        cells). It bounds the off-diagonal to diagonal ratio of both diagonal blocks of the
+        sparse Jacobian (upwind transport of rho, linearised Hamilton-Jacobi term of psi)."""
+        _, pos, neg, _ = self.facet_terms(psi, psi)
+        out = np.bincount(self.L, weights=w * pos, minlength=self.n_local)
+        out += np.bincount(self.R, weights=w * neg, minlength=self.n_local)
+        return float(tau * np.max(out[: self.n] / self.meas, initial=0.0))
+
     def action(self, rho: Array, psi: Array, w: Array) -> float:
         """This rank's share of sum_sigma w_sigma rho_sigma (psi_K - psi_L)^2 (each facet once)."""
         dpsi, _, _, mob = self.facet_terms(rho, psi)

@@ -11,8 +11,9 @@ is linear in the cell masses :math:`m`, so the Hessian is the dense operator
 :math:`\mathcal{K}`. Two ways to apply it to a signed mass increment :math:`\delta m`, neither
 forming an :math:`N \times N` array:
 
-* :class:`KernelHessian` - exact kernel sums (``solvers.attention.kernel_sums``, which needs
-  masses :math:`\ge 0`): :math:`\mathcal{K}\delta m = \mathcal{K}(\delta m + \gamma |\cdot|)
+* :class:`KernelHessian` - kernel sums of the distributed masses
+  (:meth:`solvers.attention.DistributedSources.kernel_sums`, never gathered; they need masses
+  :math:`\ge 0`): :math:`\mathcal{K}\delta m = \mathcal{K}(\delta m + \gamma |\cdot|)
   - \gamma \mathcal{K}|\cdot|` with :math:`|\cdot|` the cell measures and
   :math:`\gamma = \max(0, \max_L -\delta m_L / |L|)`; :math:`\mathcal{K}|\cdot|` is computed
   once per set of heads. One kernel sum (:math:`O(N^2)`) per product.
@@ -35,8 +36,11 @@ evaluates residuals as :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)` (exact
 :math:`\rho^k` only): the solution then differs from the exact-kernel one by at most the
 checked relative error (1e-12) times :math:`|m - m^k|_1 = O(\tau)`, far below the Newton
 tolerance (``tests/test_jko.py`` compares the two to 1e-9). The basis matrix is
-:math:`R \times n_{owned}` (290 MB per rank at 81,920 cells, p = 20, one rank); above
-``MAX_BASIS_BYTES`` or ``MAX_DEGREE`` "auto" falls back to kernel sums.
+:math:`R \times n_{owned}` (290 MB at 81,920 cells, p = 20, one rank); when the basis of the
+whole mesh (:math:`R \times N` doubles) exceeds ``MAX_BASIS_BYTES``, or the degree
+``MAX_DEGREE``, "auto" falls back to kernel sums. The choice depends on the global size only,
+so every rank count solves the same discrete problem (level 7, 327,680 cells: kernel sums,
+evaluated by the attention's backend, i.e. the distributed low-rank expansion).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
 from solvers._jit import read_only
-from solvers.attention import GlobalSources, kernel_sums, sphere_basis
+from solvers.attention import DistributedSources, sphere_basis
 
 __all__ = ["ExpansionHessian", "KernelHessian", "make_hessian"]
 
@@ -110,33 +114,38 @@ class KernelHessian:
         self,
         cv: ControlVolumes,
         points: Array,
-        sources: GlobalSources,
+        sources: DistributedSources,
         A: Array,
         coef: float,
         backend: str,
     ) -> None:
         self._targets = points[: cv.n_owned]
         self._sources, self._A, self._coef, self._backend = sources, A, coef, backend
-        self._meas_all = sources.masses(cv.measures[: cv.n_owned])
-        self._ref = self._sum(self._meas_all)
+        self._comm = cv.comm
+        self._meas = np.array(cv.measures[: cv.n_owned], dtype=np.float64)
+        self._ref = self._sum(self._meas)
         self.products = 0
 
-    def _sum(self, masses_all: Array) -> Array:
-        log_Z, _ = kernel_sums(
-            self._targets, self._sources.points, masses_all, self._A, self._backend
-        )
-        return self._coef * np.exp(log_Z).sum(axis=0)
+    def _sum(self, masses_owned: Array) -> Array:
+        out = self._sources.kernel_sums(self._targets, masses_owned, self._A, self._backend)
+        return self._coef * np.exp(out.log_Z).sum(axis=0)
 
     def apply(self, dm_owned: Array) -> Array:
-        """(K dm) at the owned centres for owned signed mass increments (collective)."""
+        """(K dm) at the owned centres for owned signed mass increments (collective; the
+        sums never gather the measure: a shift by gamma times the cell measures makes the
+        masses >= 0)."""
         self.products += 1
-        dm = self._sources.masses(dm_owned)
-        gamma = max(0.0, float(np.max(-dm / self._meas_all)))
-        if not np.any(dm):
+        dm = np.asarray(dm_owned, dtype=np.float64)
+        local = np.array(
+            [max(0.0, float(np.max(-dm / self._meas, initial=0.0))), np.abs(dm).max(initial=0.0)]
+        )
+        self._comm.Allreduce(MPI.IN_PLACE, local, op=MPI.MAX)
+        gamma, size = float(local[0]), float(local[1])
+        if size == 0.0:
             return np.zeros(len(self._targets))
         if gamma == 0.0:
             return self._sum(dm)
-        return self._sum(dm + gamma * self._meas_all) - gamma * self._ref
+        return self._sum(dm + gamma * self._meas) - gamma * self._ref
 
 
 def _kernel(x: Array, y: Array, A: Array, coef: float) -> Array:
@@ -206,7 +215,7 @@ def make_hessian(
     kind: str,
     cv: ControlVolumes,
     points: Array,
-    sources: GlobalSources,
+    sources: DistributedSources,
     A: Array,
     coef: float,
     backend: str,
@@ -215,7 +224,7 @@ def make_hessian(
 ) -> KernelHessian | ExpansionHessian:
     """Build the Hessian operator: kind "kernel", "expansion" or "auto" (module docstring).
 
-    "expansion" raises ValueError if no degree <= MAX_DEGREE (within MAX_BASIS_BYTES per rank)
+    "expansion" raises ValueError if no degree <= MAX_DEGREE (its basis for the whole mesh within MAX_BASIS_BYTES)
     reaches ``tol``; "auto" then falls back to "kernel". With time-dependent heads the
     ``previous`` expansion's degree is tried first and its basis reused. Collective.
     """
@@ -227,10 +236,13 @@ def make_hessian(
         error, C = checked_expansion(cv.d, A, coef, previous.degree)
         if error <= tol:
             return ExpansionHessian(cv, points, A, C, previous.degree, error, previous.basis)
-    n_max = cv.comm.allreduce(cv.n_owned, op=MPI.MAX)
+    # the method depends on the global size only (never on the number of ranks): the stored
+    # basis of the whole mesh within MAX_BASIS_BYTES, else kernel sums (which the attention's
+    # backend evaluates by the distributed low-rank expansion where its bound allows)
+    n_total = cv.n_global
     error, degree = math.inf, 0
     for degree in range(8, MAX_DEGREE + 1, 4):
-        if n_max * sphere_basis.basis_size(cv.d, degree) * 8 > MAX_BASIS_BYTES:
+        if n_total * sphere_basis.basis_size(cv.d, degree) * 8 > MAX_BASIS_BYTES:
             break
         error, C = checked_expansion(cv.d, A, coef, degree)
         if error <= tol:
