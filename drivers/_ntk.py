@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -107,6 +108,21 @@ class FeatureLoss:
     def first_variation(self, points: Array, all_points: Array, all_masses: Array) -> Array:
         r""":math:`p(T, c_i) = \sum_j r_j \phi_j(c_i)`."""
         return self.residual(all_points, all_masses) @ self._phi(points)
+
+    def distributed_value(self, comm: Any, points: Array, masses: Array) -> float:
+        """L of the measure distributed over the ranks (each its own points and masses): one
+        Allreduce of the feature integrals, identical on every rank (collective)."""
+        r = self._distributed_residual(comm, points, masses)
+        return float(0.5 * r @ r)
+
+    def distributed_first_variation(self, comm: Any, points: Array, masses: Array) -> Array:
+        r""":math:`p(T, c_i) = \sum_j r_j \phi_j(c_i)` at this rank's points (collective)."""
+        return self._distributed_residual(comm, points, masses) @ self._phi(points)
+
+    def _distributed_residual(self, comm: Any, points: Array, masses: Array) -> Array:
+        local = self._phi(np.asarray(points, dtype=np.float64)) @ np.asarray(masses, float)
+        total = local.copy() if comm is None else np.asarray(comm.allreduce(local))
+        return total - self.y
 
     def constant(self) -> float:
         return 0.0

@@ -306,11 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         setup["model"].forward(runs["nondegenerate"].weights[-1], setup["loss"]).masses
     )
     lengths = sources.masses(cv.measures[:n])
+    points_all = sources.points  # collective: gathered on every rank
     if comm.rank == 0:
         experiment.write_summary(args.out, summary)
         write_final(
             args.out / "final.npz",
-            sources.points,
+            points_all,
             lengths,
             masses / lengths,
             float(steps),

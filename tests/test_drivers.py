@@ -267,6 +267,8 @@ def test_driver_independent_of_ranks(name: str):
     assert serial, "the registry lists no final.npz to compare"
     for a, b in zip(serial, parallel, strict=True):
         fa, fb = np.load(a), np.load(b)
-        np.testing.assert_array_equal(fa["points"], fb["points"])
+        # cell centres agree bitwise; particles moved by the attention agree to rounding (the
+        # kernel sums are reduced over the ranks in a partition-dependent order)
+        np.testing.assert_allclose(fb["points"], fa["points"], rtol=1e-12, atol=1e-14)
         assert float(fa["t"]) == float(fb["t"])
         np.testing.assert_allclose(fb["density"], fa["density"], rtol=1e-12, atol=1e-14)

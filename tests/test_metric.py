@@ -239,7 +239,8 @@ def test_ranks_agree_with_serial():
         ser = metric_diagnostics(attn, heads, x, m, None)
         for key in ("G2", "slope2", "dissipation", "slope_defect", "uphill_mass", "mass"):
             assert getattr(par, key) == pytest.approx(getattr(ser, key), rel=1e-12, abs=1e-15)
-        assert par.min_cosine == ser.min_cosine
+        # the sums are reduced over the ranks (not gathered): rounding, not bitwise
+        assert par.min_cosine == pytest.approx(ser.min_cosine, rel=1e-12)
 
 
 # ------------------------------------------------------------------ JKO: which flow it solves

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import resource
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -86,6 +87,11 @@ METRIC_COLUMNS = [
     "ksp_its",
     "halvings",
 ]
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (``ru_maxrss``, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 @dataclass(frozen=True)
@@ -147,8 +153,12 @@ class Recorder:
         if self.velocity["notice"] and comm.rank == 0:  # one line, whatever the verbosity
             print(f"[transformer-pde] notice: {self.velocity['notice']}", file=sys.stderr)
         self.budget = None
+        self._peak_rss: list[float] | None = None  # per rank, gathered at the end
         if o["edi"]:
-            backend = "numpy" if cfg["attention"]["backend"] == "numpy" else None
+            # the attention's own path: brute force stays brute force, "auto"/"lowrank" give
+            # budget records at about the cost of one velocity evaluation (with a bound)
+            chosen = cfg["attention"]["backend"]
+            backend = chosen if chosen in ("numpy", "auto", "lowrank") else None
             self.budget = EnergyBudget(backend)
         weight_columns = list(self.weights.diagnostics(0.0))
         self.columns = METRIC_COLUMNS + (list(EDI_COLUMNS) if self.budget else []) + weight_columns
@@ -343,6 +353,7 @@ class Recorder:
         comm = self.comm
         final_density = self.gathered.gather(self.density)
         rows = self.metrics.rows
+        self._peak_rss = comm.gather(peak_rss_mb(), root=0)
         if comm.rank == 0:
             g = self.gathered
             write_final(self.out / "final.npz", g.points, g.weights, final_density, self.t)
@@ -377,12 +388,20 @@ class Recorder:
             "versions": library_versions(),
             "ranks": self.comm.size,
             "wall_time_s": wall,
+            "peak_rss_mb_per_rank": self._peak_rss,
             "steps": scheme.steps,
             "t_final": self.t,
             "final_metrics": self.metrics.rows[-1] if self.metrics.rows else {},
             "mesh": self.problem.quality.as_dict(),
             "edi": (
-                {"every": self.edi_every, "intervals": budget.n_intervals}
+                {
+                    "every": self.edi_every,
+                    "intervals": budget.n_intervals,
+                    "backend": budget.backend,
+                    # largest a-priori bound of a low-rank kernel sum in the budget (0: brute
+                    # force); each recorded energy is within bound * |E| of the exact one
+                    "kernel_sum_bound": budget.bound,
+                }
                 if budget is not None
                 else None
             ),

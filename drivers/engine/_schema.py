@@ -164,7 +164,8 @@ KEYS: tuple[Key, ...] = (
     Key("output", "checkpoint_every", "integer", 0,
         "checkpoint every k-th step for --restart (0: off)"),
     Key("output", "edi", "boolean", True,
-        "the energy-dissipation budget: its columns in metrics.csv and edi.png"),
+        "the energy-dissipation budget: its columns in metrics.csv and edi.png (kernel sums "
+        "by the attention backend; the bound of low-rank sums in summary.json)"),
     Key("output", "edi_every", "integer", 0,
         "add the state to the budget every k-th step and at every output and checkpoint "
         "(0: with the outputs only)"),

@@ -11,11 +11,15 @@ when the two differ). The sums are brute force (compiled numba kernel,
 log-sum-exp stabilised, in blocks) or a low-rank expansion with an a-priori error bound,
 chosen per head (backend "auto").
 
-Modules: ``_attention`` (Head, Attention, diagnostics), ``_gradient`` (the energy gradient,
+Modules: ``_attention`` (Head, Attention, kernel_sums), ``_measure`` (measure_diagnostics,
+gather_measure), ``_checks`` (input validation), ``_gradient`` (the energy gradient,
 the mobility b and the gradient velocity), ``_kernels`` (brute-force kernel sums),
 ``_lowrank*`` (the low-rank expansion: plans, bounds, cost model, monomial features, sphere
 basis evaluation), :mod:`solvers.attention.sphere_basis` (orthonormal polynomial bases and exact
-quadratures on S^1 and S^2, also used by the JKO Hessian), ``_sources`` (the MPI gather).
+quadratures on S^1 and S^2, also used by the JKO Hessian), ``_distributed`` (kernel sums of a
+distributed measure without gathering it: :class:`DistributedSources`, the one interface the
+schemes and diagnostics use), ``_sources`` (:class:`GlobalSources`: distributed sources of a
+mesh, plus gathering accessors for callers that need the whole measure).
 """
 
 from solvers.attention import sphere_basis
@@ -25,11 +29,15 @@ from solvers.attention._attention import (
     Attention,
     AttentionField,
     Head,
-    MeasureDiagnostics,
-    gather_measure,
     kernel_sums,
     kernel_sums_with_choice,
-    measure_diagnostics,
+)
+from solvers.attention._distributed import (
+    DistributedSources,
+    KernelSums,
+    distributed_kernel_sums,
+    merge_partial_sums,
+    ring_pass,
 )
 from solvers.attention._gradient import (
     VELOCITY_MODELS,
@@ -39,6 +47,7 @@ from solvers.attention._gradient import (
 )
 from solvers.attention._kernels import HAVE_NUMBA
 from solvers.attention._lowrank import HeadChoice
+from solvers.attention._measure import MeasureDiagnostics, gather_measure, measure_diagnostics
 from solvers.attention._sources import GlobalSources
 
 __all__ = [
@@ -48,16 +57,21 @@ __all__ = [
     "VELOCITY_MODELS",
     "Attention",
     "AttentionField",
+    "DistributedSources",
     "EnergyGradient",
     "GlobalSources",
     "Head",
     "HeadChoice",
+    "KernelSums",
     "MeasureDiagnostics",
+    "distributed_kernel_sums",
     "gather_measure",
     "kernel_sums",
     "energy_gradient_from_sums",
     "kernel_sums_with_choice",
     "measure_diagnostics",
+    "merge_partial_sums",
+    "ring_pass",
     "sphere_basis",
     "velocity_mismatch",
 ]

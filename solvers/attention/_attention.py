@@ -26,27 +26,11 @@ The sums :math:`Z_h, \bar y_h` are evaluated by :func:`kernel_sums` (log-sum-exp
 float64, blocked: no target-by-source array), with a compiled numba backend and a blocked numpy
 reference (:mod:`solvers.attention._kernels`), or per head by a low-rank expansion with an
 a-priori error bound (:mod:`solvers.attention._lowrank`, backends "lowrank" and "auto"). In
-parallel, every rank gathers the whole measure with :func:`gather_measure` (``Allgatherv``,
-:math:`O(N)` memory) and evaluates its own targets.
+parallel the ``sources`` may be a :class:`~solvers.attention._distributed.DistributedSources`
+(this rank's own points) with this rank's masses: the sums then never gather the measure
+(module ``_distributed``).
 
-Diagnostics (docs/model.md, M1, gradient-flow structure when :math:`V_h = Q_h^T K_h` is symmetric),
-computed by :func:`measure_diagnostics` for :math:`\mu = \sum_i m_i \delta_{x_i}`:
-
-.. math::
-
-    E = \frac{1}{2 \beta H} \sum_h \sum_i m_i Z_h(x_i), \qquad
-    b(x) = \Big[\frac{1}{H} \sum_h \frac{1}{Z_h(x)}\Big]^{-1}, \qquad
-    G^2 = \sum_i m_i |X(x_i)|^2 b(x_i),
-
-    \mathcal{D} = \sum_i m_i \Big\langle \frac{1}{H} \sum_h Z_h(x_i) P_{x_i} a_h(x_i),
-    X(x_i) \Big\rangle.
-
-:math:`\mathcal{D}` is the exact rate :math:`\frac{d}{dt} E` along the flow for frozen symmetric
-weights (:math:`\nabla_x Z_h = \beta Z_h a_h` then). For :math:`H = 1`, :math:`b = Z` and
-:math:`X = s P a`, so :math:`\mathcal{D} = s\, G^2`: equal to :math:`G^2` for :math:`s = +1`,
-to :math:`-G^2` for :math:`s = -1` (the energy then decreases at rate :math:`G^2`).
-With ``velocity_model="gradient"`` the velocity is :math:`X = s \nabla_S(\delta E/\delta\mu)/b`
-instead, in :meth:`Attention.evaluate` and in :math:`G^2, \mathcal{D}` (module ``_gradient``).
+Diagnostics of a measure (energy, G^2, dissipation): module ``_measure``.
 """
 
 from __future__ import annotations
@@ -60,6 +44,11 @@ import numpy as np
 
 from solvers.attention import _kernels as kernels
 from solvers.attention import _lowrank as lowrank
+from solvers.attention._checks import as_masses as _as_masses
+from solvers.attention._checks import as_matrix as _as_matrix
+from solvers.attention._checks import check_tolerance as _check_tolerance
+from solvers.attention._checks import normalised_head_weights as _head_weights
+from solvers.attention._distributed import DistributedSources
 from solvers.attention._gradient import EnergyGradient, check_velocity_model, heads_energy_gradient
 
 __all__ = [
@@ -67,11 +56,8 @@ __all__ = [
     "Attention",
     "AttentionField",
     "Head",
-    "MeasureDiagnostics",
-    "gather_measure",
     "kernel_sums",
     "kernel_sums_with_choice",
-    "measure_diagnostics",
 ]
 
 BACKENDS = ("auto", "brute", "lowrank", "numba", "numpy")
@@ -92,37 +78,6 @@ def _resolve_backend(backend: str) -> str:
 
 def _brute_name() -> str:
     return "numba" if kernels.HAVE_NUMBA else "numpy"
-
-
-def _check_tolerance(tolerance: Any) -> float:
-    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float | np.number):
-        raise ValueError(f"tolerance must be a real number, got {tolerance!r}")
-    if not (0 < tolerance < 1):
-        raise ValueError(f"tolerance must lie in (0, 1), got {tolerance!r}")
-    return float(tolerance)
-
-
-def _as_matrix(name: str, value: Any, d: int | None = None) -> np.ndarray:
-    """A finite float64 (n, d) array (a copy when the input is not already one)."""
-    a = np.asarray(value, dtype=np.float64)
-    if a.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D (n, d) array, got shape {a.shape}")
-    if d is not None and a.shape[1] != d:
-        raise ValueError(f"{name} must have {d} columns (the dimension d), got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{name} contains non-finite values")
-    return a
-
-
-def _as_masses(name: str, value: Any, n: int) -> np.ndarray:
-    w = np.asarray(value, dtype=np.float64)
-    if w.shape != (n,):
-        raise ValueError(f"{name} must have shape ({n},) to match the points, got {w.shape}")
-    if not np.all(np.isfinite(w)):
-        raise ValueError(f"{name} contains non-finite values")
-    if np.any(w < 0):
-        raise ValueError(f"{name} must be >= 0, got minimum {w.min():.3e}")
-    return w
 
 
 @dataclass(frozen=True, eq=False)
@@ -356,6 +311,12 @@ class Attention:
         return self._tolerance
 
     @property
+    def frozen_heads(self) -> bool:
+        """Whether the heads are declared constant over the run (only the choice of method
+        depends on it)."""
+        return self._frozen_heads
+
+    @property
     def velocity_model(self) -> str:
         """The velocity :meth:`evaluate` returns: "attention" or "gradient"."""
         return self._velocity_model
@@ -376,18 +337,38 @@ class Attention:
                 raise ValueError(f"heads[{h}] is a {type(head).__name__}, not a Head")
             if d is not None and head.d != d:
                 raise ValueError(f"heads[{h}] acts on R^{head.d} but the points are in R^{d}")
-        return np.stack([self._beta * head.Q.T @ head.K for head in heads])
+        return np.stack([self._beta * (head.Q.T @ head.K) for head in heads])
+
+    def sums(
+        self, targets: np.ndarray, sources: Any, masses: Any, A: np.ndarray, reuse: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, tuple[lowrank.HeadChoice, ...]]:
+        """log Z (H, m), means (H, m, d) and the choices for matrices A (H, d, d), by this
+        attention's backend and tolerance. ``sources``: (n, d) gathered points with (n,)
+        masses, or a :class:`DistributedSources` with this rank's own masses (no gather;
+        ``reuse`` keeps repeated evaluations of one state, module ``_distributed``)."""
+        if isinstance(sources, DistributedSources):
+            out = sources.kernel_sums(
+                targets,
+                masses,
+                A,
+                self._backend,
+                self._tolerance,
+                frozen_heads=self._frozen_heads,
+                reuse=reuse,
+            )
+            return out.log_Z, out.mean, out.choices
+        return kernel_sums_with_choice(
+            targets, sources, masses, A, self._backend, self._tolerance, self._frozen_heads
+        )
 
     def _head_outputs(
-        self, targets: Any, sources: Any, masses: Any, heads: Sequence[Head]
+        self, targets: Any, sources: Any, masses: Any, heads: Sequence[Head], reuse: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Validated targets, log_Z (H, m), mean (H, m, d), projected outputs P a_h (H, m, d)."""
         X = _as_matrix("targets", targets)
         d = X.shape[1]
         A = self.attention_matrices(heads, d)
-        log_Z, mean, choice = kernel_sums_with_choice(
-            X, sources, masses, A, self._backend, self._tolerance, self._frozen_heads
-        )
+        log_Z, mean, choice = self.sums(X, sources, masses, A, reuse)
         self.last_choice = choice
         V = np.stack([head.V for head in heads])
         a = np.einsum("hkl,hil->hik", V, mean)
@@ -451,144 +432,16 @@ class Attention:
         masses: np.ndarray,
         heads: Sequence[Head],
         head_weights: np.ndarray | None = None,
+        reuse: bool = False,
     ) -> EnergyGradient:
         r""":math:`\nabla_S\, \delta E/\delta\mu`, :math:`b` and both velocities at the targets.
 
         Arguments as :meth:`evaluate`; formulas in :mod:`solvers.attention._gradient` (one more
         kernel sum, with :math:`\beta M_h^T`, for heads whose :math:`Q_h^T K_h` is not symmetric).
+        ``reuse``: keep repeated evaluations of one state (distributed sources only, see
+        :meth:`sums`).
         """
-        X, log_Z, mean, _ = self._head_outputs(targets, sources, masses, heads)
-        opts = (self._backend, self._tolerance, self._frozen_heads)
-        sums = lambda B: kernel_sums_with_choice(X, sources, masses, B, *opts)[:2]  # noqa: E731
+        X, log_Z, mean, _ = self._head_outputs(targets, sources, masses, heads, reuse)
+        sums = lambda B: self.sums(X, sources, masses, B, reuse)[:2]  # noqa: E731
         hw = _head_weights(head_weights, len(heads))
         return heads_energy_gradient(self, X, log_Z, mean, sums, heads, hw)
-
-
-def _head_weights(head_weights: Any, H: int) -> np.ndarray | None:
-    """None (uniform 1/H), or the (H,) weights >= 0 normalised to sum 1."""
-    if head_weights is None:
-        return None
-    w = np.asarray(head_weights, dtype=np.float64)
-    if w.shape != (H,):
-        raise ValueError(f"head_weights must have shape ({H},) (one per head), got {w.shape}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0):
-        raise ValueError("head_weights must be finite and >= 0")
-    total = math.fsum(w)
-    if total <= 0:
-        raise ValueError("head_weights are all zero")
-    return w / total
-
-
-def _comm_size(comm: Any) -> int:
-    return 1 if comm is None else comm.Get_size()
-
-
-def gather_measure(
-    comm: Any, points: np.ndarray, masses: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    r"""All ranks' (point, mass) pairs on every rank, ordered by rank (``Allgatherv``).
-
-    Args:
-        comm: an mpi4py communicator, or None (serial).
-        points: (n_local, d) this rank's points (n_local may be 0; d the same on every rank).
-        masses: (n_local,) their masses, >= 0.
-
-    Returns:
-        ``(points_all, masses_all)``: (N, d) and (N,), :math:`N = \sum_r n_r`: new arrays
-        (copies when serial).
-
-    Raises:
-        ValueError: on every rank when the input on any rank is invalid (no rank is left
-            waiting).
-    """
-    error = None
-    try:
-        P = _as_matrix("points", points)
-        w = _as_masses("masses", masses, P.shape[0])
-    except ValueError as exc:
-        error = str(exc)
-    if _comm_size(comm) == 1:
-        if error is not None:
-            raise ValueError(error)
-        return P.copy(), w.copy()
-    local = (error, None if error else P.shape)
-    infos = comm.allgather(local)
-    errors = [f"rank {r}: {e}" for r, (e, _) in enumerate(infos) if e is not None]
-    if errors:
-        raise ValueError("gather_measure: " + "; ".join(errors))
-    dims = {shape[1] for _, shape in infos}
-    if len(dims) != 1:
-        raise ValueError(f"gather_measure: points have different dimensions on the ranks: {dims}")
-    d = dims.pop()
-    counts = np.array([shape[0] for _, shape in infos], dtype=np.int64)
-    points_all = np.empty((int(counts.sum()), d))
-    masses_all = np.empty(int(counts.sum()))
-    comm.Allgatherv(np.ascontiguousarray(P), [points_all, counts * d])
-    comm.Allgatherv(np.ascontiguousarray(w), [masses_all, counts])
-    return points_all, masses_all
-
-
-@dataclass(frozen=True)
-class MeasureDiagnostics:
-    r"""Energy :math:`E`, :math:`G^2`, dissipation :math:`\mathcal{D}` and mass (see the module)."""
-
-    energy: float
-    G2: float
-    dissipation: float
-    mass: float
-
-
-def measure_diagnostics(
-    attention: Attention,
-    heads: Sequence[Head],
-    points_local: np.ndarray,
-    masses_local: np.ndarray,
-    comm: Any,
-    sources: np.ndarray | None = None,
-    masses_all: np.ndarray | None = None,
-    head_weights: np.ndarray | None = None,
-) -> MeasureDiagnostics:
-    r"""Energy, :math:`G^2`, dissipation and mass of :math:`\mu = \sum_i m_i \delta_{x_i}`.
-
-    The measure is distributed: rank r holds points_local (n_r, d) and masses_local (n_r,).
-    The kernel sums use ``sources``/``masses_all`` (the whole measure; gathered from the local
-    parts with :func:`gather_measure` when both are None) and are evaluated at the local points;
-    the local sums over :math:`i` are then combined over the ranks in rank order with
-    ``math.fsum`` (an allgather, not an allreduce), so every rank gets the identical value.
-    Formulas in the module docstring; with ``head_weights`` (H,) (normalised to sum 1) the
-    weights :math:`w_h` replace :math:`1/H` in :math:`X`, :math:`E`, :math:`b` and
-    :math:`\mathcal{D}`. Collective: call it on every rank of ``comm``.
-    """
-    if (sources is None) != (masses_all is None):
-        raise ValueError("pass both sources and masses_all, or neither")
-    if sources is None:
-        sources, masses_all = gather_measure(comm, points_local, masses_local)
-    X, log_Z, _, Pa = attention._head_outputs(points_local, sources, masses_all, heads)
-    w = _as_masses("masses_local", masses_local, X.shape[0])
-    H = len(heads)
-    hw = _head_weights(head_weights, H)
-    Z = np.exp(log_Z)
-    if hw is None:
-        velocity = (attention.sign / H) * Pa.sum(axis=0)
-        b = 1.0 / np.mean(np.exp(-log_Z), axis=0)
-        drift = np.einsum("hi,hik->ik", Z, Pa) / H  # (1/H) sum_h Z_h P a_h
-        energy = np.sum(w * Z.sum(axis=0)) / (2.0 * attention.beta * H)
-    else:
-        velocity = attention.sign * np.einsum("h,hik->ik", hw, Pa)
-        b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
-        drift = np.einsum("h,hi,hik->ik", hw, Z, Pa)  # sum_h w_h Z_h P a_h
-        energy = np.sum(w * (hw @ Z)) / (2.0 * attention.beta)
-    if attention.velocity_model == "gradient":  # the drift keeps V_h (= M_h: the gradient)
-        grad = attention.energy_gradient(X, sources, masses_all, heads, head_weights)
-        velocity = grad.gradient_velocity
-    partial = np.array(
-        [
-            energy,
-            np.sum(w * np.einsum("ik,ik->i", velocity, velocity) * b),
-            np.sum(w * np.einsum("ik,ik->i", drift, velocity)),
-            np.sum(w),
-        ]
-    )
-    parts = [partial] if _comm_size(comm) == 1 else comm.allgather(partial)
-    energy, G2, dissipation, mass = (math.fsum(p[q] for p in parts) for q in range(4))
-    return MeasureDiagnostics(energy=energy, G2=G2, dissipation=dissipation, mass=mass)

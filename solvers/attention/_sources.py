@@ -1,10 +1,11 @@
-"""The quadrature points of a distributed measure, gathered in a rank-independent order.
+"""The sources of a mesh-based distributed measure (cell centres with their original index).
 
-Every velocity evaluation sums over all sources; under MPI each rank holds the cells it owns.
-:class:`GlobalSources` gathers the static points once (``Allgatherv``) and, per evaluation,
-only the masses, permuted into the original (input) cell order, so that every kernel sum runs
-over the sources in the same order on any number of ranks (results independent of the
-number of ranks). Memory O(N) per rank.
+:class:`GlobalSources` is a :class:`~solvers.attention._distributed.DistributedSources` (kernel
+sums without gathering: low-rank moments reduced with one ``Allreduce``, brute force by a ring
+pass of source blocks) that also remembers each point's original (input) index. For callers
+that need the whole measure on every rank it keeps the old accessors: :attr:`points` (all
+points in original-index order, gathered on first use, then cached: O(N) memory from then on)
+and :meth:`masses` (all masses in that order, one ``Allgatherv`` per call).
 """
 
 from __future__ import annotations
@@ -15,29 +16,29 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
+from solvers.attention._distributed import DistributedSources
+
 __all__ = ["GlobalSources"]
 
 Array = npt.NDArray[np.float64]
 
 
-class GlobalSources:
-    """The quadrature points of all ranks in a rank-independent (original index) order.
+class GlobalSources(DistributedSources):
+    """The owned cell centres of all ranks, with their original (input) index.
 
-    Cell centres are static, so they are gathered once; each evaluation only gathers the
-    masses (Allgatherv of n doubles) and permutes them into original-index order, so the
-    kernel sums run in the same order for any number of ranks.
+    Args:
+        comm: mpi4py communicator.
+        points: (n_r, d) this rank's owned points.
+        original_index: (n_r,) their original indices (a permutation of 0..N-1 over the ranks).
     """
 
     def __init__(self, comm: MPI.Comm, points: Array, original_index: npt.NDArray[np.int64]):
-        self.comm = comm
-        n_local = len(points)
-        self._counts = np.array(comm.allgather(n_local), dtype=np.int64)
+        super().__init__(comm, points)
+        self.original_index = np.asarray(original_index, dtype=np.int64)
+        self._counts = np.array(comm.allgather(self.n_local), dtype=np.int64)
         self._displs = np.concatenate([[0], np.cumsum(self._counts)[:-1]])
-        index = self._gather(np.asarray(original_index, dtype=np.float64))
-        self._order = np.argsort(index, kind="stable")
-        d = points.shape[1]
-        pts = np.column_stack([self._gather(np.ascontiguousarray(points[:, k])) for k in range(d)])
-        self.points = np.ascontiguousarray(pts[self._order])
+        self._order: npt.NDArray[np.int64] | None = None
+        self._points: Array | None = None
 
     def _gather(self, values: Array) -> Array:
         out = np.empty(int(self._counts.sum()), dtype=np.float64)
@@ -47,6 +48,22 @@ class GlobalSources:
         )
         return out
 
+    def _ensure_order(self) -> npt.NDArray[np.int64]:
+        if self._order is None:
+            index = self._gather(self.original_index.astype(np.float64))
+            self._order = np.argsort(index, kind="stable")
+        return self._order
+
+    @property
+    def points(self) -> Array:
+        """All points in original-index order (gathered on first use; collective then)."""
+        if self._points is None:
+            order = self._ensure_order()
+            d = self.local_points.shape[1]
+            cols = [self._gather(np.ascontiguousarray(self.local_points[:, k])) for k in range(d)]
+            self._points = np.ascontiguousarray(np.column_stack(cols)[order])
+        return self._points
+
     def masses(self, local_masses: Array) -> Array:
-        """All masses, in the order of ``points``."""
-        return self._gather(local_masses)[self._order]
+        """All masses, in the order of :attr:`points` (one ``Allgatherv``; collective)."""
+        return self._gather(local_masses)[self._ensure_order()]

@@ -85,10 +85,11 @@ So pathwise :math:`\Delta E = \int \mathcal D + \text{int\_dtE}` + quadrature er
 expectation :math:`\mathbb E \Delta E = \mathbb E[\int \mathcal D + \text{drift} + \text{Ito}]`
 + :math:`O(\Delta)` + quadrature error.
 
-Parallel. :meth:`EnergyBudget.record` is collective: it gathers the measure once
-(:func:`~solvers.attention.gather_measure`), evaluates the kernel sums at the local points and
-adds the per-rank partial sums in rank order (an allgather), so every rank holds identical
-values. It only sees states: any scheme (finite volumes: cell centres and cell masses;
+Parallel. :meth:`EnergyBudget.record` is collective: it never gathers the measure (the kernel
+sums at the local points go through :class:`~solvers.attention.DistributedSources`; with the
+backend "auto" the low-rank expansion where its bound meets the attention's tolerance, and the
+largest bound used is :attr:`EnergyBudget.bound`) and adds the per-rank partial sums in rank
+order (an allgather), so every rank holds identical values. It only sees states: any scheme (finite volumes: cell centres and cell masses;
 particles; JKO). :meth:`EnergyBudget.checkpoint_state` and :meth:`EnergyBudget.resume` carry
 a budget across a checkpoint/restart (``transformer-pde run``: the columns of metrics.csv).
 
@@ -106,7 +107,7 @@ from typing import Any
 
 import numpy as np
 
-from solvers.attention import Attention, gather_measure
+from solvers.attention import Attention, DistributedSources
 from solvers.diagnostics._energy import (
     EnergyDerivatives,
     brute_force_backend,
@@ -256,8 +257,7 @@ class _State:
     head_energies: np.ndarray
     points: np.ndarray
     masses: np.ndarray
-    sources: np.ndarray
-    masses_all: np.ndarray
+    sources: DistributedSources
     moving: bool  # the matrices depend on time (dM/dt known)
 
 
@@ -277,12 +277,16 @@ class EnergyBudget:
     give an exact martingale, with a larger ``dtE_remainder`` (O(h^{1/2}) for spacing h).
 
     Args:
-        backend: brute-force kernel backend of the budget, None (numba when importable) or
-            "numpy" (faster for a few hundred points on a busy machine).
+        backend: kernel backend of the budget: None (brute force, numba when importable),
+            "numpy" (faster for a few hundred points on a busy machine), or "auto"/"lowrank":
+            the attention's fast path (per head the low-rank expansion when its a-priori bound
+            meets ``attention.tolerance``; a record then costs about one velocity evaluation).
+            :attr:`bound` is the largest bound used so far (0.0: all brute force).
     """
 
     def __init__(self, backend: str | None = None) -> None:
         self.backend = brute_force_backend(backend)
+        self.bound = 0.0
         self._anchor: np.ndarray | None = None
         self._state: _State | None = None
         self._t0, self._energy0 = math.nan, math.nan
@@ -312,7 +316,7 @@ class EnergyBudget:
         """The diagnostics and weight derivatives of the state at time t (collective)."""
         points = np.array(points_local, dtype=np.float64)
         masses = np.array(masses_local, dtype=np.float64)
-        sources, masses_all = gather_measure(comm, points, masses)
+        sources = DistributedSources(comm, points)
         M, V, hw, rate = _weight_matrices(weights, t)
         ou = _is_ou(weights) and float(weights.sigma) > 0.0
         der = energy_derivatives(
@@ -323,11 +327,11 @@ class EnergyBudget:
             comm,
             values=V,
             sources=sources,
-            masses_all=masses_all,
             second=ou,
             backend=self.backend,
             head_weights=hw,
         )
+        self.bound = max(self.bound, der.bound)
         drift_rate = 0.0 if rate is None else float(np.sum(der.gradient * rate))
         ito_rate = 0.0
         if ou:
@@ -342,7 +346,6 @@ class EnergyBudget:
             points,
             masses,
             sources,
-            masses_all,
             rate is not None,
         )
 
@@ -384,7 +387,6 @@ class EnergyBudget:
                 prev.masses,
                 comm,
                 sources=prev.sources,
-                masses_all=prev.masses_all,
                 backend=self.backend,
                 head_weights=state.hw,
             )
@@ -395,7 +397,6 @@ class EnergyBudget:
                 state.masses,
                 comm,
                 sources=state.sources,
-                masses_all=state.masses_all,
                 backend=self.backend,
                 head_weights=prev.hw,
             )
@@ -435,6 +436,7 @@ class EnergyBudget:
             "edi_sums": np.array([self._sums[k] for k in _SUMMED], dtype=np.float64),
             "edi_n_intervals": np.int64(self.n_intervals),
             "edi_anchor": np.array(self._anchor, dtype=np.float64),
+            "edi_bound": np.float64(self.bound),
         }
 
     def resume(
@@ -450,6 +452,7 @@ class EnergyBudget:
         ``saved["edi_t"]`` (the latest record before the checkpoint was taken)."""
         t = float(saved["edi_t"])
         self._state = self._evaluate(t, points_local, masses_local, weights, attention, comm)
+        self.bound = max(self.bound, float(saved.get("edi_bound", 0.0)))
         self._t0, self._energy0 = float(saved["edi_t0"]), float(saved["edi_energy0"])
         self._sums = {k: float(v) for k, v in zip(_SUMMED, saved["edi_sums"], strict=True)}
         self.n_intervals = int(saved["edi_n_intervals"])

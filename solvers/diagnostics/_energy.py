@@ -46,9 +46,20 @@ expected second variation is (:func:`noise_contraction`)
 and :math:`\tfrac{\sigma^2}{2}` times it is the Ito correction rate of
 :math:`dD = (I - D)dt + \sigma\, dW_{\rm sym}` (the budget of ``_edi``).
 
-Parallel. Every function here is collective: the kernel sums are evaluated at the local points
-against the gathered measure (:func:`~solvers.attention.gather_measure`), and the per-rank
-partial sums are added in rank order (an allgather), so every rank holds identical values.
+Kernel sums. By default (``backend`` None, "numba" or "numpy") brute force, accurate to
+rounding. With ``backend`` "auto" or "lowrank" they take the attention's fast path
+(:func:`~solvers.attention.distributed_kernel_sums`: per head the low-rank expansion when its
+a-priori bound meets ``attention.tolerance`` and it is cheaper) and
+:attr:`EnergyDerivatives.bound` reports the largest bound used: the relative error of every
+:math:`Z_h` is at most half of it, so :math:`|\tilde E - E| \le` ``bound`` :math:`\cdot E`,
+and the softmax means are within ``bound`` :math:`\cdot \max |y|`.
+
+Parallel. Every function here is collective. The measure is never gathered unless the caller
+passes gathered arrays: the sums are evaluated at the local points by
+:class:`~solvers.attention.DistributedSources` (low-rank moments reduced with one
+``Allreduce``, or brute force by a ring pass of source blocks; a repeated evaluation of the same
+state is reused), and the per-rank partial sums are added in rank order (an allgather), so
+every rank holds identical values.
 """
 
 from __future__ import annotations
@@ -61,8 +72,8 @@ import numpy as np
 from solvers.attention import (
     HAVE_NUMBA,
     Attention,
+    DistributedSources,
     energy_gradient_from_sums,
-    gather_measure,
     kernel_sums,
 )
 
@@ -86,23 +97,46 @@ def _ordered_sum(comm: Any, partial: np.ndarray) -> np.ndarray:
     return total
 
 
+#: The kernel-sum backends of the diagnostics: brute force, or the attention's fast path.
+DIAGNOSTIC_BACKENDS = (None, "numba", "numpy", "auto", "lowrank")
+
+
 def brute_force_backend(backend: str | None) -> str:
-    """A brute-force kernel backend: "numba" (when importable) unless "numpy" is asked.
+    """The kernel backend of the diagnostics: "numba" (when importable) for None, "numpy" when
+    asked or without numba; "auto" and "lowrank" (the fast path) are kept.
 
     Args:
-        backend: None, "numba" or "numpy".
+        backend: one of :data:`DIAGNOSTIC_BACKENDS`.
 
     Returns:
-        "numba" or "numpy".
+        "numba", "numpy", "auto" or "lowrank".
 
     Raises:
         ValueError: for any other ``backend``.
     """
-    if backend not in (None, "numba", "numpy"):
-        raise ValueError(f"backend must be None, 'numba' or 'numpy', got {backend!r}")
+    if backend not in DIAGNOSTIC_BACKENDS:
+        raise ValueError(f"backend must be one of {DIAGNOSTIC_BACKENDS}, got {backend!r}")
+    if backend in ("auto", "lowrank"):
+        return backend
     if backend == "numpy" or not HAVE_NUMBA:
         return "numpy"
     return "numba"
+
+
+def _distributed(
+    comm: Any, points_local: Any, masses_local: Any, sources: Any, masses_all: Any
+) -> tuple[Any, np.ndarray]:
+    """(sources, masses) for the sums: gathered arrays as given, else distributed sources."""
+    if isinstance(sources, DistributedSources):
+        if masses_all is not None:
+            raise ValueError("with DistributedSources pass masses_all=None (the local masses)")
+        return sources, np.asarray(masses_local, dtype=np.float64)
+    if (sources is None) != (masses_all is None):
+        raise ValueError("pass both sources and masses_all, or neither")
+    if sources is None:
+        points = np.asarray(points_local, dtype=np.float64)
+        return DistributedSources(comm, points), np.asarray(masses_local, dtype=np.float64)
+    return sources, masses_all
 
 
 def _moments(
@@ -113,17 +147,28 @@ def _moments(
     masses_all: np.ndarray,
     second: bool,
     backend: str | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    r"""log Z_h (H, m), \bar y_h (H, m, d) and, if ``second``, \bar S_h (H, m, d, d).
+    A: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
+    r"""log Z_h (H, m), \bar y_h (H, m, d), if ``second`` \bar S_h (H, m, d, d), and the
+    a-priori bound of the low-rank heads (0.0: all brute force, accurate to rounding).
 
-    Always brute force (accurate to rounding; ``backend`` picks numba or numpy), whatever the
-    attention's own backend: the budget compares energies to many digits.
+    ``backend`` as :func:`brute_force_backend`; "auto"/"lowrank" use ``attention.tolerance``.
+    The kernel matrices are ``A`` when given, else :math:`\beta M_h`.
     """
     backend = brute_force_backend(backend)
-    A = attention.beta * np.asarray(M, dtype=np.float64)
+    A = attention.beta * np.asarray(M, dtype=np.float64) if A is None else A
+    if isinstance(sources, DistributedSources):
+        tol = float(getattr(attention, "tolerance", 1e-10))
+        frozen = bool(getattr(attention, "frozen_heads", False))
+        out = sources.kernel_sums(
+            targets, masses_all, A, backend, tol, frozen_heads=frozen, second=second, reuse=True
+        )
+        return out.log_Z, out.mean, out.second, out.bound
+    if backend in ("auto", "lowrank"):
+        raise ValueError("the fast path needs DistributedSources (pass sources=None)")
     if not second:
         log_Z, mean = kernel_sums(targets, sources, masses_all, A, backend)
-        return log_Z, mean, None
+        return log_Z, mean, None, 0.0
     H, d = A.shape[0], A.shape[1]
     iu, ju = np.triu_indices(d)
     p = len(iu)
@@ -135,7 +180,7 @@ def _moments(
     S = np.empty(mean.shape[:2] + (d, d))
     S[:, :, iu, ju] = mean[:, :, d:]
     S[:, :, ju, iu] = mean[:, :, d:]
-    return log_Z, np.ascontiguousarray(mean[:, :, :d]), S
+    return log_Z, np.ascontiguousarray(mean[:, :, :d]), S, 0.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +196,8 @@ class EnergyDerivatives:
             requested.
         head_energies: (H,), :math:`e_h = (2\beta)^{-1} \iint k_h d\mu d\mu`, so that
             :math:`E = \sum_h w_h e_h` and :math:`e_h = \partial E / \partial w_h`.
+        bound: the largest a-priori bound of a low-rank head in the sums (0.0: brute force,
+            accurate to rounding); :math:`|\tilde E - E| \le` ``bound`` :math:`\cdot E`.
     """
 
     energy: float
@@ -160,6 +207,7 @@ class EnergyDerivatives:
     gradient: np.ndarray
     hessian: np.ndarray | None
     head_energies: np.ndarray
+    bound: float = 0.0
 
 
 def energy_derivatives(
@@ -186,9 +234,13 @@ def energy_derivatives(
         points_local, masses_local: this rank's part of :math:`\mu` ((n_r, d), (n_r,)).
         comm: mpi4py communicator or None. Collective.
         values: (H, d, d) the :math:`V_h` (default ``matrices``, the gradient-flow case).
-        sources, masses_all: the gathered measure (gathered here when both are None).
-        second: also compute the Hessian (a kernel sum on lifted points, about 3x the cost).
-        backend: brute-force kernel backend, None (numba when importable) or "numpy".
+        sources, masses_all: the gathered measure, or a
+            :class:`~solvers.attention.DistributedSources` with ``masses_all`` None, or both
+            None (the default: distributed sources of the local points, nothing gathered).
+        second: also compute the Hessian (second moments: about 3x (brute force) or d + 1
+            times (low rank) the cost).
+        backend: kernel backend, None (brute force, numba when importable), "numba",
+            "numpy", or "auto"/"lowrank" (the fast path, :attr:`EnergyDerivatives.bound`).
         head_weights: (H,) weights :math:`w_h` (sum 1) replacing :math:`1/H` in
             :math:`E, X, b, \mathcal D` and the derivatives (None: uniform), as in
             ``measure_diagnostics``.
@@ -196,10 +248,7 @@ def energy_derivatives(
     Returns:
         The :class:`EnergyDerivatives`, identical on every rank.
     """
-    if (sources is None) != (masses_all is None):
-        raise ValueError("pass both sources and masses_all, or neither")
-    if sources is None:
-        sources, masses_all = gather_measure(comm, points_local, masses_local)
+    sources, masses_all = _distributed(comm, points_local, masses_local, sources, masses_all)
     M = np.asarray(matrices, dtype=np.float64)
     V = M if values is None else np.asarray(values, dtype=np.float64)
     if M.ndim != 3 or V.shape != M.shape:
@@ -208,7 +257,7 @@ def energy_derivatives(
     w = np.asarray(masses_local, dtype=np.float64)
     H, d = M.shape[0], M.shape[1]
     beta = attention.beta
-    log_Z, ybar, S = _moments(attention, M, X, sources, masses_all, second, backend)
+    log_Z, ybar, S, bound = _moments(attention, M, X, sources, masses_all, second, backend)
     Z = np.exp(log_Z)
     a = np.einsum("hkl,hil->hik", V, ybar)
     if attention.manifold:
@@ -218,14 +267,17 @@ def energy_derivatives(
     hw = np.full(H, 1.0 / H) if head_weights is None else np.asarray(head_weights, float)
     velocity = attention.sign * np.einsum("h,hik->ik", hw, a)
     if getattr(attention, "velocity_model", "attention") == "gradient":  # s grad(dE/dmu) / b
-        brute = brute_force_backend(backend)
+
+        def sums(B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return _moments(attention, B, X, sources, masses_all, False, backend, A=B)[:2]
+
         velocity = energy_gradient_from_sums(
             X,
             M,
             V,
             log_Z,
             ybar,
-            lambda B: kernel_sums(X, sources, masses_all, B, brute),
+            sums,
             beta=beta,
             sign=attention.sign,
             manifold=attention.manifold,
@@ -254,7 +306,9 @@ def energy_derivatives(
     gradient = total[3 + H : n].reshape(H, d, d)
     hessian = total[n:].reshape(H, d, d, d, d) if second else None
     energy = float(hw @ head_energies)
-    return EnergyDerivatives(energy, G2, dissipation, mass, gradient, hessian, head_energies)
+    return EnergyDerivatives(
+        energy, G2, dissipation, mass, gradient, hessian, head_energies, float(bound)
+    )
 
 
 def interaction_energy(
@@ -271,13 +325,10 @@ def interaction_energy(
 ) -> float:
     r""":math:`E(\mu, M) = (2\beta)^{-1} \sum_h w_h \sum_i m_i Z_h(x_i)`, :math:`w_h = 1/H` by
     default (collective)."""
-    if (sources is None) != (masses_all is None):
-        raise ValueError("pass both sources and masses_all, or neither")
-    if sources is None:
-        sources, masses_all = gather_measure(comm, points_local, masses_local)
+    sources, masses_all = _distributed(comm, points_local, masses_local, sources, masses_all)
     M = np.asarray(matrices, dtype=np.float64)
     X = np.asarray(points_local, dtype=np.float64).reshape(-1, M.shape[1])
-    log_Z, _, _ = _moments(attention, M, X, sources, masses_all, False, backend)
+    log_Z = _moments(attention, M, X, sources, masses_all, False, backend)[0]
     H = M.shape[0]
     hw = np.full(H, 1.0 / H) if head_weights is None else np.asarray(head_weights, float)
     local = np.exp(log_Z) @ np.asarray(masses_local, dtype=np.float64)

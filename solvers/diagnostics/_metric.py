@@ -75,9 +75,10 @@ Non-symmetric :math:`M_h` or :math:`V_h \ne M_h`: :math:`E` and :math:`g` are as
 :math:`\text{slope\_defect} = (G^2 + \text{slope}^2)/2 - s\cdot\text{dissipation}` in metrics.csv.
 The affine feed-forward velocity of the boxes is not part of :math:`X` (as for :math:`G^2`).
 
-Parallel. :func:`metric_diagnostics` is collective: the measure is gathered once
-(:func:`~solvers.attention.gather_measure`), the kernel sums run at the local points against
-all of it (blocked, no :math:`N \times N` array), and the per-rank partial sums are added in
+Parallel. :func:`metric_diagnostics` is collective: the measure is not gathered (the kernel
+sums at the local points go through :class:`~solvers.attention.DistributedSources`, by the
+attention's backend, and the evaluation of the same state by
+:func:`~solvers.attention.measure_diagnostics` or the energy budget is reused), and the per-rank partial sums are added in
 rank order with ``math.fsum`` (an allgather), so every rank holds identical values, and the
 values for different numbers of ranks differ by rounding only.
 
@@ -94,7 +95,7 @@ from typing import Any
 
 import numpy as np
 
-from solvers.attention import Attention, Head, gather_measure
+from solvers.attention import Attention, DistributedSources, Head
 
 __all__ = ["MAXIMAL_SLOPE_COLUMNS", "REST_RTOL", "MetricDiagnostics", "metric_diagnostics"]
 
@@ -151,19 +152,27 @@ def metric_diagnostics(
         heads: the heads at the time of the state.
         points_local, masses_local: this rank's part of :math:`\mu` ((n_r, d), (n_r,)).
         comm: mpi4py communicator or None. Collective.
-        sources, masses_all: the gathered measure (gathered here when both are None).
+        sources, masses_all: the gathered measure, or a
+            :class:`~solvers.attention.DistributedSources` with ``masses_all`` None, or both
+            None (the default: distributed sources of the local points, nothing gathered).
         head_weights: (H,) weights :math:`w_h` (None: :math:`1/H`), as in
             :func:`~solvers.attention.measure_diagnostics`.
 
     Returns:
         The :class:`MetricDiagnostics`, identical on every rank.
     """
-    if (sources is None) != (masses_all is None):
+    if isinstance(sources, DistributedSources):
+        if masses_all is not None:
+            raise ValueError("with DistributedSources pass masses_all=None (the local masses)")
+        masses_all = masses_local
+    elif (sources is None) != (masses_all is None):
         raise ValueError("pass both sources and masses_all, or neither")
-    if sources is None:
-        sources, masses_all = gather_measure(comm, points_local, masses_local)
+    elif sources is None:
+        sources, masses_all = DistributedSources(comm, points_local), masses_local
     m = np.asarray(masses_local, dtype=np.float64)
-    grad = attention.energy_gradient(points_local, sources, masses_all, heads, head_weights)
+    grad = attention.energy_gradient(
+        points_local, sources, masses_all, heads, head_weights, reuse=True
+    )
     X_grad = grad.gradient_velocity
     X = X_grad if attention.velocity_model == "gradient" else grad.attention_velocity
     g, b = grad.gradient, grad.mobility
@@ -171,7 +180,15 @@ def metric_diagnostics(
     inner = s * np.einsum("ik,ik->i", X, g)  # s <X, g>
     norm_X = np.linalg.norm(X, axis=1)
     scale = max(float(np.max(np.abs(np.stack([h.Q.T @ h.K, h.V])))) for h in heads)
-    scale *= float(np.max(np.linalg.norm(sources, axis=1), initial=0.0))
+    if isinstance(sources, DistributedSources):
+        radius = float(np.max(np.linalg.norm(sources.local_points, axis=1), initial=0.0))
+        if comm is not None and comm.Get_size() > 1:
+            from mpi4py import MPI
+
+            radius = comm.allreduce(radius, op=MPI.MAX)
+    else:
+        radius = float(np.max(np.linalg.norm(sources, axis=1), initial=0.0))
+    scale *= radius
     moving = (norm_X > REST_RTOL * scale) | (np.linalg.norm(X_grad, axis=1) > REST_RTOL * scale)
     uphill = moving & (inner <= 0.0)
     denominator = norm_X * np.linalg.norm(g, axis=1)

@@ -19,7 +19,12 @@ from solvers.training._adjoint import (
     softmax_sums,
     softmax_transposed_sums,
 )
-from solvers.training._losses import MMDLoss, PotentialLoss, gaussian_kernel_sums
+from solvers.training._losses import (
+    MMDLoss,
+    PotentialLoss,
+    distributed_gaussian_kernel_sums,
+    gaussian_kernel_sums,
+)
 from solvers.training._lsi import (
     GibbsConstants,
     gibbs_constants,
@@ -41,6 +46,7 @@ __all__ = [
     "PotentialLoss",
     "TokenTransportModel",
     "TrainingState",
+    "distributed_gaussian_kernel_sums",
     "fit_exponential_rate",
     "gaussian_kernel_sums",
     "gibbs_constants",

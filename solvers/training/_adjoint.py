@@ -68,12 +68,35 @@ Trajectory. The backward sweep needs :math:`m^n` for every n: either all states 
 checkpoint (``checkpoint_every=K``: :math:`\lceil N/K \rceil + K` states, one extra forward
 pass). :attr:`AdjointGradient.trajectory_bytes` reports the peak storage.
 
-Parallel. Cells are distributed; the sources (all cell centres and masses) are gathered on
-every rank in original-index order (:class:`solvers.transport.GlobalSources`). Facets on rank
-boundaries exist on both ranks: their head-gradient and nonlocal contributions use only the
-owned side of :math:`\psi` (each facet counted once over the ranks), then one ``Allreduce`` per
-step (nonlocal term, length = number of cells) and one at the end (head gradient). Results agree
-with serial runs to round-off (summation order).
+Parallel, without gathering the measure. Cells are distributed; each rank keeps only its owned
+cell centres and masses (the sources of the kernel sums) and its facets (the targets), so memory
+per rank is :math:`O(N/P)` (times the number of heads): no array of length N exists on any rank.
+
+- Forward sums (:math:`\log Z_k`, :math:`\bar y_k` at the rank's facets): a ring pass
+  (:func:`solvers.attention.ring_pass`) of the owned (centre, mass) blocks; each rank sums its
+  targets against every block with :func:`softmax_sums` (blocked numpy log-sum-exp) and merges
+  the partial sums (log-add-exp). The forward map and the backward sweep use this one
+  function, so the gradient is exact for the map evaluated.
+- Nonlocal term (the transposed sums :math:`r_j`, one per source): a ring pass that carries the
+  sources home: each owned block (centres, an accumulator for :math:`r_j`) travels around the
+  ranks, each rank adds the contribution of its own targets (:func:`softmax_transposed_sums`,
+  only the targets with :math:`\alpha \ne 0`), and after one round every block is back on its
+  owner with :math:`r_j` summed over all targets of all ranks. Each rank sends P blocks of
+  :math:`n_r (d + 1)` numbers per step (the targets' data, :math:`H (2d + 2) + d` numbers per
+  facet, never moves); nothing of length N is reduced.
+- Readout losses: ``loss.distributed_value`` / ``loss.distributed_first_variation``
+  (:mod:`solvers.training._losses`: the MMD kernel sums by a ring pass of (point, mass)
+  blocks). A loss offering only the old gathered interface (``value(points, masses,
+  all_points, all_masses)``, ``first_variation(points, all_points, all_masses)``) still works:
+  for it alone the final measure is gathered (:class:`solvers.attention.GlobalSources`), once
+  per loss evaluation, outside the time loop.
+- Facets on rank boundaries exist on both ranks: their head-gradient and nonlocal contributions
+  use only the owned side of :math:`\psi` (each facet counted once over the ranks); the head
+  gradient is reduced by one ``Allreduce`` of H numbers at the end.
+
+Sums run in a fixed order for a given number of ranks (runs, and checkpointed against full
+trajectories, are bitwise identical); results on different numbers of ranks agree with serial
+runs to round-off (summation order).
 """
 
 from __future__ import annotations
@@ -91,7 +114,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
-from solvers.attention import Attention, GlobalSources, Head
+from solvers.attention import Attention, GlobalSources, Head, merge_partial_sums, ring_pass
 from solvers.errors import BlowUpError, SolverError
 
 __all__ = [
@@ -210,7 +233,8 @@ class TokenTransportModel:
     Args:
         cv: control volumes of the token mesh (S^1, S^2 or a box in R^1, R^2).
         attention: beta and the sign s (``manifold`` must match the mesh; its backend is not
-            used: the sums here are blocked numpy, identical forward and backward).
+            used: the sums here are blocked numpy, identical forward and backward, passed
+            around the ranks in blocks: module docstring, "Parallel").
         heads: the H heads :math:`(Q_k, K_k, V_k)` (quadrature points of :math:`\rho`).
         density: (n_owned,) initial token density >= 0.
         t_end: the depth T > 0.
@@ -263,10 +287,9 @@ class TokenTransportModel:
         n = cv.n_owned
         imap = cv.mesh.topology.index_map(cv.mesh.topology.dim)
         self._vec = dolfinx.la.vector(imap, 1)
-        self._sources = GlobalSources(self.comm, cv.centres[:n], cv.original_index[:n])
-        self.sources = self._sources.points
-        all_index = np.sort(np.concatenate(self.comm.allgather(cv.original_index[:n])))
-        self._pos = np.searchsorted(all_index, cv.original_index[:n])  # owned -> source order
+        self._points = np.ascontiguousarray(cv.centres[:n])  # this rank's sources: owned cells
+        self.n_sources = int(self.comm.allreduce(n, op=MPI.SUM))
+        self._gathered: GlobalSources | None = None  # only for losses without distributed_*
         self._geometry()
         self.m0 = self._scatter(density * cv.measures[:n])
 
@@ -304,10 +327,54 @@ class TokenTransportModel:
             raise ValueError("head weights must be finite")
         return w
 
+    # ------------------------------------------------------------------ kernel sums
+    def _softmax(self, m_owned: Array) -> tuple[Array, Array]:
+        """log Z (H, T) and means (H, T, d) at this rank's targets over all ranks' cells.
+
+        A ring pass of the owned (centre, mass) blocks; partial sums merged in ring order.
+        Every rank visits every block, so the checks below agree on all ranks (collective)."""
+        d = self.cv.d
+        acc: list[Any] = [None, False]  # (log Z, mean), a negative mass seen
+
+        def visit(block: Array, _: int) -> None:
+            w = block[:, d]
+            if np.any(w < 0):
+                acc[1] = True
+            elif np.any(w > 0):
+                acc[0] = merge_partial_sums(
+                    acc[0], softmax_sums(self.targets, block[:, :d], w, self.A)
+                )
+
+        ring_pass(self.comm, np.column_stack([self._points, m_owned]), visit)
+        if acc[1]:
+            raise ValueError("source masses must be >= 0")
+        if acc[0] is None:
+            raise ValueError("all source masses are zero: the softmax mean is undefined")
+        return acc[0]
+
+    def _transposed(self, log_Z: Array, mean: Array, alpha: Array) -> Array:
+        """r_j (n_owned,) of :func:`softmax_transposed_sums` over the targets of all ranks.
+
+        Each rank's (centre, r) block travels around the ranks and comes back home (a ring
+        pass with ``carry``); every rank adds the terms of its own targets with alpha != 0."""
+        d = self.cv.d
+        keep = np.any(alpha != 0.0, axis=0)
+        X, lz, mn = self.targets[keep], log_Z[:, keep], mean[:, keep]
+        al, nt = alpha[:, keep], self._ntil[:, keep]
+
+        def visit(block: Array, _: int) -> Array | None:
+            if not (len(X) and len(block)):
+                return None
+            out = block.copy()
+            out[:, d] += softmax_transposed_sums(X, block[:, :d], self.A, lz, mn, al, nt)
+            return out
+
+        block = np.column_stack([self._points, np.zeros(len(self._points))])
+        return ring_pass(self.comm, block, visit, carry=True)[:, d]
+
     # ------------------------------------------------------------------ forward
     def _velocity(self, m: Array, w: Array) -> tuple[Array, Array, Array]:
-        m_all = self._sources.masses(m[: self.cv.n_owned])
-        log_Z, mean = softmax_sums(self.targets, self.sources, m_all, self.A)
+        log_Z, mean = self._softmax(m[: self.cv.n_owned])
         u = self.sign * np.einsum("k,ktd,ktd->t", w, self._ntil, mean)
         if not np.all(np.isfinite(u)):
             raise BlowUpError("non-finite velocity in the training forward map")
@@ -351,12 +418,36 @@ class TokenTransportModel:
             max_cfl=cfl,
         )
 
+    def _gather(self, masses_owned: Array) -> tuple[Array, Array]:
+        """All centres and masses (original-index order): only for losses of the old interface."""
+        if self._gathered is None:
+            no = self.cv.n_owned
+            self._gathered = GlobalSources(self.comm, self._points, self.cv.original_index[:no])
+        return self._gathered.points, self._gathered.masses(masses_owned)
+
     def loss_value(self, masses_owned: Array, loss: Any) -> float:
         """The readout loss of the measure with these owned cell masses (collective)."""
-        no = self.cv.n_owned
-        m_all = self._sources.masses(masses_owned)
-        local = float(loss.value(self.cv.centres[:no], masses_owned, self.sources, m_all))
+        masses_owned = np.ascontiguousarray(masses_owned, dtype=np.float64)
+        if hasattr(loss, "distributed_value"):
+            return float(loss.distributed_value(self.comm, self._points, masses_owned))
+        all_points, all_masses = self._gather(masses_owned)
+        local = float(loss.value(self._points, masses_owned, all_points, all_masses))
         return self.comm.allreduce(local, op=MPI.SUM) + loss.constant()
+
+    def first_variation(self, masses_owned: Array, loss: Any) -> Array:
+        """p(T) at the owned cell centres (n_owned,) for these owned masses (collective)."""
+        masses_owned = np.ascontiguousarray(masses_owned, dtype=np.float64)
+        if hasattr(loss, "distributed_first_variation"):
+            p = loss.distributed_first_variation(self.comm, self._points, masses_owned)
+        else:
+            p = loss.first_variation(self._points, *self._gather(masses_owned))
+        p = np.asarray(p, dtype=np.float64)
+        bad = p.shape != (self.cv.n_owned,) or not np.all(np.isfinite(p))
+        if self.comm.allreduce(bad, op=MPI.LOR):
+            raise ValueError(
+                f"the first variation of the loss must be finite, shape ({self.cv.n_owned},)"
+            )
+        return p
 
     # ------------------------------------------------------------------ adjoint
     def _backward_step(self, m: Array, q: Array, w: Array, grad: Array) -> Array:
@@ -379,12 +470,9 @@ class TokenTransportModel:
         sigma = np.concatenate([psi_own * dphi, psi_b * dphi_b])
         grad += self.sign * np.einsum("t,ktd,ktd->k", sigma, self._ntil, mean)
         alpha = self.sign * w[:, None] * sigma[None, :]
-        r = softmax_transposed_sums(
-            self.targets, self.sources, self.A, log_Z, mean, alpha, self._ntil
-        )
-        self.comm.Allreduce(MPI.IN_PLACE, r, op=MPI.SUM)
+        r = self._transposed(log_Z, mean, alpha)
         no = self.cv.n_owned
-        lam = q[:no] + direct[:no] * self._inv[:no] + r[self._pos]
+        lam = q[:no] + direct[:no] * self._inv[:no] + r
         return self._scatter(lam)
 
     def gradient(self, w: Array, loss: Any) -> AdjointGradient:
@@ -402,8 +490,7 @@ class TokenTransportModel:
         peak = len(states)
         no = self.cv.n_owned
         loss_value = self.loss_value(m[:no], loss)
-        m_all = self._sources.masses(m[:no])
-        pT = np.asarray(loss.first_variation(self.cv.centres[:no], self.sources, m_all))
+        pT = self.first_variation(m[:no], loss)
         q = self._scatter(pT)
         grad = np.zeros(self.n_heads)
         recomputed = 0

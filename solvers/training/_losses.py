@@ -20,21 +20,80 @@ On a finite-volume mesh :math:`\mu = \sum_i m_i \delta_{c_i}` (cell masses at th
 centres); for particles the points move and the masses are fixed. Every function here works on
 float64 or complex128 points (complex-step differentiation of the particle model), and never
 forms an :math:`n \times n` array (blocks of at most :data:`BLOCK_ENTRIES` entries).
+
+Parallel. A distributed measure (each rank its own points and masses, e.g. the owned cells of
+:class:`solvers.training.TokenTransportModel`) is evaluated without gathering it:
+``distributed_value(comm, points, masses)`` (the loss, identical on every rank) and
+``distributed_first_variation(comm, points, masses)`` (p(T) at the rank's points). The MMD sums
+:math:`(K\mu)(x_i)` go through a ring pass (:func:`solvers.attention.ring_pass`): the
+(point, mass) blocks of the ranks travel around the ranks and each rank adds the kernel sums of
+its points against every block, so memory per rank stays :math:`O(N/P)`. The older
+``value(points, masses, all_points, all_masses)`` and ``first_variation(points, all_points,
+all_masses)``, taking the gathered measure, are kept (particles, which hold the whole measure on
+every rank, and callers of the old interface).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BLOCK_ENTRIES", "PotentialLoss", "MMDLoss", "gaussian_kernel_sums"]
+from solvers.attention import ring_pass
+
+__all__ = [
+    "BLOCK_ENTRIES",
+    "MMDLoss",
+    "PotentialLoss",
+    "distributed_gaussian_kernel_sums",
+    "gaussian_kernel_sums",
+]
 
 Array = npt.NDArray[np.float64]
 #: Largest number of point pairs held at once by the kernel sums.
 BLOCK_ENTRIES = 2_000_000
+
+
+def _allreduce(comm: Any, value: float) -> float:
+    return value if comm is None or comm.Get_size() == 1 else float(comm.allreduce(value))
+
+
+def _check_finite(comm: Any, values: np.ndarray, what: str) -> None:
+    """Raise ValueError on every rank when the values of any rank are not finite (collective)."""
+    bad = not np.all(np.isfinite(values))
+    if comm is not None and comm.Get_size() > 1:
+        bad = bool(comm.allreduce(bad, op=_lor()))
+    if bad:
+        raise ValueError(f"{what} is not finite at the mesh points")
+
+
+def _lor() -> Any:
+    from mpi4py import MPI
+
+    return MPI.LOR
+
+
+def distributed_gaussian_kernel_sums(
+    comm: Any, x: Array, points: Array, masses: Array, ell: float
+) -> Array:
+    r""":math:`\sum_j m_j e^{-|x_i - y_j|^2 / (2\ell^2)}` over the points of all ranks.
+
+    x (m, d) this rank's targets; points (n_r, d), masses (n_r,) this rank's part of the
+    measure. A ring pass of the (point, mass) blocks (memory O(max_r n_r)); the blocks are
+    added in ring order (own block first), fixed for a given number of ranks. Collective."""
+    x = np.asarray(x, dtype=np.float64)
+    d = x.shape[-1]
+    out = np.zeros(len(x))
+
+    def visit(block: Array, _: int) -> None:
+        if len(block) and len(x):
+            out[:] += gaussian_kernel_sums(x, block[:, :d], block[:, d], ell)
+
+    ring_pass(comm, np.column_stack([points, masses]), visit)
+    return out
 
 
 def gaussian_kernel_sums(x: np.ndarray, y: np.ndarray, w: np.ndarray, ell: float) -> np.ndarray:
@@ -86,6 +145,17 @@ class PotentialLoss:
         if not np.all(np.isfinite(v)):
             raise ValueError("l(x) is not finite at the mesh points")
         return np.asarray(v, dtype=np.float64)
+
+    def distributed_value(self, comm: Any, points: Array, masses: Array) -> float:
+        """The loss of the measure distributed over the ranks (each its own points and
+        masses); identical on every rank (collective)."""
+        return _allreduce(comm, float(self._values(points) @ masses)) + self.constant()
+
+    def distributed_first_variation(self, comm: Any, points: Array, masses: Array) -> Array:
+        """:math:`p(T, x_i) = l(x_i)` at this rank's points (collective: errors on all ranks)."""
+        v = np.asarray(self._values(points), dtype=np.float64)
+        _check_finite(comm, v, "l(x)")
+        return v
 
     def constant(self) -> float:
         return 0.0
@@ -139,6 +209,19 @@ class MMDLoss:
     def first_variation(self, points: Array, all_points: Array, all_masses: Array) -> Array:
         r""":math:`p(T, x_i) = (K\mu)(x_i) - (K\nu)(x_i)` at the (local) points."""
         kmu = gaussian_kernel_sums(points, all_points, all_masses, self.ell)
+        return kmu - gaussian_kernel_sums(points, self.z, self.nu, self.ell)
+
+    def distributed_value(self, comm: Any, points: Array, masses: Array) -> float:
+        r"""The loss of the measure distributed over the ranks (each its own points and
+        masses): :math:`(K\mu)` by a ring pass, no rank holds the whole measure (collective)."""
+        kmu = distributed_gaussian_kernel_sums(comm, points, points, masses, self.ell)
+        knu = gaussian_kernel_sums(points, self.z, self.nu, self.ell)
+        return _allreduce(comm, float((0.5 * kmu - knu) @ masses)) + self.constant()
+
+    def distributed_first_variation(self, comm: Any, points: Array, masses: Array) -> Array:
+        r""":math:`p(T, x_i) = (K\mu)(x_i) - (K\nu)(x_i)` at this rank's points, the measure
+        distributed over the ranks (ring pass; collective)."""
+        kmu = distributed_gaussian_kernel_sums(comm, points, points, masses, self.ell)
         return kmu - gaussian_kernel_sums(points, self.z, self.nu, self.ell)
 
 

@@ -243,8 +243,8 @@ class TransportSolver:
         heads = self.weights.heads_at(t)
         X = self.attention.velocity(
             self._targets,
-            self._sources.points,
-            self._sources.masses(m),
+            self._sources,
+            m,
             heads,
             head_weights_at(self.weights, t),
         )
@@ -409,7 +409,6 @@ class TransportSolver:
             self.cv.centres[:n],
             self.masses.copy(),
             self._comm,
-            sources=self._sources.points,
-            masses_all=self._sources.masses(self.masses),
+            sources=self._sources,
             head_weights=head_weights_at(self.weights, self.t),
         )

@@ -10,10 +10,11 @@ at the cell points :math:`x_L`,
 where the rows :math:`A_r` are the :math:`A_h` with :math:`c = 1/(\beta H)` when every
 :math:`A_h` is symmetric, and else the :math:`A_h` followed by the :math:`A_h^T` with
 :math:`c = 1/(2\beta H)` (the first variation of a non-symmetric kernel is its symmetric
-part). Each evaluation is one exact kernel sum over the gathered masses
-(:func:`solvers.attention.kernel_sums`, log-sum-exp stabilised, blocked: never an N x N
-array); the last one is remembered, since for frozen weights the final residual of a step is
-the first of the next.
+part). Each evaluation is one kernel sum over the distributed masses by the attention's
+backend and tolerance (:meth:`solvers.attention.DistributedSources.kernel_sums`: low-rank
+moments reduced with one ``Allreduce``, or brute force by a ring pass, log-sum-exp stabilised,
+never an N x N array, never a gather); the last one is remembered, since for frozen weights the
+final residual of a step is the first of the next.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from solvers.attention import Attention, GlobalSources, kernel_sums
+from solvers.attention import Attention, DistributedSources
 from solvers.weights import WeightDynamics
 
 __all__ = ["InteractionEnergy"]
@@ -36,14 +37,18 @@ class InteractionEnergy:
         attention: beta and the kernel-sum backend.
         weights: the heads as functions of time.
         points: (n_owned, d) this rank's cell points.
-        sources: all ranks' cell points in rank-independent order.
+        sources: the distributed cell points (this rank's: ``points``).
 
     Attributes:
-        evaluations: exact O(N^2) kernel sums so far.
+        evaluations: kernel sums so far.
     """
 
     def __init__(
-        self, attention: Attention, weights: WeightDynamics, points: Array, sources: GlobalSources
+        self,
+        attention: Attention,
+        weights: WeightDynamics,
+        points: Array,
+        sources: DistributedSources,
     ) -> None:
         self.attention, self.weights, self.points, self.sources = (
             attention,
@@ -66,13 +71,27 @@ class InteractionEnergy:
     def first_variation(self, masses: Array, A: Array, coef: float) -> tuple[Array, Array]:
         """dE/dmu at the owned points for owned masses m >= 0 (n_owned,), and the log Z rows
         (rows, n_owned). Collective."""
-        m_all = self.sources.masses(masses)
+        masses = np.asarray(masses, dtype=np.float64)
         key = A.tobytes() + np.float64(coef).tobytes()
         last = self._last
-        if last is not None and last[0] == key and np.array_equal(last[1], m_all):
+        same = last is not None and last[0] == key and np.array_equal(last[1], masses)
+        comm = self.sources.comm
+        if comm is not None and comm.Get_size() > 1:  # every rank must take the same branch
+            from mpi4py import MPI
+
+            same = bool(comm.allreduce(int(same), op=MPI.MIN))
+        if same:
             return last[2], last[3]
-        log_Z, _ = kernel_sums(self.points, self.sources.points, m_all, A, self.attention.backend)
+        out = self.sources.kernel_sums(
+            self.points,
+            masses,
+            A,
+            self.attention.backend,
+            self.attention.tolerance,
+            frozen_heads=self.attention.frozen_heads,
+        )
+        log_Z = out.log_Z
         self.evaluations += 1
         dE = coef * np.exp(log_Z).sum(axis=0)
-        self._last = (key, m_all, dE, log_Z)
+        self._last = (key, masses.copy(), dE, log_Z)
         return dE, log_Z

@@ -35,7 +35,12 @@ from mpi4py import MPI
 import numpy as np
 
 from meshes import ControlVolumes, mesh_quality
-from solvers.attention import Attention, MeasureDiagnostics, gather_measure, measure_diagnostics
+from solvers.attention import (
+    Attention,
+    DistributedSources,
+    MeasureDiagnostics,
+    measure_diagnostics,
+)
 from solvers.errors import BlowUpError, SolverError
 from solvers.stepping import SchemeState, StepResult, step_towards
 from solvers.transport._deposit import deposit_to_cells
@@ -153,18 +158,19 @@ class ParticleSystem:
         """X[mu, t] at the local ``points`` (n_local, d), for mu = sum_j m_j delta_{points_j}.
 
         ``points`` are positions of this rank's particles (e.g. a Runge-Kutta stage); the
-        measure is the one they form together with the other ranks' stage points (one
-        Allgatherv per call; collective). Returns (n_local, d).
+        measure is the one they form together with the other ranks' stage points (never
+        gathered: :class:`solvers.attention.DistributedSources`; collective). Returns
+        (n_local, d).
         """
         points = np.asarray(points, dtype=np.float64)
         if points.shape != self._points.shape:
             raise ValueError(
                 f"points must have the local shape {self._points.shape}, got {points.shape}"
             )
-        sources, masses_all = gather_measure(self.comm, points, self._masses)
+        sources = DistributedSources(self.comm, points)
         heads = self.weights.heads_at(t)
         return self.attention.velocity(
-            points, sources, masses_all, heads, head_weights_at(self.weights, t)
+            points, sources, self._masses, heads, head_weights_at(self.weights, t)
         )
 
     def step(self, t: float, dt: float) -> None:
@@ -307,8 +313,7 @@ class MeshParticles:
     @property
     def density(self) -> np.ndarray:
         """The particle masses deposited on the owned cells, as densities (collective)."""
-        points, masses = gather_measure(self.cv.comm, self.system.points, self.system.masses)
-        return deposit_to_cells(self.cv, points, masses)
+        return deposit_to_cells(self.cv, self.system.points, self.system.masses, local=True)
 
     def measure(self) -> tuple[np.ndarray, np.ndarray]:
         """This rank's particles (n_local, d) and their masses (n_local,)."""

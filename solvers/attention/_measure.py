@@ -1,0 +1,162 @@
+r"""Diagnostics of a distributed measure: energy, G^2, token dissipation and mass (docs/model.md, M1).
+
+Diagnostics (docs/model.md, M1, gradient-flow structure when :math:`V_h = Q_h^T K_h` is symmetric),
+computed by :func:`measure_diagnostics` for :math:`\mu = \sum_i m_i \delta_{x_i}`:
+
+.. math::
+
+    E = \frac{1}{2 \beta H} \sum_h \sum_i m_i Z_h(x_i), \qquad
+    b(x) = \Big[\frac{1}{H} \sum_h \frac{1}{Z_h(x)}\Big]^{-1}, \qquad
+    G^2 = \sum_i m_i |X(x_i)|^2 b(x_i),
+
+    \mathcal{D} = \sum_i m_i \Big\langle \frac{1}{H} \sum_h Z_h(x_i) P_{x_i} a_h(x_i),
+    X(x_i) \Big\rangle.
+
+:math:`\mathcal{D}` is the exact rate :math:`\frac{d}{dt} E` along the flow for frozen symmetric
+weights (:math:`\nabla_x Z_h = \beta Z_h a_h` then). For :math:`H = 1`, :math:`b = Z` and
+:math:`X = s P a`, so :math:`\mathcal{D} = s\, G^2`: equal to :math:`G^2` for :math:`s = +1`,
+to :math:`-G^2` for :math:`s = -1` (the energy then decreases at rate :math:`G^2`).
+With ``velocity_model="gradient"`` the velocity is :math:`X = s \nabla_S(\delta E/\delta\mu)/b`
+instead, in :meth:`Attention.evaluate` and in :math:`G^2, \mathcal{D}` (module ``_gradient``).
+
+Also :func:`gather_measure`, the whole measure on every rank (``Allgatherv``, :math:`O(N)`
+memory), for callers that need it (plots, exact OT distances); the diagnostics never gather.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from solvers.attention._checks import as_masses as _as_masses
+from solvers.attention._checks import as_matrix as _as_matrix
+from solvers.attention._checks import comm_size as _comm_size
+from solvers.attention._checks import normalised_head_weights as _head_weights
+from solvers.attention._distributed import DistributedSources
+
+if TYPE_CHECKING:
+    from solvers.attention._attention import Attention, Head
+
+__all__ = ["MeasureDiagnostics", "gather_measure", "measure_diagnostics"]
+
+
+def gather_measure(
+    comm: Any, points: np.ndarray, masses: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""All ranks' (point, mass) pairs on every rank, ordered by rank (``Allgatherv``).
+
+    Args:
+        comm: an mpi4py communicator, or None (serial).
+        points: (n_local, d) this rank's points (n_local may be 0; d the same on every rank).
+        masses: (n_local,) their masses, >= 0.
+
+    Returns:
+        ``(points_all, masses_all)``: (N, d) and (N,), :math:`N = \sum_r n_r`: new arrays
+        (copies when serial).
+
+    Raises:
+        ValueError: on every rank when the input on any rank is invalid (no rank is left
+            waiting).
+    """
+    error = None
+    try:
+        P = _as_matrix("points", points)
+        w = _as_masses("masses", masses, P.shape[0])
+    except ValueError as exc:
+        error = str(exc)
+    if _comm_size(comm) == 1:
+        if error is not None:
+            raise ValueError(error)
+        return P.copy(), w.copy()
+    local = (error, None if error else P.shape)
+    infos = comm.allgather(local)
+    errors = [f"rank {r}: {e}" for r, (e, _) in enumerate(infos) if e is not None]
+    if errors:
+        raise ValueError("gather_measure: " + "; ".join(errors))
+    dims = {shape[1] for _, shape in infos}
+    if len(dims) != 1:
+        raise ValueError(f"gather_measure: points have different dimensions on the ranks: {dims}")
+    d = dims.pop()
+    counts = np.array([shape[0] for _, shape in infos], dtype=np.int64)
+    points_all = np.empty((int(counts.sum()), d))
+    masses_all = np.empty(int(counts.sum()))
+    comm.Allgatherv(np.ascontiguousarray(P), [points_all, counts * d])
+    comm.Allgatherv(np.ascontiguousarray(w), [masses_all, counts])
+    return points_all, masses_all
+
+
+@dataclass(frozen=True)
+class MeasureDiagnostics:
+    r"""Energy :math:`E`, :math:`G^2`, dissipation :math:`\mathcal{D}` and mass (see the module)."""
+
+    energy: float
+    G2: float
+    dissipation: float
+    mass: float
+
+
+def measure_diagnostics(
+    attention: Attention,
+    heads: Sequence[Head],
+    points_local: np.ndarray,
+    masses_local: np.ndarray,
+    comm: Any,
+    sources: np.ndarray | None = None,
+    masses_all: np.ndarray | None = None,
+    head_weights: np.ndarray | None = None,
+) -> MeasureDiagnostics:
+    r"""Energy, :math:`G^2`, dissipation and mass of :math:`\mu = \sum_i m_i \delta_{x_i}`.
+
+    The measure is distributed: rank r holds points_local (n_r, d) and masses_local (n_r,).
+    By default (``sources`` None) the kernel sums are evaluated at the local points without
+    gathering the measure (:class:`DistributedSources`: low-rank moments or a ring pass, module
+    ``_distributed``; a repeated evaluation of the same state is reused); ``sources`` may also
+    be a :class:`DistributedSources` holding the same measure (``masses_all`` None then), or the
+    gathered arrays ``sources``/``masses_all`` (the old interface). The local sums over
+    :math:`i` are combined over the ranks in rank order with ``math.fsum`` (an allgather, not
+    an allreduce), so every rank gets the identical value.
+    Formulas in the module docstring; with ``head_weights`` (H,) (normalised to sum 1) the
+    weights :math:`w_h` replace :math:`1/H` in :math:`X`, :math:`E`, :math:`b` and
+    :math:`\mathcal{D}`. Collective: call it on every rank of ``comm``.
+    """
+    if isinstance(sources, DistributedSources):
+        if masses_all is not None:
+            raise ValueError("with DistributedSources pass masses_all=None (the local masses)")
+        masses_all = masses_local
+    elif (sources is None) != (masses_all is None):
+        raise ValueError("pass both sources and masses_all, or neither")
+    elif sources is None:
+        sources, masses_all = DistributedSources(comm, points_local), masses_local
+    X, log_Z, _, Pa = attention._head_outputs(points_local, sources, masses_all, heads, True)
+    w = _as_masses("masses_local", masses_local, X.shape[0])
+    H = len(heads)
+    hw = _head_weights(head_weights, H)
+    Z = np.exp(log_Z)
+    if hw is None:
+        velocity = (attention.sign / H) * Pa.sum(axis=0)
+        b = 1.0 / np.mean(np.exp(-log_Z), axis=0)
+        drift = np.einsum("hi,hik->ik", Z, Pa) / H  # (1/H) sum_h Z_h P a_h
+        energy = np.sum(w * Z.sum(axis=0)) / (2.0 * attention.beta * H)
+    else:
+        velocity = attention.sign * np.einsum("h,hik->ik", hw, Pa)
+        b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
+        drift = np.einsum("h,hi,hik->ik", hw, Z, Pa)  # sum_h w_h Z_h P a_h
+        energy = np.sum(w * (hw @ Z)) / (2.0 * attention.beta)
+    if attention.velocity_model == "gradient":  # the drift keeps V_h (= M_h: the gradient)
+        grad = attention.energy_gradient(X, sources, masses_all, heads, head_weights, True)
+        velocity = grad.gradient_velocity
+    partial = np.array(
+        [
+            energy,
+            np.sum(w * np.einsum("ik,ik->i", velocity, velocity) * b),
+            np.sum(w * np.einsum("ik,ik->i", drift, velocity)),
+            np.sum(w),
+        ]
+    )
+    parts = [partial] if _comm_size(comm) == 1 else comm.allgather(partial)
+    energy, G2, dissipation, mass = (math.fsum(p[q] for p in parts) for q in range(4))
+    return MeasureDiagnostics(energy=energy, G2=G2, dissipation=dissipation, mass=mass)
