@@ -1,0 +1,66 @@
+"""Nested adaptive meshes of S^2 and S^1 that can follow the clusters (issue 16, foundation).
+
+What it is
+----------
+A forest of cells on the sphere, refined and coarsened between a ``base_level`` and a
+``max_level`` of the uniform hierarchies of :mod:`meshes.sphere`:
+
+- :class:`SphereForest` (S^2): the roots are the ``20 * 4**base_level`` icosphere triangles; a
+  cell splits into its four red children and four sibling leaves merge back into their parent.
+- :class:`CircleForest` (S^1): the roots are the ``16 * 2**base_level`` arcs of the regular
+  polygon; an arc splits into two halves and two sibling halves merge back.
+
+Both keep the 2:1 balance on demand (``balance()``: a leaf whose edge neighbour is two or more
+levels finer is refined, until there is none; ``coarsen`` refuses merges that would break it),
+list their ``neighbours()`` across edges, and export a ``conforming_mesh()``: the leaves, each
+S^2 leaf cut through the hanging midpoints of its edges (green closure), so the result is a
+closed, outward-oriented, conforming triangulation whose triangles each lie in one leaf. DOLFINx's
+own ``refine`` (Plaza bisection: no coarsening, children not nested in general) is not used.
+
+The midpoints
+-------------
+A new vertex is the great-circle midpoint ``m = (x_a + x_b) / |x_a + x_b|`` of a cell edge, so it
+lies on the parent's geodesic edge and the children tile the parent's spherical triangle (arc)
+exactly: the children's exact areas (Van Oosterom-Strackee solid angles, as in
+:func:`meshes.control_volumes.spherical_triangle_area`) sum to the parent's to round-off, and all
+leaves together to 4 pi (2 pi). Midpoints are cached by their vertex pair and shared by the
+neighbouring cells; a uniform refinement reproduces :func:`meshes.sphere.icosphere_arrays` (and
+``circle_arrays``) of the finer level bitwise.
+
+The transfer
+------------
+Leaves are dyadic intervals of one integer line (root, then Morton path), so any two leaf sets of
+one forest are nested partitions: each new leaf is inside one old leaf or a union of old leaves.
+:func:`leaf_transfer` turns two snapshots (``forest.leaf_set()``) into an explicit sparse map
+(:class:`Transfer`: pairs old -> new with weights): a refined leaf receives
+``m_parent * a_child / sum(a_children)`` (the parent's density is kept), a merged leaf the sum of
+its children, an unchanged leaf its own mass bitwise. The weights are >= 0 and those of one old
+leaf sum to 1, so masses stay >= 0 and the total is conserved to round-off, over any number of
+cycles::
+
+    before = forest.leaf_set()
+    forest.refine(to_refine); forest.balance(); forest.coarsen(to_coarsen_now)
+    masses, transfer = transfer_masses(before, forest, masses)
+
+Not done yet
+------------
+- The DOLFINx mesh built from ``conforming_mesh()`` (and control volumes of the leaves, which
+  aggregate their sub-triangles), so the schemes can run on it.
+- Parallel distribution: the forest is replicated (pure numpy, the same on every rank).
+- Integration with the schemes (refinement indicators from the density, when to adapt).
+"""
+
+from meshes.adaptive._forest_s1 import MAX_CIRCLE_FOREST_LEVEL, CircleForest
+from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL, SphereForest
+from meshes.adaptive._transfer import LeafSet, Transfer, leaf_transfer, transfer_masses
+
+__all__ = [
+    "MAX_CIRCLE_FOREST_LEVEL",
+    "MAX_FOREST_LEVEL",
+    "CircleForest",
+    "LeafSet",
+    "SphereForest",
+    "Transfer",
+    "leaf_transfer",
+    "transfer_masses",
+]
