@@ -42,16 +42,23 @@ cycles::
     forest.refine(to_refine); forest.balance(); forest.coarsen(to_coarsen_now)
     masses, transfer = transfer_masses(before, forest, masses)
 
+The mesh
+--------
+:func:`forest_mesh` distributes the conforming triangulation as a DOLFINx mesh (its cells are the
+finite volumes; a leaf is one cell or a few green pieces), :func:`leaf_masses` sums cell masses
+per leaf and :func:`cell_masses` splits leaf masses over a leaf's cells by their exact areas, so
+an adaptation is: cells -> leaves -> ``transfer_masses`` -> leaves -> cells of the new mesh,
+conservative to round-off and never negative (module ``_mesh``).
+
 Not done yet
 ------------
-- The DOLFINx mesh built from ``conforming_mesh()`` (and control volumes of the leaves, which
-  aggregate their sub-triangles), so the schemes can run on it.
 - Parallel distribution: the forest is replicated (pure numpy, the same on every rank).
 - Integration with the schemes (refinement indicators from the density, when to adapt).
 """
 
 from meshes.adaptive._forest_s1 import MAX_CIRCLE_FOREST_LEVEL, CircleForest
 from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL, SphereForest
+from meshes.adaptive._mesh import cell_masses, forest_mesh, leaf_masses, owner_leaves
 from meshes.adaptive._transfer import LeafSet, Transfer, leaf_transfer, transfer_masses
 
 __all__ = [
@@ -61,6 +68,10 @@ __all__ = [
     "LeafSet",
     "SphereForest",
     "Transfer",
+    "cell_masses",
+    "forest_mesh",
+    "leaf_masses",
     "leaf_transfer",
+    "owner_leaves",
     "transfer_masses",
 ]
