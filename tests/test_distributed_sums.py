@@ -135,6 +135,10 @@ def test_bad_input_on_one_rank_raises_on_every_rank() -> None:
         bad[0] = -1.0
     with pytest.raises(ValueError, match="masses must be >= 0"):
         distributed_kernel_sums(COMM, pts, pts, bad, _matrices(1, 1.0), "numba")
+    with pytest.raises(ValueError, match="backend must be"):
+        distributed_kernel_sums(COMM, pts, pts, w, _matrices(1, 1.0), "fast")
+    brute = distributed_kernel_sums(COMM, pts, pts, w + 1.0, _matrices(1, 1.0), "brute")
+    assert brute.choices[0].method in ("numba", "numpy")
     with pytest.raises(ValueError, match="all zero"):
         distributed_kernel_sums(COMM, pts, pts, 0 * w, _matrices(1, 1.0), "numba")
 

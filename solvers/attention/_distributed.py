@@ -322,7 +322,8 @@ def distributed_kernel_sums(
         masses: (n_r,) their masses, >= 0 (not all zero over the ranks).
         A: (H, d, d) the matrices :math:`A_h`, identical on every rank.
         backend: "auto" (per head, the cheaper path whose bound meets ``tolerance``),
-            "lowrank" (low rank whenever the bound meets it), "numba" or "numpy" (brute force).
+            "lowrank" (low rank whenever the bound meets it), "brute" (numba when importable),
+            "numba" or "numpy" (brute force).
         tolerance: accuracy asked of the low-rank expansion (as
             :func:`solvers.attention.kernel_sums`).
         frozen_heads: the same matrices will come again (constant weights): the cost model
@@ -336,6 +337,10 @@ def distributed_kernel_sums(
     Raises:
         ValueError: on every rank, when the input of any rank is invalid or all masses are 0.
     """
+    if backend == "brute":
+        backend = "numba" if kernels.HAVE_NUMBA else "numpy"
+    if backend not in ("auto", "lowrank", "numba", "numpy"):  # the same on every rank
+        raise ValueError(f"backend must be auto, lowrank, brute, numba or numpy, got {backend!r}")
     error = None
     try:
         X = np.asarray(targets, dtype=np.float64)
