@@ -89,9 +89,10 @@ Parallel. :meth:`EnergyBudget.record` is collective: it never gathers the measur
 sums at the local points go through :class:`~solvers.attention.DistributedSources`; with the
 backend "auto" the low-rank expansion where its bound meets the attention's tolerance, and the
 largest bound used is :attr:`EnergyBudget.bound`) and adds the per-rank partial sums in rank
-order (an allgather), so every rank holds identical values. It only sees states: any scheme (finite volumes: cell centres and cell masses;
-particles; JKO). :meth:`EnergyBudget.checkpoint_state` and :meth:`EnergyBudget.resume` carry
-a budget across a checkpoint/restart (``transformer-pde run``: the columns of metrics.csv).
+order (an allgather), so every rank holds identical values. It only sees states: any scheme
+(finite volumes: cell centres and cell masses; particles; JKO).
+:meth:`EnergyBudget.checkpoint_state` and :meth:`EnergyBudget.resume` carry a budget across a
+checkpoint/restart (``transformer-pde run``: the columns of metrics.csv).
 
 Measured (``tests/test_edi_cli.py``, H = 1, frozen weights): the residual falls like
 :math:`\Delta t^{2}` for RK4 particles; at a fixed mesh the time part of the residual falls

@@ -78,9 +78,9 @@ The affine feed-forward velocity of the boxes is not part of :math:`X` (as for :
 Parallel. :func:`metric_diagnostics` is collective: the measure is not gathered (the kernel
 sums at the local points go through :class:`~solvers.attention.DistributedSources`, by the
 attention's backend, and the evaluation of the same state by
-:func:`~solvers.attention.measure_diagnostics` or the energy budget is reused), and the per-rank partial sums are added in
-rank order with ``math.fsum`` (an allgather), so every rank holds identical values, and the
-values for different numbers of ranks differ by rounding only.
+:func:`~solvers.attention.measure_diagnostics` or the energy budget is reused), and the
+per-rank partial sums are added in rank order with ``math.fsum`` (an allgather), so every rank
+holds identical values, and the values for different numbers of ranks differ by rounding only.
 
 Reference: [AGS08] L. Ambrosio, N. Gigli, G. Savaré, *Gradient flows in metric spaces and in
 the space of probability measures*, 2nd ed., Birkhäuser (2008), Ch. 1-2.
