@@ -16,7 +16,7 @@ from solvers.attention import (
     Attention,
     DistributedSources,
     Head,
-    _distributed,
+    clear_reuse,
     distributed_kernel_sums,
     gather_measure,
     kernel_sums,
@@ -117,7 +117,7 @@ def test_attention_and_diagnostics_accept_distributed_sources() -> None:
 def test_reuse_returns_the_kept_evaluation_and_changes_with_the_state() -> None:
     pts, w = _measure(300, seed=4)
     A = _matrices(1, 1.0)
-    _distributed.clear_reuse()
+    clear_reuse()
     first = distributed_kernel_sums(COMM, pts, pts, w, A, "numba", reuse=True)
     again = distributed_kernel_sums(COMM, pts, pts, w, A, "numba", reuse=True)
     assert again is first

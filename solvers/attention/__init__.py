@@ -35,8 +35,10 @@ from solvers.attention._attention import (
 from solvers.attention._distributed import (
     DistributedSources,
     KernelSums,
+    clear_reuse,
     distributed_kernel_sums,
     merge_partial_sums,
+    resolve_sources,
     ring_pass,
 )
 from solvers.attention._gradient import (
@@ -64,6 +66,7 @@ __all__ = [
     "HeadChoice",
     "KernelSums",
     "MeasureDiagnostics",
+    "clear_reuse",
     "distributed_kernel_sums",
     "gather_measure",
     "kernel_sums",
@@ -71,6 +74,7 @@ __all__ = [
     "kernel_sums_with_choice",
     "measure_diagnostics",
     "merge_partial_sums",
+    "resolve_sources",
     "ring_pass",
     "sphere_basis",
     "velocity_mismatch",

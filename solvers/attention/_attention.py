@@ -361,10 +361,12 @@ class Attention:
             targets, sources, masses, A, self._backend, self._tolerance, self._frozen_heads
         )
 
-    def _head_outputs(
+    def head_outputs(
         self, targets: Any, sources: Any, masses: Any, heads: Sequence[Head], reuse: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Validated targets, log_Z (H, m), mean (H, m, d), projected outputs P a_h (H, m, d)."""
+        """Validated targets, log_Z (H, m), mean (H, m, d) and the projected head outputs
+        P_x a_h (H, m, d) (the pieces of :meth:`evaluate`, for the diagnostics); ``sources``,
+        ``masses`` and ``reuse`` as in :meth:`sums`."""
         X = _as_matrix("targets", targets)
         d = X.shape[1]
         A = self.attention_matrices(heads, d)
@@ -406,7 +408,7 @@ class Attention:
         if self._velocity_model == "gradient":
             grad = self.energy_gradient(targets, sources, masses, heads, head_weights)
             return AttentionField(grad.log_Z, grad.mean, grad.gradient_velocity)
-        _, log_Z, mean, Pa = self._head_outputs(targets, sources, masses, heads)
+        _, log_Z, mean, Pa = self.head_outputs(targets, sources, masses, heads)
         w = _head_weights(head_weights, len(heads))
         if w is None:
             velocity = (self._sign / len(heads)) * Pa.sum(axis=0)
@@ -441,7 +443,7 @@ class Attention:
         ``reuse``: keep repeated evaluations of one state (distributed sources only, see
         :meth:`sums`).
         """
-        X, log_Z, mean, _ = self._head_outputs(targets, sources, masses, heads, reuse)
+        X, log_Z, mean, _ = self.head_outputs(targets, sources, masses, heads, reuse)
         sums = lambda B: self.sums(X, sources, masses, B, reuse)[:2]  # noqa: E731
         hw = _head_weights(head_weights, len(heads))
         return heads_energy_gradient(self, X, log_Z, mean, sums, heads, hw)

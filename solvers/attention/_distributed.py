@@ -58,7 +58,9 @@ __all__ = [
     "DistributedSources",
     "KernelSums",
     "distributed_kernel_sums",
+    "clear_reuse",
     "merge_partial_sums",
+    "resolve_sources",
     "ring_pass",
 ]
 
@@ -452,7 +454,6 @@ class DistributedSources:
         P.setflags(write=False)
         self.local_points = P
         self.n_local = len(P)
-        self.n_global = self.n_local if _size(comm) == 1 else int(comm.allreduce(len(P)))
 
     def kernel_sums(
         self,
@@ -479,3 +480,27 @@ class DistributedSources:
             second=second,
             reuse=reuse,
         )
+
+
+def resolve_sources(
+    comm: Any, points_local: Any, masses_local: Any, sources: Any, masses_all: Any
+) -> tuple[Any, Array]:
+    """The ``(sources, masses)`` a diagnostic sums over, from its optional arguments.
+
+    ``sources`` None and ``masses_all`` None: distributed sources of the local points with the
+    local masses (nothing gathered); a :class:`DistributedSources` (``masses_all`` None): it,
+    with the local masses; gathered arrays ``sources``/``masses_all``: as given.
+
+    Raises:
+        ValueError: for any other combination.
+    """
+    if isinstance(sources, DistributedSources):
+        if masses_all is not None:
+            raise ValueError("with DistributedSources pass masses_all=None (the local masses)")
+        return sources, np.asarray(masses_local, dtype=np.float64)
+    if (sources is None) != (masses_all is None):
+        raise ValueError("pass both sources and masses_all, or neither")
+    if sources is None:
+        points = np.asarray(points_local, dtype=np.float64)
+        return DistributedSources(comm, points), np.asarray(masses_local, dtype=np.float64)
+    return sources, masses_all

@@ -36,7 +36,7 @@ from solvers.attention._checks import as_masses as _as_masses
 from solvers.attention._checks import as_matrix as _as_matrix
 from solvers.attention._checks import comm_size as _comm_size
 from solvers.attention._checks import normalised_head_weights as _head_weights
-from solvers.attention._distributed import DistributedSources
+from solvers.attention._distributed import resolve_sources
 
 if TYPE_CHECKING:
     from solvers.attention._attention import Attention, Head
@@ -123,15 +123,8 @@ def measure_diagnostics(
     weights :math:`w_h` replace :math:`1/H` in :math:`X`, :math:`E`, :math:`b` and
     :math:`\mathcal{D}`. Collective: call it on every rank of ``comm``.
     """
-    if isinstance(sources, DistributedSources):
-        if masses_all is not None:
-            raise ValueError("with DistributedSources pass masses_all=None (the local masses)")
-        masses_all = masses_local
-    elif (sources is None) != (masses_all is None):
-        raise ValueError("pass both sources and masses_all, or neither")
-    elif sources is None:
-        sources, masses_all = DistributedSources(comm, points_local), masses_local
-    X, log_Z, _, Pa = attention._head_outputs(points_local, sources, masses_all, heads, True)
+    sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
+    X, log_Z, _, Pa = attention.head_outputs(points_local, sources, masses_all, heads, True)
     w = _as_masses("masses_local", masses_local, X.shape[0])
     H = len(heads)
     hw = _head_weights(head_weights, H)

@@ -75,6 +75,7 @@ from solvers.attention import (
     DistributedSources,
     energy_gradient_from_sums,
     kernel_sums,
+    resolve_sources,
 )
 
 __all__ = [
@@ -121,22 +122,6 @@ def brute_force_backend(backend: str | None) -> str:
     if backend == "numpy" or not HAVE_NUMBA:
         return "numpy"
     return "numba"
-
-
-def _distributed(
-    comm: Any, points_local: Any, masses_local: Any, sources: Any, masses_all: Any
-) -> tuple[Any, np.ndarray]:
-    """(sources, masses) for the sums: gathered arrays as given, else distributed sources."""
-    if isinstance(sources, DistributedSources):
-        if masses_all is not None:
-            raise ValueError("with DistributedSources pass masses_all=None (the local masses)")
-        return sources, np.asarray(masses_local, dtype=np.float64)
-    if (sources is None) != (masses_all is None):
-        raise ValueError("pass both sources and masses_all, or neither")
-    if sources is None:
-        points = np.asarray(points_local, dtype=np.float64)
-        return DistributedSources(comm, points), np.asarray(masses_local, dtype=np.float64)
-    return sources, masses_all
 
 
 def _moments(
@@ -248,7 +233,7 @@ def energy_derivatives(
     Returns:
         The :class:`EnergyDerivatives`, identical on every rank.
     """
-    sources, masses_all = _distributed(comm, points_local, masses_local, sources, masses_all)
+    sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
     M = np.asarray(matrices, dtype=np.float64)
     V = M if values is None else np.asarray(values, dtype=np.float64)
     if M.ndim != 3 or V.shape != M.shape:
@@ -325,7 +310,7 @@ def interaction_energy(
 ) -> float:
     r""":math:`E(\mu, M) = (2\beta)^{-1} \sum_h w_h \sum_i m_i Z_h(x_i)`, :math:`w_h = 1/H` by
     default (collective)."""
-    sources, masses_all = _distributed(comm, points_local, masses_local, sources, masses_all)
+    sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
     M = np.asarray(matrices, dtype=np.float64)
     X = np.asarray(points_local, dtype=np.float64).reshape(-1, M.shape[1])
     log_Z = _moments(attention, M, X, sources, masses_all, False, backend)[0]

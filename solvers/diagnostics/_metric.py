@@ -95,7 +95,7 @@ from typing import Any
 
 import numpy as np
 
-from solvers.attention import Attention, DistributedSources, Head
+from solvers.attention import Attention, DistributedSources, Head, resolve_sources
 
 __all__ = ["MAXIMAL_SLOPE_COLUMNS", "REST_RTOL", "MetricDiagnostics", "metric_diagnostics"]
 
@@ -161,14 +161,7 @@ def metric_diagnostics(
     Returns:
         The :class:`MetricDiagnostics`, identical on every rank.
     """
-    if isinstance(sources, DistributedSources):
-        if masses_all is not None:
-            raise ValueError("with DistributedSources pass masses_all=None (the local masses)")
-        masses_all = masses_local
-    elif (sources is None) != (masses_all is None):
-        raise ValueError("pass both sources and masses_all, or neither")
-    elif sources is None:
-        sources, masses_all = DistributedSources(comm, points_local), masses_local
+    sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
     m = np.asarray(masses_local, dtype=np.float64)
     grad = attention.energy_gradient(
         points_local, sources, masses_all, heads, head_weights, reuse=True
