@@ -60,7 +60,7 @@ def _config(scheme: str, dt: float, t_end: float, level: int = 2, **extra) -> di
 @pytest.fixture
 def no_pictures(monkeypatch):
     """Skip the pictures of a run (seconds each; the convergence tests read numbers only)."""
-    for name in ("render_density", "plot_metrics", "plot_budget"):
+    for name in ("density_strip", "plot_metrics", "plot_budget"):
         monkeypatch.setattr(f"drivers.engine._recorder.{name}", lambda *args, **kwargs: None)
 
 

@@ -12,7 +12,9 @@ cases (and R^1/R^2 boxes) run in-process, then:
   cells, colours by the cell array ``density`` and saves a screenshot, which must not be blank;
 - ``transformer-pde paraview`` (:mod:`drivers.engine._paraview`) renders one frame per
   output time with its own script (log colour scale over the series, or ``--linear``),
-  checked against the series read with h5py: frame count, not blank, the colour range used.
+  checked against the series read with h5py: frame count, not blank, the colour range used;
+- a series whose mesh changes (written with DensityWriter on icospheres of level 1, 2, then
+  1 again, as an adaptive run writes it) is one time series with each step's cell count.
 
 The command's checks that need no ParaView (errors, no pvbatch, ``--no-run``) always run.
 """
@@ -288,6 +290,62 @@ def test_paraview_command_s1_linear(s1_run, capfd):
     assert report["scale"] == "linear" and report["camera"] == "2D"
     assert report["colour_range"] == pytest.approx([lo, hi], rel=1e-12)
     assert "linear colour scale" in line
+
+
+@pytest.fixture(scope="module")
+def adaptive_series(tmp_path_factory) -> Path:
+    """A series on changing meshes, as an adaptive run writes it: an icosphere of level 1
+    (80 cells), of level 2 (320 cells) for two outputs, then level 1 again (a new mesh
+    group, equal to the first)."""
+    from mpi4py import MPI
+
+    import meshes
+    from drivers.engine import DensityWriter
+
+    _pvbatch()
+    out = tmp_path_factory.mktemp("paraview") / "adaptive"
+    out.mkdir()
+    coarse, fine = (meshes.control_volumes(meshes.icosphere(MPI.COMM_WORLD, n)) for n in (1, 2))
+    writer = DensityWriter(coarse, out / "density.xdmf")
+    for t, cv in ((0.0, coarse), (0.1, fine), (0.2, fine), (0.3, coarse)):
+        x = cv.centres[: cv.n_owned]
+        writer.write(t, np.exp(4.0 * (1.0 + 2.0 * t) * (x[:, 2] - 1.0)), cv=cv)
+    writer.close()
+    return out
+
+
+ADAPTIVE_CELLS = [80, 320, 320, 80]
+
+
+@paraview
+def test_paraview_opens_changing_mesh(adaptive_series, tmp_path):
+    """pvbatch reads a series whose mesh changes as one time series, each step with its own
+    number of cells."""
+    seen, pixels = _open_in_paraview(adaptive_series, tmp_path)
+    assert seen["reader"] == "Xdmf3ReaderT", seen
+    assert seen["times"] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert len(seen["animation_times"]) == 4
+    assert seen["cells"] == ADAPTIVE_CELLS and seen["points"] == 42
+    with h5py.File(adaptive_series / "density.h5", "r") as f:
+        assert sorted(f["/Mesh"].keys()) == ["mesh", "mesh_1", "mesh_2"]
+        last = np.asarray(f["/Function/density/3"])
+    assert seen["density_range"] == pytest.approx([last.min(), last.max()], rel=1e-12)
+    assert pixels.std() > BLANK_STD, f"blank screenshot (std {pixels.std():.2f})"
+
+
+@paraview
+def test_paraview_command_changing_mesh(adaptive_series, tmp_path, capfd):
+    """``transformer-pde paraview`` renders a frame per step, each on its own mesh, with one
+    colour range over all of them."""
+    folder = tmp_path / "frames"
+    report, line = _render(capfd, [str(adaptive_series), "--out", str(folder)])
+    frames = _check_frames(folder, report, 4)
+    assert report["cells"] == ADAPTIVE_CELLS
+    assert not np.array_equal(frames[0], frames[1])
+    lo, hi = _series_range(adaptive_series)
+    assert report["data_range"] == pytest.approx([lo, hi], rel=1e-12)
+    assert report["scale"] == "log" and report["camera"] == "3D"
+    assert "wrote 4 frames" in line
 
 
 BOX_R1 = ['mesh.manifold="R1"', "mesh.lower=-3.0", "mesh.upper=3.0"]

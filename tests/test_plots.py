@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import drivers.engine._recorder as recorder
+import drivers.engine._plots as plots
 from drivers.engine import main as cli_main
+from drivers.engine import read_series
 from drivers.engine._pictures import LOG_FLOOR, choose_scale, manifold_of
 from drivers.engine._plots import plot_metrics, render_density, strip_steps
 from meshes.sphere import circle_arrays, icosphere_arrays
@@ -233,13 +234,14 @@ def _tiny_s1_run(tmp_path_factory, monkeypatch, name: str) -> tuple[Path, list]:
     comm = MPI.COMM_WORLD
     root = Path(comm.bcast(str(tmp_path_factory.mktemp(name)) if comm.rank == 0 else None))
     calls = []
-    real = recorder.render_density
+    real = plots.render_density
 
     def spy(path, vertices, density, **kwargs):
         calls.append((np.array(density), kwargs))
         return real(path, vertices, density, **kwargs)
 
-    monkeypatch.setattr(recorder, "render_density", spy)
+    # the recorder draws density.png through plots.density_strip
+    monkeypatch.setattr(plots, "render_density", spy)
     config = root / "s1.toml"
     if comm.rank == 0:
         config.write_text(
@@ -275,6 +277,14 @@ def test_run_writes_density_strip(tmp_path_factory, monkeypatch):
     np.testing.assert_array_equal(density[-1], final["density"])
     assert kwargs["title"].startswith("density, t = 0 to ")
     assert (out / "density.png").is_file() and (out / "metrics.png").is_file()
+    # density_strip (meshes that may change) draws the same strip from the same files
+    calls.clear()
+    vertices = read_series(out).vertices
+    t_final = float(final["t"])
+    plots.density_strip(out / "s.png", out / "density.xdmf", vertices, final["density"], t_final)
+    ((again, again_kwargs),) = calls
+    np.testing.assert_array_equal(again, density)
+    assert again_kwargs == kwargs
 
 
 def test_run_strip_falls_back_to_final(tmp_path_factory, monkeypatch):
@@ -283,7 +293,7 @@ def test_run_strip_falls_back_to_final(tmp_path_factory, monkeypatch):
     def unreadable(path):
         raise ValueError(f"{path}: unreadable")
 
-    monkeypatch.setattr(recorder, "read_series", unreadable)
+    monkeypatch.setattr(plots, "read_series", unreadable)
     out, calls = _tiny_s1_run(tmp_path_factory, monkeypatch, "fallback")
     if MPI.COMM_WORLD.rank != 0:
         return

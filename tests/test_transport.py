@@ -80,11 +80,11 @@ def test_uniform_stays_uniform(comm):
 
 
 # ---------------------------------------------------------------- S^1 convergence
-_S1_DENSITY = "1 + 0.5 * x[0] + 0.6 * x[0] * x[1]"  # 1 + cos(t)/2 + 0.3 sin(2t) > 0
-_S1_BETA, _S1_T = 2.0, 0.75
+S1_DENSITY = "1 + 0.5 * x[0] + 0.6 * x[0] * x[1]"  # 1 + cos(t)/2 + 0.3 sin(2t) > 0
+S1_BETA, S1_T = 2.0, 0.75
 
 
-def _lagrangian_reference(n_p: int = 2048, dt: float = 5e-3):
+def lagrangian_reference(n_p: int = 2048, dt: float = 5e-3):
     """Independent reference on S^1: the exact Lagrangian picture of the continuity equation.
 
     Interval endpoints e_k are massless tracers; the mass between two characteristics is
@@ -100,7 +100,7 @@ def _lagrangian_reference(n_p: int = 2048, dt: float = 5e-3):
     f = 1 + 0.5 * np.cos(th) + 0.3 * np.sin(2 * th)
     mass = (np.pi / n_p) * (f @ gw)
     mass /= mass.sum()
-    attn = Attention(_S1_BETA, 1)
+    attn = Attention(S1_BETA, 1)
     heads = [Head.identity(2)]
     theta = np.concatenate([e, mid])  # tracers: endpoints then mass points
 
@@ -110,7 +110,7 @@ def _lagrangian_reference(n_p: int = 2048, dt: float = 5e-3):
         return X[:, 1] * np.cos(th) - X[:, 0] * np.sin(th)
 
     t = 0.0
-    while t < _S1_T - 1e-12:
+    while t < S1_T - 1e-12:
         k1 = speed(theta)
         k2 = speed(theta + 0.5 * dt * k1)
         k3 = speed(theta + 0.5 * dt * k2)
@@ -131,16 +131,16 @@ def _lagrangian_reference(n_p: int = 2048, dt: float = 5e-3):
 
 @pytest.fixture(scope="module")
 def s1_reference():
-    return _lagrangian_reference()
+    return lagrangian_reference()
 
 
 def _s1_errors(comm, reference, reconstruction):
     errs, hs = [], []
     for r in (1, 2, 3, 4):
         cv = control_volumes(circle(comm, r))
-        s = _solver(cv, _S1_DENSITY, beta=_S1_BETA, reconstruction=reconstruction, cfl=0.4)
-        while s.t < _S1_T:
-            s.step(_S1_T)
+        s = _solver(cv, S1_DENSITY, beta=S1_BETA, reconstruction=reconstruction, cfl=0.4)
+        while s.t < S1_T:
+            s.step(S1_T)
         v = cv.vertices[: cv.n_owned]
         a = np.arctan2(v[:, 0, 1], v[:, 0, 0])
         sweep = np.arctan2(

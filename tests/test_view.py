@@ -134,6 +134,55 @@ def test_view_s2_gif(s2_run):
         assert im.info["duration"] == 200 and im.size == (900, 500)
 
 
+def test_single_mesh_series_api(s2_run):
+    """A run on a fixed mesh: one mesh, every step on it, vertices_at(k) is ``vertices``."""
+    if MPI.COMM_WORLD.rank != 0:
+        return
+    series = read_series(s2_run)
+    assert series.n_meshes == 1 and series.step_mesh == ()
+    for k in range(series.n_steps):
+        assert series.mesh_index(k) == 0
+        np.testing.assert_array_equal(series.vertices_at(k), series.vertices)
+        assert series.values(k).shape == (len(series.vertices),)
+
+
+def _changing_series(folder: Path) -> None:
+    """A density.xdmf whose mesh changes (icospheres of level 1, 2, 1; collective)."""
+    import meshes
+    from drivers.engine import DensityWriter
+
+    comm = MPI.COMM_WORLD
+    if comm.rank == 0:
+        folder.mkdir()
+    comm.barrier()
+    cvs = [meshes.control_volumes(meshes.icosphere(comm, n)) for n in (1, 2, 1)]
+    writer = DensityWriter(cvs[0], folder / "density.xdmf")
+    for t, cv in zip((0.0, 0.5, 1.0), cvs, strict=True):
+        x = cv.centres[: cv.n_owned]
+        writer.write(t, np.exp(3.0 * (1.0 + t) * (x[:, 0] - 1.0)), cv=cv)
+    writer.close()
+
+
+def test_view_changing_mesh(tmp_path_factory):
+    """``view`` of a series whose mesh changes: a frame per step on its own mesh; a mesh
+    group missing from the HDF5 file is one ValueError."""
+    comm = MPI.COMM_WORLD
+    root = Path(
+        comm.bcast(str(tmp_path_factory.mktemp("view_adaptive")) if comm.rank == 0 else None)
+    )
+    _changing_series(root / "out")
+    if comm.rank != 0:
+        return
+    series = read_series(root / "out")
+    assert series.n_meshes == 3
+    assert [len(series.vertices_at(k)) for k in range(3)] == [80, 320, 80]
+    _check_animation(view(root / "out", fps=2), 3)
+    with h5py.File(root / "out" / "density.h5", "a") as f:
+        del f["/Mesh/mesh_1"]
+    with pytest.raises(ValueError, match="/Mesh/mesh_1/topology listed in density.xdmf is missing"):
+        view(root / "out")
+
+
 def test_view_every_and_output(s2_run, tmp_path):
     if MPI.COMM_WORLD.rank != 0:
         return

@@ -61,6 +61,7 @@ _HOME = {
     "plot_budget": "_plots",
     "plot_metrics": "_plots",
     "render_density": "_plots",
+    "density_strip": "_plots",
     "CheckpointError": "_checkpoint",
     "checkpoint_dir": "_checkpoint",
     "load_latest_checkpoint": "_checkpoint",

@@ -11,7 +11,8 @@ linear) and writes, into FOLDER (default ``DIR/paraview``):
 - ``frame_0000.png``, ``frame_0001.png``, ...: one frame per output time;
 - ``density.avi`` (ParaView's ``SaveAnimation``, when the ParaView build has FFMPEG, as
   Debian's 5.11 has) and ``density.gif`` (assembled here from the frames with Pillow);
-- ``paraview_density.json``: the reader, times, frames, colour scale and range used.
+- ``paraview_density.json``: the reader, times, cells per frame (the mesh of an adaptive run
+  changes), frames, colour scale and range used.
 
 Behaviour: without ``pvbatch`` on the PATH (or with ``--no-run``) the script is written and
 one line says how to run it (``pvbatch DIR/paraview_density.py``, or in the ParaView GUI:

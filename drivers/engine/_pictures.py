@@ -323,6 +323,12 @@ class SurfacePanel:
         self.collection.set_facecolor(rgba)
         self.collection.set_edgecolor(rgba)
 
+    def remove(self) -> None:
+        """Take the panel's cells off its axes (to draw another mesh there)."""
+        for artist in (self.collection, self.image):
+            if artist is not None:
+                artist.remove()
+
 
 class CurvePanel:
     """S^1 (density against the angle) or R^1 (against x) as step curves on one axes.

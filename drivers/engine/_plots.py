@@ -24,8 +24,16 @@ from drivers.engine._pictures import (
     pyplot,
     sphere_views,
 )
+from drivers.engine._view import read_series
 
-__all__ = ["plot_budget", "plot_metrics", "plain_ticks", "render_density", "strip_steps"]
+__all__ = [
+    "density_strip",
+    "plot_budget",
+    "plot_metrics",
+    "plain_ticks",
+    "render_density",
+    "strip_steps",
+]
 
 #: snapshots in the strip of density.png: t = 0, two intermediate times, the final time
 STRIP = 4
@@ -33,10 +41,38 @@ STRIP = 4
 Array = npt.NDArray[np.float64]
 
 
+def _snapshots(
+    vertices: Array | Sequence[Array], density: Array | Sequence[Array]
+) -> tuple[list[Array], list[Array], list[int]]:
+    """Each snapshot's vertices and values, and a key per snapshot that is the same for
+    snapshots on the same mesh (one array: all on it)."""
+    if isinstance(vertices, np.ndarray):
+        values = list(np.atleast_2d(np.asarray(density, dtype=np.float64)))
+        return [vertices] * len(values), values, [0] * len(values)
+    meshes = [np.asarray(v, dtype=np.float64) for v in vertices]
+    if isinstance(density, np.ndarray) and density.ndim == 1:
+        density = [density]
+    values = [np.asarray(d, dtype=np.float64).reshape(-1) for d in density]
+    if len(meshes) != len(values):
+        raise ValueError(f"{len(meshes)} meshes for {len(values)} snapshots")
+    keys: list[int] = []
+    for i, (mesh, v) in enumerate(zip(meshes, values, strict=True)):
+        if len(mesh) != len(v):
+            raise ValueError(f"snapshot {i}: {len(v)} values on a mesh of {len(mesh)} cells")
+        same = (
+            j
+            for j in sorted(set(keys))
+            if meshes[j] is mesh
+            or (meshes[j].shape == mesh.shape and np.array_equal(meshes[j], mesh))
+        )
+        keys.append(next(same, i))
+    return meshes, values, keys
+
+
 def render_density(
     path: str | Path,
-    vertices: Array,
-    density: Array,
+    vertices: Array | Sequence[Array],
+    density: Array | Sequence[Array],
     title: str = "density",
     log: bool | None = None,
     times: Sequence[float] | None = None,
@@ -49,11 +85,14 @@ def render_density(
     map, S^1/R^1 as a curve. Several snapshots (``density`` of shape (k, n)): S^2 as k
     columns (front row and back row), R^2 as k heat maps, S^1/R^1 as k curves on one axes
     with a legend of the times; every panel on the same colour scale, so that they compare.
+    Snapshots on different meshes (adaptive runs): ``vertices`` a list of k arrays, one per
+    snapshot, and ``density`` k arrays of their lengths; each is drawn on its own mesh.
 
     Args:
         path: the PNG file.
-        vertices: (n, nv, d) cell vertices in original order.
-        density: (n,) or (k, n) cell values.
+        vertices: (n, nv, d) cell vertices in original order, or a list of k such arrays
+            (one per snapshot, of any numbers of cells).
+        density: (n,) or (k, n) cell values; with a list of meshes, k arrays (n_i,).
         title: the figure title.
         log: log colour scale (log y axis for curves); None: when the values are
             non-negative and span more than ``LOG_RANGE`` (floored at max * ``LOG_FLOOR``).
@@ -64,28 +103,34 @@ def render_density(
 
     Returns:
         The matplotlib figure (closed, for inspection).
+
+    Raises:
+        ValueError: as many times, meshes and snapshots are not given, or a snapshot's
+            length is not its mesh's number of cells.
     """
-    values = np.atleast_2d(np.asarray(density, dtype=np.float64))
+    meshes, values, keys = _snapshots(vertices, density)
     k = len(values)
     if times is not None and len(times) != k:
         raise ValueError(f"{len(times)} times for {k} snapshots")
     stamps = [f"t = {t:.3g}" for t in times] if times is not None else [None] * k
-    scale = choose_scale(list(values), log, clim)
-    kind = manifold_of(vertices)
+    scale = choose_scale(values, log, clim)
+    kind = manifold_of(meshes[-1])
     plt = pyplot()
     if kind in ("S1", "R1"):
         fig, ax = plt.subplots(figsize=(7.5, 4.0), layout="constrained")
-        panel = CurvePanel(ax, vertices, label or "density")
+        curves: dict[int, CurvePanel] = {}  # one per mesh
         colours = plt.get_cmap("plasma")(np.linspace(0.0, 0.8, k)) if k > 1 else ["C0"]
         for i in range(k):
-            panel.add(values[i], scale, color=colours[i], label=stamps[i])
-        panel.set_scale(scale)
+            if keys[i] not in curves:
+                curves[keys[i]] = CurvePanel(ax, meshes[i], label or "density")
+            curves[keys[i]].add(values[i], scale, color=colours[i], label=stamps[i])
+        curves[keys[-1]].set_scale(scale)
         if stamps[0] is not None:
             ax.legend(fontsize=8, title=None, loc="best")
         ax.set_title(title)
     else:
         if kind == "S2":
-            front, back = sphere_views(vertices, values[-1])
+            front, back = sphere_views(meshes[-1], values[-1])
             if k == 1:
                 fig, axes = plt.subplots(1, 2, figsize=(9.0, 4.8), layout="constrained")
                 panels = [(axes[0], 0, front, "front"), (axes[1], 0, back, "back")]
@@ -104,10 +149,10 @@ def render_density(
                 1, k, figsize=(3.4 * k + 1.4, 3.9), layout="constrained", squeeze=False
             )
             panels = [(axes[0, i], i, None, stamps[i]) for i in range(k)]
-        made: dict[int, SurfacePanel] = {}  # one geometry per view (rows of a strip)
+        made: dict[tuple[int, int], SurfacePanel] = {}  # one geometry per mesh and view
         for ax, i, view, top in panels:
-            key = 0 if view is None else hash(np.asarray(view).tobytes())
-            made[key] = SurfacePanel(ax, vertices, view, like=made.get(key))
+            key = (keys[i], 0 if view is None else hash(np.asarray(view).tobytes()))
+            made[key] = SurfacePanel(ax, meshes[i], view, like=made.get(key))
             made[key].update(values[i], scale)
             if top:
                 ax.set_title(top, fontsize=10)
@@ -120,6 +165,78 @@ def render_density(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return fig
+
+
+def _same_cells(a: Array, b: Array) -> bool:
+    """Whether two vertex arrays are the same cells in the same order: equal cell centres
+    (the mean of each cell's vertices; an R^1 mesh may be padded with y = 0, and
+    quadrilaterals ordered as a cycle or tensor)."""
+    if len(a) != len(b) or a.shape[1] != b.shape[1]:
+        return False
+    d = min(a.shape[2], b.shape[2])
+    ca, cb = a.mean(axis=1)[:, :d], b.mean(axis=1)[:, :d]
+    return bool(np.allclose(ca, cb, rtol=0.0, atol=1e-12 * max(1.0, float(np.abs(ca).max()))))
+
+
+def density_strip(
+    path: str | Path,
+    xdmf_path: str | Path,
+    final_vertices: Array,
+    final_density: Array,
+    t_final: float,
+    title_prefix: str = "density",
+) -> Any:
+    """density.png of a run: a strip of snapshots on one colour scale (rank 0).
+
+    t = 0, intermediate output times (:func:`strip_steps`) read back from the series at
+    ``xdmf_path`` (those before ``t_final``), then the final state; each snapshot on its
+    own mesh (the series' meshes may change: adaptive runs; a step on the final state's
+    cells is drawn with ``final_vertices``). The final state alone when the series cannot be
+    read (or, on one mesh, does not have the final state's number of cells).
+
+    Args:
+        path: the PNG file.
+        xdmf_path: the density series (``density.xdmf``).
+        final_vertices: (n, nv, d) cell vertices of the final state.
+        final_density: (n,) its cell values.
+        t_final: its time.
+        title_prefix: the title starts with this, then ", t = <first> to <last>".
+
+    Returns:
+        The matplotlib figure (closed), as :func:`render_density`.
+    """
+    final_vertices = np.asarray(final_vertices)
+    snapshots, times, meshes = [final_density], [t_final], [final_vertices]
+    try:
+        series = read_series(xdmf_path)
+        if series.n_meshes == 1 and series.values(0).shape != np.shape(final_density):
+            series = None
+        if series is not None:
+            past = np.flatnonzero(series.times < t_final)  # then the final state itself
+            picks = strip_steps(np.append(series.times[past], t_final))
+            before = [int(past[i]) for i in picks if i < len(past)]
+            own: dict[int, Array] = {}  # the vertices of each mesh of the strip
+            for k in before:
+                j = series.mesh_index(k)
+                if j not in own:
+                    v = series.vertices_at(k)
+                    own[j] = final_vertices if _same_cells(final_vertices, v) else v
+            past_values = [series.values(k) for k in before]
+            snapshots = past_values + snapshots
+            times = [float(series.times[k]) for k in before] + times
+            meshes = [own[series.mesh_index(k)] for k in before] + meshes
+    except (ValueError, OSError, KeyError):  # the series cannot be read: the final state
+        snapshots, times, meshes = [final_density], [t_final], [final_vertices]
+    span = f"{times[0]:.3g} to {t_final:.3g}" if len(times) > 1 else f"{t_final:.3g}"
+    one = all(m is final_vertices for m in meshes)
+    return render_density(
+        path,
+        final_vertices if one else meshes,
+        np.array(snapshots) if one else snapshots,
+        title=f"{title_prefix}, t = {span}",
+        times=times,
+        label="density",
+    )
 
 
 def strip_steps(times: Sequence[float], count: int = STRIP) -> list[int]:

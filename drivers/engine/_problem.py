@@ -2,7 +2,9 @@
 
 :func:`build_problem` is the only place where ``[time] scheme`` becomes a scheme: through the
 registry of :mod:`solvers.transport` (:func:`solvers.transport.make_scheme`), with the
-options of :class:`solvers.transport.SchemeOptions`. Collective over the communicator.
+options of :class:`solvers.transport.SchemeOptions`. With ``[adapt] max_level > 0`` that
+scheme runs inside a :class:`solvers.transport.AdaptiveScheme` on a forest mesh
+(:func:`adaptive_scheme`; docs/adaptivity.md). Collective over the communicator.
 """
 
 from __future__ import annotations
@@ -30,9 +32,16 @@ from meshes import (
     icosphere,
     mesh_quality,
 )
+from meshes.adaptive import CircleForest, SphereForest
 from solvers.attention import Attention, Head, velocity_mismatch
 from solvers.stepping import TokenScheme
-from solvers.transport import SchemeOptions, initial_density, make_scheme
+from solvers.transport import (
+    AdaptiveScheme,
+    AdaptOptions,
+    SchemeOptions,
+    initial_density,
+    make_scheme,
+)
 from solvers.weights import (
     FokkerPlanckSolver,
     FokkerPlanckWeights,
@@ -48,6 +57,7 @@ __all__ = [
     "Problem",
     "build_mesh",
     "build_model",
+    "adaptive_scheme",
     "build_problem",
     "feedforward",
     "velocity_record",
@@ -62,7 +72,8 @@ class Problem:
 
     Attributes:
         cfg: the resolved configuration.
-        cv: the control volumes of the distributed mesh.
+        cv: the control volumes of the distributed mesh (of an adaptive run, ``[adapt]``: the
+            initial mesh; the scheme's own ``cv`` follows the adaptations).
         quality: its size and quality figures (h, area ratio, ...).
         attention: beta, sign and the evaluation backend of the heads.
         weights: the heads as functions of time.
@@ -177,16 +188,43 @@ def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
         MeshError, DensityError: an invalid mesh file or initial density.
     """
     check_memory(cfg, comm)
-    cv = build_mesh(cfg, comm)
-    quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
     attention, weights = build_model(cfg)
-    density0 = initial_density(cv, cfg["initial"]["density"])
-    name = cfg["time"]["scheme"]
-    try:
-        scheme = make_scheme(name, cv, attention, weights, density0, scheme_options(cfg))
-    except ValueError as exc:  # e.g. the JKO scheme needs rho > 0 everywhere
-        raise ConfigError("time.scheme", f"{name}: {exc}") from None
+    name, options = cfg["time"]["scheme"], scheme_options(cfg)
+    expression = cfg["initial"]["density"]
+
+    def build(cv: ControlVolumes, density: Array) -> TokenScheme:
+        try:
+            return make_scheme(name, cv, attention, weights, density, options)
+        except ValueError as exc:  # e.g. the JKO scheme needs rho > 0 everywhere
+            raise ConfigError("time.scheme", f"{name}: {exc}") from None
+
+    if cfg["adapt"]["max_level"] > 0:
+        scheme: TokenScheme = adaptive_scheme(cfg, comm, build)
+        cv, density0 = scheme.cv, scheme.density
+    else:
+        cv = build_mesh(cfg, comm)
+        density0 = initial_density(cv, expression)
+        scheme = build(cv, density0)
+    quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
     return Problem(cfg, cv, quality, attention, weights, density0, scheme)
+
+
+def adaptive_scheme(cfg: dict[str, Any], comm: MPI.Comm, build: Any) -> AdaptiveScheme:
+    """The scheme of ``[time]`` on the adaptive mesh of ``[adapt]`` (collective): a forest
+    from ``mesh.refinement`` to ``adapt.max_level``, adapted to the initial density."""
+    m, ad = cfg["mesh"], cfg["adapt"]
+    forest_type = SphereForest if m["manifold"] == "S2" else CircleForest
+    options = AdaptOptions(
+        every=ad["every"], indicator=ad["indicator"], refine=ad["refine"], coarsen=ad["coarsen"]
+    )
+    expression = cfg["initial"]["density"]
+    return AdaptiveScheme(
+        comm,
+        forest_type(m["refinement"], ad["max_level"]),
+        build,
+        lambda cv: initial_density(cv, expression),
+        options,
+    )
 
 
 #: schemes that discretise one velocity whatever ``[attention] velocity`` says

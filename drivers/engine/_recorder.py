@@ -23,6 +23,12 @@ Everything written survives a failure: rows and XDMF steps are flushed when writ
 record there, so the budget's quadrature gains that node) and ``final.npz`` of the state at
 that step. Checkpoints carry the resolved config (a restart takes it), summaries the
 provenance of the run (:mod:`drivers.engine._provenance`).
+
+Adaptive meshes (``[adapt]``, :class:`solvers.transport.AdaptiveScheme`): the recorder follows
+the scheme's ``mesh_version``: the cells it gathers (checkpoints, final.npz) are those of the
+scheme's current mesh, each density step is written on its own mesh (a new mesh group in the
+series when it changed), metrics rows carry ``cells``, checkpoints add the forest
+(``mesh_*`` arrays, restored before the cell state), and summary.json the adaptation history.
 """
 
 from __future__ import annotations
@@ -45,10 +51,9 @@ import numpy.typing as npt
 
 from drivers.engine._checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
 from drivers.engine._config import ConfigError
-from drivers.engine._plots import plot_budget, plot_metrics, render_density, strip_steps
+from drivers.engine._plots import density_strip, plot_budget, plot_metrics
 from drivers.engine._problem import Problem, velocity_record
 from drivers.engine._provenance import library_versions, provenance
-from drivers.engine._view import read_series
 from drivers.engine._writers import (
     DensityWriter,
     GatheredCells,
@@ -57,7 +62,7 @@ from drivers.engine._writers import (
     write_final,
     write_json,
 )
-from meshes.control_volumes import flat_control_volumes
+from meshes.control_volumes import ControlVolumes, flat_control_volumes
 from solvers.diagnostics import (
     EDI_COLUMNS,
     MAXIMAL_SLOPE_COLUMNS,
@@ -86,6 +91,7 @@ METRIC_COLUMNS = [
     "newton_its",
     "ksp_its",
     "halvings",
+    "cells",
 ]
 
 
@@ -161,8 +167,20 @@ class Recorder:
             backend = chosen if chosen in ("numpy", "auto", "lowrank") else None
             self.budget = EnergyBudget(backend)
         weight_columns = list(self.weights.diagnostics(0.0))
-        self.columns = METRIC_COLUMNS + (list(EDI_COLUMNS) if self.budget else []) + weight_columns
+        self.adaptive = hasattr(problem.scheme, "mesh_version")
+        # adaptive meshes: the energy jumps of the adaptations so far (they are in dE and so in
+        # edi_residual; edi_residual - adapt_energy_jump is the scheme's own budget error)
+        adapt_columns = ["adapt_energy_jump"] if self.adaptive and self.budget else []
+        self.columns = (
+            METRIC_COLUMNS
+            + (list(EDI_COLUMNS) if self.budget else [])
+            + adapt_columns
+            + weight_columns
+        )
         self.gathered = GatheredCells(cv)
+        # adaptive meshes (solvers.transport.AdaptiveScheme): follow the scheme's mesh
+        self._mesh_version = getattr(problem.scheme, "mesh_version", 0)
+        self._written = self.gathered  # the cells of the last written state
         self.last = StepResult(t=0.0, dt=0.0)
         self.density, self.t = problem.density0, 0.0  # the last written state
         if comm.rank == 0:
@@ -192,7 +210,21 @@ class Recorder:
             ConfigError: no usable checkpoint, another scheme, or no energy budget in it.
         """
         saved = self._load_checkpoint()
-        mine = self.problem.cv.original_index[: self.problem.cv.n_owned]
+        if self.adaptive:
+            mesh = {k[5:]: v for k, v in saved.items() if k.startswith("mesh_")}
+            if not mesh:
+                raise ConfigError(
+                    "--restart", "the checkpoint has no adaptive mesh (adapt.max_level)"
+                )
+            try:
+                scheme.restore_mesh(mesh)
+            except ValueError as exc:
+                raise ConfigError("adapt.max_level", f"cannot restart: {exc}") from None
+            self._follow(scheme)
+        elif any(k.startswith("mesh_") for k in saved):
+            raise ConfigError("--restart", "the checkpoint is of an adaptive run (adapt.max_level)")
+        cv = self._cv(scheme)
+        mine = cv.original_index[: cv.n_owned]
         cells = {k[6:]: saved[k][mine] for k in saved if k.startswith("state_")}
         scheme.restore(
             SchemeState(
@@ -210,12 +242,23 @@ class Recorder:
             points, masses = scheme.measure()
             self.budget.resume(saved, points, masses, self.weights, self.attention, self.comm)
         self.last = StepResult(t=scheme.t, dt=float(saved["dt"]))
-        cv = self.problem.cv
         self.writer = DensityWriter(cv, self.out / "density.xdmf", keep=int(saved["n_outputs"]))
         self.metrics = MetricsWriter(
             self.comm, self.out / "metrics.csv", self.columns, keep=int(saved["n_rows"])
         )
         self.density, self.t = scheme.density, scheme.t
+        self._written = self.gathered
+
+    def _cv(self, scheme: TokenScheme) -> ControlVolumes:
+        """The control volumes the scheme's state lives on now."""
+        return scheme.cv if self.adaptive else self.problem.cv
+
+    def _follow(self, scheme: TokenScheme) -> None:
+        """After a change of an adaptive scheme's mesh: the cells to gather (collective)."""
+        version = getattr(scheme, "mesh_version", 0)
+        if version != self._mesh_version:
+            self._mesh_version = version
+            self.gathered = GatheredCells(scheme.cv)
 
     def _load_checkpoint(self) -> dict[str, Any]:
         """The newest valid checkpoint (read on rank 0, broadcast)."""
@@ -242,6 +285,7 @@ class Recorder:
     def record(self, scheme: TokenScheme, result: StepResult) -> None:
         """After a step: budget, output and checkpoint as the cadences say (collective)."""
         self.last = result
+        self._follow(scheme)
         k = scheme.steps
         write = k % self.every == 0 or scheme.t >= self.t_end
         save = bool(self.checkpoint_every) and k % self.checkpoint_every == 0
@@ -266,7 +310,10 @@ class Recorder:
         comm, t, last = self.comm, scheme.t, self.last
         rho_min = comm.allreduce(float(density.min(initial=np.inf)), op=MPI.MIN)
         rho_max = comm.allreduce(float(density.max(initial=-np.inf)), op=MPI.MAX)
-        self.writer.write(t, density)
+        if self.adaptive:
+            self.writer.write(t, density, cv=scheme.cv)
+        else:
+            self.writer.write(t, density)
         if self.theta_writer is not None:
             self.theta_writer.write(t, self.weights.parameter_density(t))
         row = {
@@ -284,12 +331,20 @@ class Recorder:
             "newton_its": last.newton_its,
             "ksp_its": last.ksp_its,
             "halvings": last.halvings,
+            "cells": self._cv(scheme).n_global,
         }
         if self.budget is not None:
             row.update(self.budget.columns())
+            if self.adaptive:
+                row["adapt_energy_jump"] = math.fsum(
+                    h["energy_after"] - h["energy_before"]
+                    for h in scheme.history
+                    if h.get("energy_before") is not None
+                )
         row.update(self.weights.diagnostics(t))
         self.metrics.write(row)
         self.density, self.t = density, t
+        self._written = self.gathered
 
     def _maximal_slope(self, scheme: TokenScheme) -> dict[str, float]:
         """slope2, slope_defect, uphill_mass of the current state (collective; module
@@ -305,6 +360,7 @@ class Recorder:
     def _checkpoint(self, scheme: TokenScheme) -> None:
         state = scheme.state()
         arrays = {f"state_{k}": self.gathered.gather(v) for k, v in state.cells.items()}
+        mesh = {f"mesh_{k}": v for k, v in scheme.mesh_state().items()} if self.adaptive else {}
         self._last_checkpoint = state.steps
         if self.comm.rank == 0:
             config = json.dumps(self.problem.cfg, default=json_default)
@@ -322,6 +378,7 @@ class Recorder:
                     "scheme": np.array(self.problem.cfg["time"]["scheme"]),
                     "config": np.array(config),
                     **(self.budget.checkpoint_state() if self.budget is not None else {}),
+                    **mesh,
                 },
             )
         self.comm.barrier()
@@ -338,6 +395,7 @@ class Recorder:
                 self._checkpoint(scheme)
             saved = True
         self.density, self.t = scheme.density, scheme.t
+        self._written = self.gathered
         self.interrupted = {"signal": name, "t": scheme.t, "step": scheme.steps}
         message = f"interrupted by {name} at t = {scheme.t:.6g} (step {scheme.steps}); " + (
             f"checkpoint written: continue with --restart {self.out}"
@@ -351,11 +409,11 @@ class Recorder:
     def finish(self, scheme: TokenScheme, outcome: Outcome, wall: float) -> RunResult:
         """final.npz (the last written state), summary.json and the pictures; close files."""
         comm = self.comm
-        final_density = self.gathered.gather(self.density)
+        final_density = self._written.gather(self.density)
         rows = self.metrics.rows
         self._peak_rss = comm.gather(peak_rss_mb(), root=0)
         if comm.rank == 0:
-            g = self.gathered
+            g = self._written
             write_final(self.out / "final.npz", g.points, g.weights, final_density, self.t)
             write_json(self.out / "summary.json", self._summary(scheme, outcome, wall))
             try:
@@ -393,6 +451,7 @@ class Recorder:
             "t_final": self.t,
             "final_metrics": self.metrics.rows[-1] if self.metrics.rows else {},
             "mesh": self.problem.quality.as_dict(),
+            "adaptation": self._adaptation(scheme),
             "edi": (
                 {
                     "every": self.edi_every,
@@ -421,30 +480,41 @@ class Recorder:
             ],
         }
 
+    def _adaptation(self, scheme: TokenScheme) -> dict[str, Any] | None:
+        """The adaptation history for summary.json (None on a uniform mesh): the options, the
+        cells at the end and one entry per mesh (cells per level over time, what changed,
+        mass and energy before and after each adaptation)."""
+        if not self.adaptive:
+            return None
+        history = scheme.history
+        jumps = [
+            h["energy_after"] - h["energy_before"]
+            for h in history
+            if h.get("energy_before") is not None
+        ]
+        mass = [abs(h["mass_after"] - h["mass_before"]) for h in history if "mass_before" in h]
+        return {
+            **self.problem.cfg["adapt"],
+            "adaptations": len(history) - 1,
+            "cells_final": history[-1]["cells"],
+            "cells_max": max(h["cells"] for h in history),
+            "max_mass_change": max(mass, default=0.0),
+            "energy_jump_sum": float(sum(jumps)),
+            "energy_jump_abs_sum": float(sum(abs(j) for j in jumps)),
+            "history": history,
+        }
+
     def _pictures(self, final_density: Array) -> None:
         """density.png, metrics.png, edi.png (rank 0). density.png is a strip of snapshots
         (t = 0, intermediate times, the final state) read back from density.xdmf, on one
-        colour scale; the final state alone when the series cannot be read."""
+        colour scale, each on its own mesh (:func:`~drivers.engine._plots.density_strip`)."""
         cfg, rows = self.problem.cfg, self.metrics.rows
-        snapshots, times = [final_density], [self.t]
-        try:
-            series = read_series(self.out / "density.xdmf")
-        except ValueError:
-            series = None
-        if series is not None and series.values(0).shape == final_density.shape:
-            past = np.flatnonzero(series.times < self.t)  # then the final state itself
-            picks = strip_steps(np.append(series.times[past], self.t))
-            before = [int(past[i]) for i in picks if i < len(past)]
-            snapshots = [series.values(k) for k in before] + snapshots
-            times = [float(series.times[k]) for k in before] + times
-        span = f"{times[0]:.3g} to {self.t:.3g}" if len(times) > 1 else f"{self.t:.3g}"
-        render_density(
+        density_strip(
             self.out / "density.png",
-            self.gathered.vertices,
-            np.array(snapshots),
-            title=f"density, t = {span}",
-            times=times,
-            label="density",
+            self.out / "density.xdmf",
+            self._written.vertices,
+            final_density,
+            self.t,
         )
         plot_metrics(self.out / "metrics.png", rows, ["mass", "energy", "G2", "min_density"])
         if self.budget is not None and rows:

@@ -73,8 +73,11 @@ def run(
     log = _Log(comm, verbose)
     problem = build_problem(cfg, comm)
     q = problem.quality
+    adapt = cfg["adapt"]["max_level"]
     log(
-        f"{cfg['mesh']['manifold']} mesh: {q.n_cells} cells, h = {q.h:.4g}, area ratio "
+        f"{cfg['mesh']['manifold']} mesh: {q.n_cells} cells"
+        + (f" (adaptive, levels {cfg['mesh']['refinement']}..{adapt})" if adapt else "")
+        + f", h = {q.h:.4g}, area ratio "
         f"{q.area_ratio:.3f}; scheme {cfg['time']['scheme']}, {problem.weights.n_heads} head(s), "
         f"weights {cfg['weights']['dynamics']}, t_end = {cfg['time']['t_end']}"
     )
@@ -119,9 +122,10 @@ def _progress(scheme: TokenScheme, dt: float, t_start: float, t_end: float, elap
     time left (linear in simulated time since the loop started)."""
     done = (scheme.t - t_start) / (t_end - t_start) if t_end > t_start else 1.0
     left = elapsed * (1.0 - done) / done if done > 0 else float("inf")
+    cells = f", {scheme.cv.n_global} cells" if hasattr(scheme, "mesh_version") else ""
     return (
         f"t = {scheme.t:.4g} / {t_end:g} ({100 * scheme.t / t_end:.0f}%), step {scheme.steps}, "
-        f"dt = {dt:.3g}, elapsed {_duration(elapsed)}, about {_duration(left)} left"
+        f"dt = {dt:.3g}{cells}, elapsed {_duration(elapsed)}, about {_duration(left)} left"
     )
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "SECTIONS",
     "KEYS",
     "GAUSSIAN_KEYS",
+    "MAX_ADAPT_LEVEL",
     "defaults",
     "choices",
     "reference",
@@ -48,6 +49,9 @@ class Key:
     choices: tuple[str, ...] = ()
 
 
+#: the finest adaptive level per manifold (S2 level 10: 21 million cells if uniform)
+MAX_ADAPT_LEVEL = {"S2": 10, "S1": 24}
+
 #: the tables of a run config, in the order of the reference, with one line each
 SECTIONS: dict[str, str] = {
     "mesh": "the manifold of the tokens and its mesh",
@@ -58,6 +62,8 @@ SECTIONS: dict[str, str] = {
     "time": "the time interval and the scheme",
     "transport": "the finite-volume reconstruction",
     "output": "what is written, and how often",
+    "adapt": "adaptive meshes that follow the solution (S1/S2 built-in meshes, fv and jko schemes; "
+    "docs/adaptivity.md); max_level = 0 keeps the uniform mesh",
 }
 
 _IDENTITY_HEAD = [{"Q": "identity", "K": "identity", "V": "identity"}]
@@ -169,6 +175,17 @@ KEYS: tuple[Key, ...] = (
     Key("output", "edi_every", "integer", 0,
         "add the state to the budget every k-th step and at every output and checkpoint "
         "(0: with the outputs only)"),
+    # [adapt]
+    Key("adapt", "max_level", "integer", 0,
+        "finest level of the adaptive mesh, > mesh.refinement (the base level, never coarsened); "
+        f"S2 up to {MAX_ADAPT_LEVEL['S2']}, S1 up to {MAX_ADAPT_LEVEL['S1']}; 0: no adaptation"),
+    Key("adapt", "every", "integer", 10, "steps between adaptations, >= 1"),
+    Key("adapt", "indicator", "string", "mass",
+        "mass: m h per cell (its share of a bound of the W1 error); jump: h |K| max |rho_i - "
+        "rho_j| over the neighbours (L1 error of a smooth density)", ("mass", "jump")),
+    Key("adapt", "refine", "number", 1e-4, "split a cell whose indicator exceeds this, > 0"),
+    Key("adapt", "coarsen", "number", 2e-5,
+        "merge sibling cells whose parent's estimated indicator is below this, in [0, refine/2]"),
 )  # fmt: skip
 
 #: the keys of a ``transformer-pde gaussian`` config (one table ``[gaussian]``; docs/model.md, M3)

@@ -1,9 +1,11 @@
 """Animations of a results folder: ``transformer-pde view DIR [options]``.
 
 Reads the density time series that a run wrote (``density.xdmf`` + ``density.h5``, DOLFINx's
-XDMF layout: one mesh grid, then a temporal collection of cell or vertex attributes) and
-renders one frame per output time, with matplotlib (Agg; no X server, no OpenGL) through the
-panels of :mod:`drivers.engine._pictures` (the same colours as ``density.png``):
+XDMF layout: one mesh grid, then a temporal collection of cell or vertex attributes; the steps
+of an adaptive run on another mesh carry their own Topology and Geometry,
+:mod:`drivers.engine._xdmf`) and renders one frame per output time, each on its own mesh,
+with matplotlib (Agg; no X server, no OpenGL) through the panels of
+:mod:`drivers.engine._pictures` (the same colours as ``density.png``):
 
 - S^2 (Triangle): the sphere seen from the densest cell of the last frame and from the
   opposite side (orthographic, the visible hemispheres), with a colour bar;
@@ -40,9 +42,8 @@ import os
 import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from drivers.engine._pictures import (
     sphere_views,
     write_gif,
 )
+from drivers.engine._xdmf import MeshLocation, nodes_per_cell, parse_series
 
 __all__ = ["DensitySeries", "read_series", "frame_indices", "render_frames", "view", "main"]
 
@@ -71,22 +73,28 @@ S1_SIZE = (800, 400)
 SIZES = {"S2": S2_SIZE, "R2": R2_SIZE, "S1": S1_SIZE, "R1": S1_SIZE}
 #: colour ranges: one for the series, or one per frame
 RANGES = ("global", "frame")
+#: meshes of a changing-mesh series held in memory at once (besides the first)
+MESH_CACHE = 2
 
 
 @dataclass(frozen=True)
 class DensitySeries:
-    """A density time series on a mesh, as written to ``density.xdmf``/``.h5``.
+    """A density time series, as written to ``density.xdmf``/``.h5``, on one mesh or on
+    meshes that change from step to step (adaptive runs).
 
     Attributes:
-        points: (n_points, gdim) vertex coordinates.
-        cells: (n_cells, k) vertex indices (k = 3 triangles on S^2, 4 quadrilaterals on R^2,
-            2 segments on S^1 and R^1).
+        points: (n_points, gdim) vertex coordinates of the first mesh (the domain-level mesh
+            grid: the only one of a series whose mesh never changes).
+        cells: (n_cells, k) vertex indices of the first mesh (k = 3 triangles on S^2,
+            4 quadrilaterals on R^2, 2 segments on S^1 and R^1).
         manifold: "S2" (Triangle topology), "R2" (Quadrilateral), "S1" or "R1" (Polyline;
-            S^1 when every vertex lies on the unit circle).
+            S^1 when every vertex lies on the unit circle), from the first mesh.
         name: the attribute name (``density``).
         center: "Cell" (one value per cell) or "Node" (one per vertex).
         times: (n_steps,) output times.
         h5: the HDF5 file; datasets: the HDF5 path of each step's values.
+        meshes: where the meshes other than the first are (read when first used).
+        step_mesh: the mesh of each step (0: the first); empty: every step on the first.
     """
 
     points: Array
@@ -97,13 +105,42 @@ class DensitySeries:
     times: Array
     h5: Path
     datasets: tuple[str, ...]
+    meshes: tuple[MeshLocation, ...] = ()
+    step_mesh: tuple[int, ...] = ()
+    _loaded: dict[int, tuple[Array, npt.NDArray[np.int64]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def n_steps(self) -> int:
         return len(self.times)
 
+    @property
+    def n_meshes(self) -> int:
+        """The number of meshes of the series (1 when it never changes)."""
+        return 1 + len(self.meshes)
+
+    def mesh_index(self, k: int) -> int:
+        """The mesh of step k (0: the first mesh, ``points`` and ``cells``)."""
+        return self.step_mesh[k] if self.step_mesh else 0
+
+    def mesh(self, j: int) -> tuple[Array, npt.NDArray[np.int64]]:
+        """(points, cells) of mesh j, read from the HDF5 file when asked for (the last
+        ``MESH_CACHE`` meshes read are kept).
+
+        Raises:
+            ValueError: the mesh's arrays cannot be read or do not make a mesh.
+        """
+        if j == 0:
+            return self.points, self.cells
+        if j not in self._loaded:
+            while len(self._loaded) >= MESH_CACHE:  # frames visit the meshes in order
+                self._loaded.pop(next(iter(self._loaded)))
+            self._loaded[j] = _read_mesh(self.meshes[j - 1], self.h5)
+        return self._loaded[j]
+
     def values(self, k: int) -> Array:
-        """The values at step k: (n_cells,) or (n_points,)."""
+        """The values at step k: (n_cells,) or (n_points,) of the step's mesh."""
         import h5py
 
         with h5py.File(self.h5, "r") as f:
@@ -111,39 +148,53 @@ class DensitySeries:
 
     @property
     def vertices(self) -> Array:
-        """(n_cells, k, gdim) cell vertex coordinates."""
+        """(n_cells, k, gdim) cell vertex coordinates of the first mesh."""
         return self.points[self.cells]
 
+    def vertices_at(self, k: int) -> Array:
+        """(n_cells_k, k, gdim) cell vertex coordinates of step k's mesh."""
+        points, cells = self.mesh(self.mesh_index(k))
+        return points[cells]
+
     def cell_values(self, k: int) -> Array:
-        """The values at step k, one per cell (vertex values averaged over each cell)."""
+        """The values at step k, one per cell of its mesh (vertex values averaged per cell)."""
         values = self.values(k)
-        return values if self.center == "Cell" else values[self.cells].mean(axis=1)
+        if self.center == "Cell":
+            return values
+        return values[self.mesh(self.mesh_index(k))[1]].mean(axis=1)
 
 
-def _local(tag: str) -> str:
-    return tag.rsplit("}", 1)[-1]
+def _check_mesh(points: Array, cells: npt.NDArray[np.int64], kind: str, h5: Path) -> None:
+    if cells.ndim != 2 or cells.size == 0 or cells.min() < 0 or cells.max() >= len(points):
+        raise ValueError(f"{h5}: the mesh topology does not index its {len(points)} points")
+    if cells.shape[1] != nodes_per_cell(kind) or points.ndim != 2 or points.shape[1] < 2:
+        raise ValueError(f"{h5}: a {kind} mesh with {cells.shape[1]} vertices per cell")
 
 
-def _children(node: ET.Element, name: str) -> list[ET.Element]:
-    return [c for c in node if _local(c.tag) == name]
+def _read_mesh(where: MeshLocation, h5: Path) -> tuple[Array, npt.NDArray[np.int64]]:
+    """(points, cells) of a mesh of the series, checked."""
+    import h5py
 
-
-def _hdf_item(item: ET.Element | None, xdmf: Path) -> tuple[Path, str]:
-    if item is None or item.text is None:
-        raise ValueError(f"{xdmf}: a DataItem is missing")
-    if item.get("Format", "XML") != "HDF":
-        raise ValueError(f"{xdmf}: only HDF5 data items are supported, found {item.get('Format')}")
-    file, sep, path = item.text.strip().partition(":/")
-    if not sep:
-        raise ValueError(f"{xdmf}: cannot read the DataItem {item.text.strip()!r}")
-    return xdmf.parent / file, "/" + path
+    try:
+        with h5py.File(where.geometry[0], "r") as f:
+            points = np.asarray(f[where.geometry[1]], dtype=np.float64)
+        with h5py.File(where.topology[0], "r") as f:
+            cells = np.asarray(f[where.topology[1]], dtype=np.int64)
+    except (OSError, KeyError) as exc:
+        raise ValueError(f"{h5}: cannot read the mesh ({exc})") from None
+    _check_mesh(points, cells, where.kind, h5)
+    return points, cells
 
 
 def read_series(path: str | Path) -> DensitySeries:
-    """Parse ``density.xdmf`` (or the given ``.xdmf`` file) and read its mesh with h5py.
+    """Parse ``density.xdmf`` (or the given ``.xdmf`` file) and read its first mesh with h5py.
 
-    Raises ValueError with a one-line message if the folder holds no density series or the
-    files cannot be read.
+    Steps on other meshes (adaptive runs) have theirs read when first used
+    (:meth:`DensitySeries.mesh`).
+
+    Raises:
+        ValueError: one line, if the folder holds no density series or the files cannot be
+            read.
     """
     import h5py
 
@@ -156,64 +207,35 @@ def read_series(path: str | Path) -> DensitySeries:
         raise ValueError(
             f"{path}: no {xdmf.name} with {h5.name} here (not a transformer-pde results folder?)"
         )
+    layout = parse_series(xdmf)
+    first = layout.meshes[0]
     try:
-        root = ET.parse(xdmf).getroot()
-    except ET.ParseError as exc:
-        raise ValueError(f"{xdmf}: not a valid XDMF file ({exc})") from None
-    domain = next((d for d in root.iter() if _local(d.tag) == "Domain"), None)
-    grids = _children(domain, "Grid") if domain is not None else []
-    mesh = next((g for g in grids if _children(g, "Topology")), None)
-    series = next((g for g in grids if g.get("CollectionType") == "Temporal"), None)
-    if mesh is None or series is None:
-        raise ValueError(f"{xdmf}: expected a mesh grid and a temporal collection")
-    topology = _children(mesh, "Topology")[0]
-    kind = topology.get("TopologyType", topology.get("Type", ""))
-    if kind.lower() not in ("triangle", "quadrilateral", "polyline"):
-        raise ValueError(
-            f"{xdmf}: topology {kind!r} is not a transformer-pde mesh "
-            "(Triangle, Quadrilateral or Polyline)"
-        )
-    topo_file, topo_path = _hdf_item(next(iter(_children(topology, "DataItem")), None), xdmf)
-    geometry = _children(mesh, "Geometry")
-    if not geometry:
-        raise ValueError(f"{xdmf}: the mesh grid has no Geometry")
-    geo_file, geo_path = _hdf_item(next(iter(_children(geometry[0], "DataItem")), None), xdmf)
-
-    times, datasets, name, center = [], [], None, None
-    for step in _children(series, "Grid"):
-        time = _children(step, "Time")
-        attributes = _children(step, "Attribute")
-        if not time or not attributes:
-            continue
-        attribute = next((a for a in attributes if a.get("Name") == "density"), attributes[0])
-        file, dataset = _hdf_item(next(iter(_children(attribute, "DataItem")), None), xdmf)
-        if file.resolve() != h5.resolve():
-            raise ValueError(f"{xdmf}: data in {file.name}, expected {h5.name}")
-        times.append(float(time[0].get("Value", "nan")))
-        datasets.append(dataset)
-        name, center = attribute.get("Name", "density"), attribute.get("Center", "Cell")
-    if not times:
-        raise ValueError(f"{xdmf}: the series has no time steps")
-    if center not in ("Cell", "Node"):
-        raise ValueError(f"{xdmf}: attribute centre {center!r} is not Cell or Node")
-    try:
-        with h5py.File(geo_file, "r") as f:
-            points = np.asarray(f[geo_path], dtype=np.float64)
-        with h5py.File(topo_file, "r") as f:
-            cells = np.asarray(f[topo_path], dtype=np.int64)
-            missing = [d for d in datasets if d not in f] if topo_file == h5 else []
+        with h5py.File(first.geometry[0], "r") as f:
+            points = np.asarray(f[first.geometry[1]], dtype=np.float64)
+        with h5py.File(first.topology[0], "r") as f:
+            cells = np.asarray(f[first.topology[1]], dtype=np.int64)
+        with h5py.File(h5, "r") as f:
+            listed = [*layout.datasets]
+            for m in layout.meshes[1:]:
+                listed += [p for file, p in (m.topology, m.geometry) if file == h5]
+            missing = [d for d in listed if d not in f]
     except (OSError, KeyError) as exc:
         raise ValueError(f"{h5}: cannot read the mesh ({exc})") from None
     if missing:
         raise ValueError(f"{h5}: dataset {missing[0]} listed in {xdmf.name} is missing")
-    if cells.ndim != 2 or cells.size == 0 or cells.min() < 0 or cells.max() >= len(points):
-        raise ValueError(f"{h5}: the mesh topology does not index its {len(points)} points")
-    nv = {"triangle": 3, "quadrilateral": 4, "polyline": 2}[kind.lower()]
-    if cells.shape[1] != nv or points.ndim != 2 or points.shape[1] < 2:
-        raise ValueError(f"{h5}: a {kind} mesh with {cells.shape[1]} vertices per cell")
-    manifold = manifold_of(points[cells])
+    _check_mesh(points, cells, first.kind, h5)
+    several = len(layout.meshes) > 1
     return DensitySeries(
-        points, cells, manifold, name, center, np.array(times), h5, tuple(datasets)
+        points,
+        cells,
+        manifold_of(points[cells]),
+        layout.name,
+        layout.center,
+        np.array(layout.times),
+        h5,
+        layout.datasets,
+        layout.meshes[1:],
+        layout.step_mesh if several else (),
     )
 
 
@@ -236,24 +258,32 @@ def _bar_label(series: DensitySeries, scale: ColourScale) -> str:
 
 
 def _surface_frame(fig: Any, series: DensitySeries, scale: ColourScale, frames: Sequence[int]):
-    """Panels of an S^2 (front and back) or R^2 frame with a colour bar; returns draw(v, s)."""
-    vertices = series.vertices
+    """Panels of an S^2 (front and back) or R^2 frame with a colour bar; returns
+    draw(k, values, scale), which redraws the cells when step k is on another mesh."""
+    slots: list[tuple[Any, Array | None]] = []  # (axes, view) of each panel
     if series.manifold == "S2":
-        front, back = sphere_views(vertices, series.cell_values(frames[-1]))
-        panels = []
+        last = frames[-1]
+        front, back = sphere_views(series.vertices_at(last), series.cell_values(last))
         for x, view, name in ((0.01, front, "front"), (0.44, back, "back")):
             ax = fig.add_axes((x, 0.07, 0.42, 0.82))
-            panels.append(SurfacePanel(ax, vertices, view))
+            slots.append((ax, view))
             ax.text(0.5, -0.03, name, transform=ax.transAxes, ha="center", va="top", fontsize=9)
         cax = fig.add_axes((0.885, 0.1, 0.022, 0.72))
     else:
-        ax = fig.add_axes((0.12, 0.1, 0.64, 0.78))
-        panels = [SurfacePanel(ax, vertices)]
+        slots.append((fig.add_axes((0.12, 0.1, 0.64, 0.78)), None))
         cax = fig.add_axes((0.8, 0.1, 0.03, 0.78))
     mappable = scale.mappable()
     bar = fig.colorbar(mappable, cax=cax, label=_bar_label(series, scale))
+    panels: list[SurfacePanel] = []
+    shown = [-1]  # the mesh the panels draw
 
-    def draw(values: Array, frame_scale: ColourScale) -> None:
+    def draw(k: int, values: Array, frame_scale: ColourScale) -> None:
+        if series.mesh_index(k) != shown[0]:
+            for panel in panels:
+                panel.remove()
+            vertices = series.vertices_at(k)
+            panels[:] = [SurfacePanel(ax, vertices, view) for ax, view in slots]
+            shown[0] = series.mesh_index(k)
         for panel in panels:
             panel.update(values, frame_scale)
         if frame_scale is not scale:
@@ -266,16 +296,23 @@ def _surface_frame(fig: Any, series: DensitySeries, scale: ColourScale, frames: 
 
 
 def _curve_frame(fig: Any, series: DensitySeries, scale: ColourScale, frames: Sequence[int]):
-    """The axes of an S^1 or R^1 frame; returns draw(values, scale)."""
+    """The axes of an S^1 or R^1 frame; returns draw(k, values, scale), which redraws the
+    curve on the cells of step k's mesh when it changed."""
     ax = fig.add_axes((0.1, 0.13, 0.86, 0.76))
-    panel = CurvePanel(ax, series.vertices, series.name)
-    line = panel.add(series.cell_values(frames[0]), scale)
+    panel = CurvePanel(ax, series.vertices_at(frames[0]), series.name)
+    curve = [panel, panel.add(series.cell_values(frames[0]), scale), series.mesh_index(frames[0])]
     panel.set_scale(scale)
 
-    def draw(values: Array, frame_scale: ColourScale) -> None:
-        panel.update(line, values, frame_scale)
+    def draw(k: int, values: Array, frame_scale: ColourScale) -> None:
+        if series.mesh_index(k) != curve[2]:
+            colour = curve[1].get_color()
+            curve[1].remove()
+            panel = CurvePanel(ax, series.vertices_at(k), series.name)
+            line = panel.add(values, frame_scale, color=colour)
+            curve[:] = [panel, line, series.mesh_index(k)]
+        curve[0].update(curve[1], values, frame_scale)
         if frame_scale is not scale:
-            panel.set_scale(frame_scale)
+            curve[0].set_scale(frame_scale)
 
     return draw
 
@@ -314,7 +351,7 @@ def render_frames(
         images = []
         for k in frames:
             values = series.cell_values(k)
-            draw(values, choose_scale(values, scale.log) if per_frame else scale)
+            draw(k, values, choose_scale(values, scale.log) if per_frame else scale)
             title.set_text(_title(series, k))
             fig.canvas.draw()
             images.append(np.asarray(fig.canvas.buffer_rgba())[..., :3].copy())

@@ -21,6 +21,8 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
+from drivers.engine._xdmf import MeshShape, mesh_group, mesh_number, series_xml
+
 __all__ = [
     "GatheredCells",
     "gather_cells",
@@ -71,21 +73,76 @@ def gather_cells(cv: ControlVolumes, values_owned: Array) -> Array | None:
     return GatheredCells(cv).gather(values_owned)
 
 
+def _gather_mesh(cv: ControlVolumes) -> tuple[GatheredCells, Array | None, Array | None]:
+    """The cells of ``cv`` and its mesh in input numbering, for the series (collective).
+
+    Returns:
+        The gathered cells, and on rank 0 the points (n_points, gdim >= 2; R^1 padded with
+        y = 0, as XDMF has no 1D geometry) and the cells (n_cells, nv) indexing them, cells by
+        original cell index, quadrilaterals as a cycle (None elsewhere).
+    """
+    gathered = GatheredCells(cv)
+    mesh = cv.mesh
+    n = cv.n_owned
+    input_index = np.asarray(mesh.geometry.input_global_indices, dtype=np.int64)
+    nodes = np.asarray(mesh.geometry.dofmaps[0])[:n]
+    cells_input = gathered.gather(input_index[nodes])
+    parts = cv.comm.gather((input_index, mesh.geometry.x[:, : cv.d].copy()), root=0)
+    if cv.comm.rank != 0:
+        return gathered, None, None
+    idx = np.concatenate([p[0] for p in parts])
+    xyz = np.concatenate([p[1] for p in parts])
+    uniq, first = np.unique(idx, return_index=True)
+    remap = np.full(int(uniq.max()) + 1, -1, dtype=np.int64)
+    remap[uniq] = np.arange(len(uniq))
+    points = xyz[first]
+    if points.shape[1] == 1:  # R^1: XDMF has no 1D geometry type; pad with y = 0
+        points = np.column_stack([points, np.zeros(len(points))])
+    cells = remap[cells_input]
+    if cv.manifold == "R2":  # DOLFINx quadrilaterals are tensor ordered; XDMF wants a cycle
+        cells = cells[:, [0, 1, 3, 2]]
+    return gathered, points, cells
+
+
+def _same_mesh(points: Array, cells: Array, other_points: Array, other_cells: Array) -> bool:
+    return bool(
+        points.shape == other_points.shape
+        and cells.shape == other_cells.shape
+        and np.array_equal(cells, other_cells)
+        and np.array_equal(points, other_points)
+    )
+
+
+def _shape(points: Array, cells: Array) -> MeshShape:
+    return MeshShape(int(cells.shape[0]), int(cells.shape[1]), *map(int, points.shape))
+
+
 class DensityWriter:
     """XDMF (+ HDF5) time series of the cell density, for ParaView; appendable on restart.
 
-    The mesh is written once in its *input* numbering (vertices by input index, cells by
+    The mesh is written in its *input* numbering (vertices by input index, cells by
     original cell index), and each output step adds one dataset ``/Function/<name>/<k>``
     (attribute ``t``) to the HDF5 file; the small XDMF file is rewritten atomically after
     every step, so a run killed at any point leaves a valid series of the steps written.
     The layout is DOLFINx's (``Xdmf3 Reader T`` in ParaView; meshio's TimeSeriesReader).
     Data are gathered to rank 0, which alone writes (serial h5py; O(N) memory there).
 
+    Meshes that change (adaptive runs, ``write(..., cv=...)``): the first mesh is
+    ``/Mesh/mesh``; each later mesh whose arrays differ from the current one's is stored
+    once as ``/Mesh/mesh_<j>`` (j = 1, 2, ...), the steps on it carry the attribute
+    ``mesh`` = j and, in the XDMF file, their own Topology and Geometry
+    (:mod:`drivers.engine._xdmf`). ParaView reads every step on its mesh; meshio's
+    TimeSeriesReader only the first mesh. A series whose mesh never changes is byte for
+    byte what earlier versions wrote.
+
     Args:
         cv: control volumes of the mesh.
         path: the ``.xdmf`` path (the ``.h5`` file sits beside it).
-        keep: on restart, the number of existing steps to keep (later ones are deleted);
-            None starts a new file.
+        name: the attribute name.
+        keep: on restart, the number of existing steps to keep (later ones are deleted,
+            with the meshes no kept step is on); None starts a new file. The mesh of the
+            last kept step is then the current one: when the arrays of ``cv`` differ from
+            it, the next step is written on a new mesh group.
     """
 
     def __init__(
@@ -96,88 +153,104 @@ class DensityWriter:
         self.cv, self.name = cv, name
         self.path = Path(path)
         self.h5path = self.path.with_suffix(".h5")
-        self._gathered = GatheredCells(cv)
-        mesh = cv.mesh
-        n = cv.n_owned
-        input_index = np.asarray(mesh.geometry.input_global_indices, dtype=np.int64)
-        nodes = np.asarray(mesh.geometry.dofmaps[0])[:n]
-        cells_input = self._gathered.gather(input_index[nodes])
-        parts = cv.comm.gather((input_index, mesh.geometry.x[:, : cv.d].copy()), root=0)
+        self._gathered, points, cells = _gather_mesh(cv)
         self._file = None
         self.times: list[float] = []
+        #: the mesh of each step (0: /Mesh/mesh; rank 0)
+        self.step_mesh: list[int] = []
+        self._shapes: dict[int, MeshShape] = {}
+        self._mesh: int | None = 0  # the group of the current mesh (None: not stored yet)
+        self._points, self._cells = points, cells
         if cv.comm.rank != 0:
             return
-        idx = np.concatenate([p[0] for p in parts])
-        xyz = np.concatenate([p[1] for p in parts])
-        uniq, first = np.unique(idx, return_index=True)
-        remap = np.full(int(uniq.max()) + 1, -1, dtype=np.int64)
-        remap[uniq] = np.arange(len(uniq))
-        self._points = xyz[first]
-        if self._points.shape[1] == 1:  # R^1: XDMF has no 1D geometry type; pad with y = 0
-            self._points = np.column_stack([self._points, np.zeros(len(self._points))])
-        self._cells = remap[cells_input]
-        if cv.manifold == "R2":  # DOLFINx quadrilaterals are tensor ordered; XDMF wants a cycle
-            self._cells = self._cells[:, [0, 1, 3, 2]]
         if keep is not None and self.h5path.is_file():
             self._file = h5py.File(self.h5path, "a")
-            group = self._file.require_group(f"/Function/{name}")
-            for key in list(group.keys()):
-                if int(key) >= keep:
-                    del group[key]
-            self.times = [float(group[str(k)].attrs["t"]) for k in range(len(group))]
+            self._reopen(keep)
         else:
             self._file = h5py.File(self.h5path, "w")
-            self._file.create_dataset("/Mesh/mesh/geometry", data=self._points)
-            self._file.create_dataset("/Mesh/mesh/topology", data=self._cells)
+            self._store_mesh(0)
             self._file.require_group(f"/Function/{name}")
         self._file.flush()
         self._write_xml()
 
-    def write(self, t: float, density_owned: Array) -> None:
-        """Append one step (collective)."""
+    def _reopen(self, keep: int) -> None:
+        """Restart: drop the steps from ``keep`` on and the meshes no kept step is on."""
+        f = self._file
+        group = f.require_group(f"/Function/{self.name}")
+        for key in list(group.keys()):
+            if int(key) >= keep:
+                del group[key]
+        steps = [group[str(k)] for k in range(len(group))]
+        self.times = [float(ds.attrs["t"]) for ds in steps]
+        self.step_mesh = [int(ds.attrs.get("mesh", 0)) for ds in steps]
+        used = {0, *self.step_mesh}
+        for key in list(f.require_group("/Mesh").keys()):
+            j = mesh_number(key)
+            if j is not None and j not in used:
+                del f["/Mesh"][key]
+        for j in used:
+            g = f[mesh_group(j)]
+            self._shapes[j] = MeshShape(*g["topology"].shape, *g["geometry"].shape)
+        current = self.step_mesh[-1] if self.step_mesh else 0
+        g = f[mesh_group(current)]
+        points, cells = np.asarray(g["geometry"]), np.asarray(g["topology"])
+        if _same_mesh(self._points, self._cells, points, cells):
+            self._mesh = current
+        elif not self.step_mesh:  # no step kept: the first mesh is this one
+            del f[mesh_group(0)]
+            self._store_mesh(0)
+        else:
+            self._mesh = None
+
+    def _store_mesh(self, j: int) -> None:
+        """Write the current mesh as group j (rank 0)."""
+        group = mesh_group(j)
+        self._file.create_dataset(f"{group}/geometry", data=self._points)
+        self._file.create_dataset(f"{group}/topology", data=self._cells)
+        self._shapes[j] = _shape(self._points, self._cells)
+        self._mesh = j
+
+    def _switch(self, cv: ControlVolumes) -> None:
+        """Make ``cv`` the current mesh (collective); a new group on the next step when its
+        arrays differ from the current mesh's."""
+        self._gathered, points, cells = _gather_mesh(cv)
+        self.cv = cv
+        if self._file is None:
+            return
+        if not _same_mesh(points, cells, self._points, self._cells):
+            self._mesh = None
+        self._points, self._cells = points, cells
+
+    def write(self, t: float, density_owned: Array, cv: ControlVolumes | None = None) -> None:
+        """Append one step (collective).
+
+        Args:
+            t: the time.
+            density_owned: the density at the owned cells of the current mesh.
+            cv: the control volumes the density lives on, when the mesh may have changed
+                (None: the current ones). Another object than the current one is gathered
+                (collective) and compared with the current mesh: the step goes to a new mesh
+                group ``/Mesh/mesh_<j>`` when the arrays differ, else to the current one.
+        """
+        if cv is not None and cv is not self.cv:
+            self._switch(cv)
         values = self._gathered.gather(np.asarray(density_owned, dtype=np.float64))
         if self._file is None:
             return
+        if self._mesh is None:
+            self._store_mesh(max(self._shapes) + 1)
         k = len(self.times)
         ds = self._file.create_dataset(f"/Function/{self.name}/{k}", data=values.reshape(-1, 1))
         ds.attrs["t"] = float(t)
+        if self._mesh:
+            ds.attrs["mesh"] = np.int64(self._mesh)
         self._file.flush()
         self.times.append(float(t))
+        self.step_mesh.append(self._mesh)
         self._write_xml()
 
     def _write_xml(self) -> None:
-        n_cells, nv = self._cells.shape
-        topo = {3: "Triangle", 4: "Quadrilateral", 2: "Polyline"}[nv]
-        geo = "XYZ" if self._points.shape[1] == 3 else "XY"
-        h5 = self.h5path.name
-        steps = "".join(
-            f"""      <Grid Name="{self.name}" GridType="Uniform">
-        <xi:include xpointer="xpointer(/Xdmf/Domain/Grid[@GridType='Uniform'][1]/*[self::Topology or self::Geometry])" />
-        <Time Value="{t!r}" />
-        <Attribute Name="{self.name}" AttributeType="Scalar" Center="Cell">
-          <DataItem Dimensions="{n_cells} 1" NumberType="Float" Precision="8" Format="HDF">{h5}:/Function/{self.name}/{k}</DataItem>
-        </Attribute>
-      </Grid>
-"""
-            for k, t in enumerate(self.times)
-        )
-        xml = f"""<?xml version="1.0"?>
-<!DOCTYPE Xdmf SYSTEM "Xdmf.dtd" []>
-<Xdmf Version="3.0" xmlns:xi="https://www.w3.org/2001/XInclude">
-  <Domain>
-    <Grid Name="mesh" GridType="Uniform">
-      <Topology TopologyType="{topo}" NumberOfElements="{n_cells}" NodesPerElement="{nv}">
-        <DataItem Dimensions="{n_cells} {nv}" NumberType="Int" Format="HDF">{h5}:/Mesh/mesh/topology</DataItem>
-      </Topology>
-      <Geometry GeometryType="{geo}">
-        <DataItem Dimensions="{len(self._points)} {self._points.shape[1]}" NumberType="Float" Precision="8" Format="HDF">{h5}:/Mesh/mesh/geometry</DataItem>
-      </Geometry>
-    </Grid>
-    <Grid Name="{self.name}" GridType="Collection" CollectionType="Temporal">
-{steps}    </Grid>
-  </Domain>
-</Xdmf>
-"""
+        xml = series_xml(self.h5path.name, self.name, self.times, self.step_mesh, self._shapes)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(xml)
         os.replace(tmp, self.path)

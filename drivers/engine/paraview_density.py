@@ -15,10 +15,12 @@ largest) to the largest value; ``--linear``: linear from the smallest to the lar
 writes into FOLDER (default ``paraview/`` beside the data, ``paraview_theta/`` for
 ``theta.xdmf``): ``frame_0000.png``, ... (one per output time, W x H = 800 x 600 pixels),
 the animation ``density.avi`` (when this ParaView can write AVI) and
-``paraview_density.json`` (the reader, times, frames, colour scale and range used). The
-camera is fitted to the data: 3D, towards the densest cell of the last output, on S^2; 2D,
-from above, on S^1 and boxes. Errors end the script with one line
-``paraview_density: error: ...`` (exit 1).
+``paraview_density.json`` (the reader, times, cells per frame, frames, colour scale and
+range used). A series whose mesh changes (adaptive runs: the steps on another mesh carry
+their own Topology and Geometry) is drawn step by step on its own mesh. The camera is
+fitted to the data: 3D, towards the densest cell of the last output, on S^2; 2D, from
+above, on S^1 and boxes. Errors end the script with one line ``paraview_density: error:
+...`` (exit 1).
 """
 
 import argparse
@@ -103,16 +105,18 @@ def _open(xdmf):
 
 
 def _series_range(reader, times, name):
-    """(smallest, largest) value of the array over all output times."""
-    lo, hi = math.inf, -math.inf
+    """(smallest, largest) value of the array over all output times, and the number of
+    cells at each time (the mesh may change from one output to the next: adaptive runs)."""
+    lo, hi, cells = math.inf, -math.inf, []
     for t in times:
         reader.UpdatePipeline(t)
+        cells.append(reader.GetDataInformation().GetNumberOfCells())
         a, b = reader.CellData[name].GetRange()
         if math.isfinite(a) and math.isfinite(b):
             lo, hi = min(lo, a), max(hi, b)
     if not math.isfinite(lo):
         _fail(f"{name} has no finite value")
-    return lo, hi
+    return lo, hi, cells
 
 
 def _colour_range(lo, hi, log):
@@ -244,7 +248,7 @@ def main():
     for old in os.listdir(args.out):  # frames of an earlier, longer series
         if re.fullmatch(r"frame_\d{4,}\.png", old):
             os.remove(os.path.join(args.out, old))
-    data_lo, data_hi = _series_range(reader, times, name)
+    data_lo, data_hi, cells = _series_range(reader, times, name)
     log = not args.linear
     lo, hi = _colour_range(data_lo, data_hi, log)
 
@@ -277,6 +281,7 @@ def main():
         "xdmf": args.xdmf,
         "array": name,
         "times": times,
+        "cells": cells,
         "frames": frames,
         "scale": "log" if log else "linear",
         "colour_range": [lo, hi],

@@ -50,18 +50,40 @@ per leaf and :func:`cell_masses` splits leaf masses over a leaf's cells by their
 an adaptation is: cells -> leaves -> ``transfer_masses`` -> leaves -> cells of the new mesh,
 conservative to round-off and never negative (module ``_mesh``).
 
-Not done yet
-------------
-- Parallel distribution: the forest is replicated (pure numpy, the same on every rank).
-- Integration with the schemes (refinement indicators from the density, when to adapt).
+Indicators
+----------
+:func:`refinement_indicator` (``"mass"``: m h, each leaf's share of a bound of the W1 error of
+the cell measure; ``"jump"``: h |K| max |rho_i - rho_j|, the L1 error of a piecewise-constant
+density) and :func:`adapt_forest` (merge, refine, balance, carry the masses) are in
+``_indicator``; :class:`solvers.transport.AdaptiveScheme` runs any token scheme on the adapted
+meshes.
+
+Parallel: the forest is replicated (pure numpy, the same on every rank); checkpoints store it
+with ``forest.state()`` and ``SphereForest.from_state`` / ``CircleForest.from_state``.
 """
 
 from meshes.adaptive._forest_s1 import MAX_CIRCLE_FOREST_LEVEL, CircleForest
 from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL, SphereForest
+from meshes.adaptive._indicator import (
+    INDICATORS,
+    AdaptCounts,
+    adapt_forest,
+    leaf_centres,
+    limited_slopes,
+    parent_indicator,
+    refinement_indicator,
+)
 from meshes.adaptive._mesh import cell_masses, forest_mesh, leaf_masses, owner_leaves
 from meshes.adaptive._transfer import LeafSet, Transfer, leaf_transfer, transfer_masses
 
 __all__ = [
+    "INDICATORS",
+    "AdaptCounts",
+    "adapt_forest",
+    "leaf_centres",
+    "limited_slopes",
+    "parent_indicator",
+    "refinement_indicator",
     "MAX_CIRCLE_FOREST_LEVEL",
     "MAX_FOREST_LEVEL",
     "CircleForest",

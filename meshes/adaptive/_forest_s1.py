@@ -14,6 +14,9 @@ arcs differ by at most one level) is a comparison of consecutive levels.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -89,6 +92,32 @@ class CircleForest:
         return arc_length(v[:, 0], v[:, 1])
 
     leaf_measures = leaf_lengths
+    leaf_diameters = leaf_lengths
+
+    def state(self) -> dict[str, npt.NDArray[Any]]:
+        """The arrays of the forest, for a checkpoint (:meth:`from_state` rebuilds it)."""
+        return {
+            "start": self._start.copy(),
+            "level": self._level.copy(),
+            "levels": np.array([self.base_level, self.max_level], dtype=np.int64),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, npt.NDArray[Any]]) -> CircleForest:
+        """The forest saved by :meth:`state`.
+
+        Raises:
+            ValueError: the arrays are not a consistent forest state.
+        """
+        base, top = (int(v) for v in np.asarray(state["levels"]))
+        forest = cls(base, top)
+        start = np.array(state["start"], dtype=np.int64)
+        level = np.array(state["level"], dtype=np.int64)
+        widths = np.left_shift(np.int64(1), top - level)
+        if len(start) != len(level) or np.any(np.diff(start) != widths[:-1]):
+            raise ValueError("inconsistent forest state: the arcs do not tile the circle")
+        forest._start, forest._level = start, level
+        return forest
 
     def leaf_set(self) -> LeafSet:
         """Snapshot of the leaves for :func:`~meshes.adaptive.leaf_transfer`."""
@@ -150,8 +179,15 @@ class CircleForest:
         """True when neighbouring leaves differ by at most one level."""
         return not np.any(self._unbalanced(self._level))
 
-    def coarsen(self, leaf_mask: npt.ArrayLike) -> int:
-        """Merge sibling pairs of leaves where both are marked (never below base_level).
+    def close(self) -> int:
+        """The closure of :meth:`SphereForest.close`: on S^1 only the balance (no hanging
+        vertices); returns the number of splits."""
+        return self.balance()
+
+    def coarsen(self, leaf_mask: npt.ArrayLike, closure: bool = False) -> int:
+        """Merge sibling pairs of leaves where both are marked (never below base_level);
+        ``closure`` is accepted for the interface of :meth:`SphereForest.coarsen` (no
+        hanging vertices on S^1).
 
         Merges that would leave a neighbour two levels finer than the merged arc are refused.
         Returns the number of merges.

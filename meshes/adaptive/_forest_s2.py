@@ -24,11 +24,14 @@ until none is left; :meth:`SphereForest.coarsen` refuses merges that would creat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
 from meshes.adaptive._transfer import LeafSet
-from meshes.control_volumes import spherical_triangle_area
+from meshes.control_volumes import arc_length, spherical_triangle_area
 from meshes.sphere import icosphere_arrays
 
 __all__ = ["SphereForest", "MAX_FOREST_LEVEL"]
@@ -124,6 +127,38 @@ class SphereForest:
         return spherical_triangle_area(v[:, 0], v[:, 1], v[:, 2])
 
     leaf_measures = leaf_areas
+
+    def leaf_diameters(self) -> Array:
+        """Longest geodesic edge of each leaf (its diameter, for small triangles)."""
+        v = self.leaf_vertices()
+        return np.max([arc_length(v[:, i], v[:, (i + 1) % 3]) for i in range(3)], axis=0)
+
+    # ------------------------------------------------------------------ checkpoints
+    _STATE = ("x", "born", "mkeys", "mvals", "tri", "level", "parent", "child", "start", "state")
+
+    def state(self) -> dict[str, npt.NDArray[Any]]:
+        """Every array of the forest, for a checkpoint; :meth:`from_state` rebuilds it bitwise
+        (same vertices in the same order, hence the same conforming mesh)."""
+        out = {k: getattr(self, f"_{k}").copy() for k in self._STATE}
+        out["levels"] = np.array([self.base_level, self.max_level], dtype=np.int64)
+        return out
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, npt.NDArray[Any]]) -> SphereForest:
+        """The forest saved by :meth:`state`.
+
+        Raises:
+            ValueError: the arrays are not a consistent forest state.
+        """
+        base, top = (int(v) for v in np.asarray(state["levels"]))
+        forest = cls(base, top)
+        for k in cls._STATE:
+            setattr(forest, f"_{k}", np.array(state[k]))
+        n = len(forest._tri)
+        if any(len(getattr(forest, f"_{k}")) != n for k in ("level", "parent", "child", "start")):
+            raise ValueError("inconsistent forest state: per-cell arrays of different lengths")
+        forest._leaves = None
+        return forest
 
     def leaf_set(self) -> LeafSet:
         """Snapshot of the leaves for :func:`~meshes.adaptive.leaf_transfer`."""
@@ -259,7 +294,7 @@ class SphereForest:
             self._split(ids[bad])
             total += int(bad.sum())
 
-    def coarsen(self, leaf_mask: npt.ArrayLike) -> int:
+    def coarsen(self, leaf_mask: npt.ArrayLike, closure: bool = False) -> int:
         """Merge four sibling leaves into their parent where all four are marked.
 
         Merges below ``base_level`` never happen, and merges that would break the 2:1 balance
@@ -267,6 +302,8 @@ class SphereForest:
 
         Args:
             leaf_mask (array_like of bool (n_leaves,) or of leaf indices):
+            closure (bool): also refuse merges whose parent would have two or more hanging
+                midpoints (:meth:`close` would split it again at once).
 
         Returns:
             int:
@@ -283,7 +320,10 @@ class SphereForest:
         while len(parents):
             self._state[kids] = 0
             self._state[parents] = 1
-            bad = self._quarter_active(parents, self._active()).any(axis=1)
+            active = self._active()
+            bad = self._quarter_active(parents, active).any(axis=1)
+            if closure:
+                bad |= self._hanging(parents, active).sum(axis=1) >= 2
             self._state[kids] = 1
             self._state[parents] = 2
             if not np.any(bad):
@@ -293,6 +333,32 @@ class SphereForest:
         self._state[parents] = 1
         self._leaves = None
         return len(parents)
+
+    def _hanging(self, ids: IntArray, active: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Per cell and edge: True where the edge's midpoint is an active vertex."""
+        a, b = self._edges(ids)
+        m = self._find_mid(a, b)
+        return (m >= 0) & active[np.maximum(m, 0)]
+
+    def close(self) -> int:
+        """Red-green closure: balance, then split every leaf with two or more hanging
+        midpoints, until there is none; returns the number of splits.
+
+        The conforming mesh then cuts a leaf only through one hanging midpoint (two triangles
+        with a right angle at it for equilateral leaves), never into the obtuse triangles of a
+        two-midpoint cut, whose circumcentres leave the cell: the two-point fluxes of the JKO
+        scheme need circumcentres separated by the facets (a Delaunay mesh), and the
+        least-squares gradients of the finite volumes are better conditioned.
+        """
+        total = 0
+        while True:
+            total += self.balance()
+            ids = self.leaves()
+            bad = self._hanging(ids, self._active()).sum(axis=1) >= 2
+            if not np.any(bad):
+                return total
+            self._split(ids[bad])
+            total += int(bad.sum())
 
     def is_balanced(self) -> bool:
         """True when no leaf has an edge neighbour two or more levels finer."""

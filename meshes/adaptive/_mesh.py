@@ -12,8 +12,9 @@ negative; the density inside one leaf becomes uniform.
 
 Parallel: the forest is replicated on every rank (the same arrays everywhere); rank 0's
 triangulation is distributed by DOLFINx like the uniform meshes (:func:`meshes.sphere.distribute`),
-and a cell's leaf is read through its original (input) index. :func:`leaf_masses` reduces one
-array of length n_leaves (an ``Allreduce``: O(leaves) per rank, as the replicated forest).
+and a cell's leaf is read through its original (input) index. :func:`leaf_masses` gathers the
+cell masses (O(cells) per rank, as the replicated forest) and sums them in input order, so the
+leaf masses, and with them every adaptation decision, do not depend on the partition.
 """
 
 from __future__ import annotations
@@ -60,13 +61,17 @@ def owner_leaves(cv: ControlVolumes, owner_leaf: IntArray) -> IntArray:
 
 def leaf_masses(cv: ControlVolumes, owner_leaf: IntArray, masses: Array, n_leaves: int) -> Array:
     """Masses of the leaves (n_leaves,) from the owned cell masses (n_owned,); identical on
-    every rank (collective: one ``Allreduce``)."""
-    local = np.bincount(
-        owner_leaves(cv, owner_leaf), weights=np.asarray(masses, float), minlength=n_leaves
-    )
+    every rank and independent of the partition (collective: the cell masses are gathered in
+    input order, O(cells) per rank like the replicated forest, and summed in that order, so
+    that an adaptation decides the same on any number of ranks)."""
+    m = np.asarray(masses, dtype=np.float64)
+    index = cv.original_index[: cv.n_owned]
     if cv.comm.size > 1:
-        cv.comm.Allreduce(MPI.IN_PLACE, local, op=MPI.SUM)
-    return local
+        index = np.concatenate(cv.comm.allgather(index))
+        m = np.concatenate(cv.comm.allgather(m))
+    full = np.zeros(len(owner_leaf))
+    full[index] = m
+    return np.bincount(np.asarray(owner_leaf, dtype=np.int64), weights=full, minlength=n_leaves)
 
 
 def cell_masses(cv: ControlVolumes, owner_leaf: IntArray, leaf_mass: Array, n_leaves: int) -> Array:

@@ -10,6 +10,9 @@ Public face of the transport package: every scheme that the run loop steps.
   :class:`MeshParticles` ("particles"): particles started at the cell centres of a mesh, with
   a CFL step and densities by deposit.
 
+- :class:`AdaptiveScheme`: any of them on a mesh that adapts to the solution (a forest of
+  :mod:`meshes.adaptive`; ``_adaptive``).
+
 Initial data (:func:`initial_density`) and the particle deposit (:func:`deposit_to_cells`)
 live here too. Modules: ``_finite_volume``, ``_jko`` (with ``_jko_fv``: the two-point operator,
 ``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_result``: the
@@ -19,6 +22,7 @@ expressions: :class:`Expression`, :data:`EXPRESSION_FUNCTIONS`), ``_registry`` (
 scheme`` names to constructors, :func:`make_scheme`, :func:`register_scheme`).
 """
 
+from solvers.transport._adaptive import AdaptiveScheme, AdaptOptions
 from solvers.transport._deposit import deposit_to_cells
 from solvers.transport._expression import CONSTANTS as EXPRESSION_CONSTANTS
 from solvers.transport._expression import FUNCTIONS as EXPRESSION_FUNCTIONS
@@ -48,6 +52,8 @@ from solvers.transport._registry import (
 )
 
 __all__ = [
+    "AdaptOptions",
+    "AdaptiveScheme",
     "DEFAULT_OPTIONS",
     "EXPRESSION_CONSTANTS",
     "EXPRESSION_FUNCTIONS",
