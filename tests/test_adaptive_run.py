@@ -227,3 +227,34 @@ def test_two_ranks_agree_with_serial(tmp_path):
     ra, rb = (np.genfromtxt(o / "metrics.csv", delimiter=",", names=True) for o in outs)
     assert np.array_equal(ra["cells"], rb["cells"])
     assert np.abs(ra["energy"] - rb["energy"]).max() < 1e-10 * np.abs(ra["energy"]).max()
+
+
+@pytest.mark.serial
+def test_sigkill_and_restart_on_two_ranks(tmp_path):
+    """kill -9 an adaptive run on 2 ranks after a checkpoint that holds an adapted mesh,
+    restart on 2 ranks: metrics.csv and final.npz bitwise those of the uninterrupted run."""
+    import os
+    import signal
+    import time
+
+    cfg = _config(tmp_path / "c.toml", t_end=1.5)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    proc = launch_cli(["run", str(cfg), "--out", str(ref), "--quiet"], 2)
+    assert proc.wait(timeout=300) == 0
+    proc = launch_cli(["run", str(cfg), "--out", str(out), "--quiet"], 2)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        folder = out / "checkpoint"
+        ckpts = sorted(folder.glob("ckpt_*.npz")) if folder.is_dir() else []
+        if ckpts and int(ckpts[-1].stem.split("_")[1]) >= 20:  # after the adaptation at 15
+            break
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    proc = launch_cli(["run", str(cfg), "--restart", str(out), "--quiet"], 2)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert (ref / "metrics.csv").read_bytes() == (out / "metrics.csv").read_bytes()
+    a, b = np.load(ref / "final.npz"), np.load(out / "final.npz")
+    assert np.array_equal(a["density"], b["density"]) and np.array_equal(a["points"], b["points"])
