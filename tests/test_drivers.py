@@ -54,6 +54,14 @@ REGISTRY: dict[str, dict[str, list[str]]] = {
         "args": ["--tiny"],
         "outputs": [*_FILES, "metrics.png", "summary.json"],
     },
+    "clustering_adaptive_s2.py": {
+        "args": ["--tiny"],
+        "outputs": [
+            *("summary.json", "table.csv", "w1.png", "edi.png", "mesh.png", "final.npz"),
+            *("uniform_L1/final.npz", "uniform_L2/final.npz", "adaptive_L1_3/final.npz"),
+            *("uniform_L2/metrics.csv", "adaptive_L1_3/metrics.csv"),
+        ],
+    },
     "multihead_s2.py": {
         "args": ["--tiny", "--dynamics", "both"],
         "outputs": [f"{dyn}/{name}" for dyn in ("ou", "oscillating") for name in _FILES]

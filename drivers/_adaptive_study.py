@@ -1,0 +1,466 @@
+r"""Helpers of ``drivers/clustering_adaptive_s2.py``: W1 on S^2, the particle reference, the
+table of runs and the pictures.
+
+**W1 between two weighted point clouds on S^2** (:func:`wasserstein1`). Exact optimal
+transport between 10^4-10^5 points is out of reach (a dense cost matrix), so both measures are
+quantised by one map Q onto the centres of *adaptive bins*: the icosphere triangles of level
+``base_level`` (default 2), each split into its four children (great-circle midpoints, the
+icosphere's own hierarchy) while the bin's joint mass times its radius exceeds ``tol`` (down
+to level 24 at most), and the exact W1 between the two quantised measures (geodesic cost,
+network simplex: :func:`solvers.diagnostics.binned_wasserstein`, POT) is returned. Bins are
+fine where the mass is (the clusters) and coarse where it is not. The triangle inequality gives
+
+    |W1(Q#mu, Q#nu) - W1(mu, nu)| <= W1(mu, Q#mu) + W1(nu, Q#nu) <= sum_i a_i d(x_i, Q x_i)
+                                    + sum_j b_j d(y_j, Q y_j),
+
+the right-hand side computed exactly for every pair (``bound``; plus pi times the mass of
+bins below ``drop`` = 1e-12, which are dropped before the simplex). When either measure would
+occupy more than ``max_bins`` bins, ``tol`` is multiplied by 4 and the quantisation redone, so
+the simplex stays within a ``max_bins``^2 cost matrix.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
+from mpi4py import MPI
+
+import numpy as np
+import numpy.typing as npt
+
+from drivers.engine import GatheredCells, build_model, read_series
+from meshes import arc_length, control_volumes, icosphere, spherical_triangle_area
+from meshes.sphere import icosphere_arrays
+from solvers.diagnostics import binned_wasserstein
+from solvers.stepping import step_towards
+from solvers.transport import ParticleSystem, initial_density
+
+__all__ = [
+    "W1Result",
+    "Reference",
+    "bin_points",
+    "wasserstein1",
+    "particle_reference",
+    "series_measure",
+    "mesh_level",
+    "cell_steps",
+    "write_table",
+    "plot_w1",
+    "plot_edi",
+    "plot_meshes",
+]
+
+Array = npt.NDArray[np.float64]
+
+
+def _unit(v: Array) -> Array:
+    return v / np.linalg.norm(v, axis=1)[:, None]
+
+
+def _side(a: Array, b: Array, x: Array) -> Array:
+    """det(a, b, x) row by row: the side of the great circle through a and b that x is on."""
+    return np.einsum("ij,ij->i", np.cross(a, b), x)
+
+
+def bin_points(
+    points: Array, masses: Array, tol: float, base_level: int = 2, max_level: int = 24
+) -> tuple[npt.NDArray[np.int64], Array]:
+    """Adaptive bins of the icosphere hierarchy (module docstring) for weighted points.
+
+    Args:
+        points: (n, 3) unit vectors.
+        masses: (n,) non-negative masses (of all measures to be binned together).
+        tol: split a bin while its mass times its radius (largest distance from its centre
+            to a vertex) exceeds this.
+        base_level: bins are at least this fine.
+        max_level: and at most this fine.
+
+    Returns:
+        ``(bin_of, centres)``: the bin of every point and the (K, 3) unit bin centres
+        (normalised vertex means); every bin holds at least one point.
+    """
+    V, F = icosphere_arrays(0)
+    n = len(points)
+    owner = np.empty(n, dtype=np.int64)
+    for lo in range(0, n, 1 << 16):  # the root triangle of every point
+        x = points[lo : lo + (1 << 16)]
+        inside = np.ones((len(x), len(F)), dtype=bool)
+        for k in range(3):
+            inside &= x @ np.cross(V[F[:, k]], V[F[:, (k + 1) % 3]]).T >= -1e-12
+        owner[lo : lo + (1 << 16)] = np.argmax(inside, axis=1)
+    A, B, C = V[F[owner, 0]], V[F[owner, 1]], V[F[owner, 2]]
+    key, active = owner, np.arange(n)
+    bin_of = np.empty(n, dtype=np.int64)
+    centres: list[Array] = []
+    for level in range(max_level + 1):
+        uniq, inv = np.unique(key, return_inverse=True)
+        first = np.zeros(len(uniq), dtype=np.int64)
+        first[inv[::-1]] = np.arange(len(inv))[::-1]  # one point of each bin
+        c = _unit(A[first] + B[first] + C[first])
+        radius = np.max([arc_length(c, v[first]) for v in (A, B, C)], axis=0)
+        mass = np.bincount(inv, weights=masses[active], minlength=len(uniq))
+        split = (mass * radius > tol) | (level < base_level)
+        if level == max_level:
+            split[:] = False
+        done = np.flatnonzero(~split)
+        ids = np.full(len(uniq), -1)
+        ids[done] = sum(len(b) for b in centres) + np.arange(len(done))
+        centres.append(c[done])
+        stop = ~split[inv]
+        bin_of[active[stop]] = ids[inv[stop]]
+        go = ~stop
+        if not np.any(go):
+            break
+        active, key, A, B, C = active[go], key[go], A[go], B[go], C[go]
+        # the four children: corners at A, B, C, and the middle triangle of the midpoints
+        x = points[active]
+        ab, bc, ca = _unit(A + B), _unit(B + C), _unit(C + A)
+        in_a = _side(ab, ca, x) * _side(ab, ca, A) > 0
+        in_b = ~in_a & (_side(bc, ab, x) * _side(bc, ab, B) > 0)
+        in_c = ~in_a & ~in_b & (_side(ca, bc, x) * _side(ca, bc, C) > 0)
+        key = 4 * key + np.where(in_a, 0, np.where(in_b, 1, np.where(in_c, 2, 3)))
+        a_, b_, c_ = in_a[:, None], in_b[:, None], in_c[:, None]
+        A, B, C = (
+            np.where(a_, A, np.where(b_, ab, np.where(c_, ca, ab))),
+            np.where(a_, ab, np.where(b_, B, np.where(c_, bc, bc))),
+            np.where(a_, ca, np.where(b_, bc, np.where(c_, C, ca))),
+        )
+    return bin_of, np.concatenate(centres)
+
+
+@dataclass(frozen=True)
+class W1Result:
+    """W1 between two measures by adaptive binning (module docstring).
+
+    Attributes:
+        value: W1 of the binned measures.
+        bound: the bound of ``|value - W1|``.
+        tol: the binning tolerance used.
+        bins: the bins occupied by the first and by the second measure.
+        converged: whether the network simplex reached optimality.
+    """
+
+    value: float
+    bound: float
+    tol: float
+    bins: tuple[int, int]
+    converged: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def wasserstein1(
+    x: Array,
+    a: Array,
+    y: Array,
+    b: Array,
+    tol: float = 1e-7,
+    max_bins: int = 5000,
+    drop: float = 1e-12,
+) -> W1Result:
+    """W1 (geodesic cost) between sum a_i delta_{x_i} and sum b_j delta_{y_j} on S^2.
+
+    Args:
+        x: (n, 3) unit points of the first measure; a: (n,) its masses (normalised here).
+        y: (m, 3) unit points of the second measure; b: (m,) its masses (normalised here).
+        tol: the first binning tolerance (:func:`bin_points`).
+        max_bins: the most bins either measure may occupy (else ``tol`` grows 4x).
+        drop: bins with less mass than this are dropped (their mass is in the bound).
+
+    Returns:
+        A :class:`W1Result`.
+    """
+    a = np.asarray(a, dtype=np.float64) / math.fsum(a)
+    b = np.asarray(b, dtype=np.float64) / math.fsum(b)
+    n = len(x)
+    while True:
+        bin_of, centres = bin_points(np.concatenate([x, y]), np.concatenate([a, b]), tol)
+        qa = np.bincount(bin_of[:n], weights=a, minlength=len(centres))
+        qb = np.bincount(bin_of[n:], weights=b, minlength=len(centres))
+        lost = math.fsum(qa[qa < drop]) + math.fsum(qb[qb < drop])
+        qa[qa < drop], qb[qb < drop] = 0.0, 0.0
+        bins = (int(np.count_nonzero(qa)), int(np.count_nonzero(qb)))
+        if max(bins) <= max_bins:
+            break
+        tol *= 4.0
+    bound = math.fsum(a * arc_length(x, centres[bin_of[:n]]))
+    bound += math.fsum(b * arc_length(y, centres[bin_of[n:]])) + math.pi * lost
+    used = np.flatnonzero((qa > 0) | (qb > 0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = binned_wasserstein(centres[used], qa[used], qb[used])
+    converged = not any("numItermax" in str(w.message) for w in caught)
+    return W1Result(value, bound, tol, bins, converged)
+
+
+@dataclass
+class Reference:
+    """The weighted-particle reference (rank 0 holds the states; empty elsewhere).
+
+    Attributes:
+        level: the icosphere level of the starting cells.
+        masses: (n,) particle masses (the exact cell averages of rho_0 times the areas).
+        states: time -> (n, 3) positions, at t = 0 and at every stop.
+        steps: RK4 steps taken.
+        wall: wall time of the integration (s).
+    """
+
+    level: int
+    masses: Array
+    states: dict[float, Array]
+    steps: int
+    wall: float
+
+
+def particle_reference(
+    cfg: dict[str, Any], level: int, dt: float, stops: Sequence[float], comm: MPI.Comm
+) -> Reference:
+    """Weighted particles at the cell centres of an icosphere, RK4 to every stop (collective).
+
+    Args:
+        cfg: a validated run config (attention, weights and initial density are used).
+        level: the icosphere level (20 4^level particles, distributed like the cells).
+        dt: the RK4 step; each stop is landed on exactly (a shorter last step).
+        stops: the times at which the positions are kept (the last one is the final time).
+        comm: the communicator.
+
+    Returns:
+        A :class:`Reference` (states on rank 0 only).
+    """
+    attention, weights = build_model(cfg)  # the run's own model: the same backend and heads
+    cv = control_volumes(icosphere(comm, level))
+    n = cv.n_owned
+    rho0 = initial_density(cv, cfg["initial"]["density"])
+    system = ParticleSystem(
+        attention, weights, cv.centres[:n], rho0 * cv.measures[:n], comm=comm, integrator="rk4"
+    )
+    gathered = GatheredCells(cv)
+    masses = gathered.gather(system.masses)
+    states = {0.0: gathered.gather(system.points)}
+    wall0, t, steps = time.perf_counter(), 0.0, 0
+    for stop in sorted(set(float(s) for s in stops if s > 0)):
+        while t < stop:
+            h, t_new = step_towards(t, dt, stop)
+            system.step(t, h)
+            t, steps = t_new, steps + 1
+        states[stop] = gathered.gather(system.points)
+    wall = comm.allreduce(time.perf_counter() - wall0, op=MPI.MAX)
+    return Reference(level, masses, states, steps, wall)
+
+
+def series_measure(folder: Path, t: float) -> tuple[float, Array, Array] | None:
+    """The cell measure of a run's density.xdmf at the output time nearest ``t`` (rank 0).
+
+    Args:
+        folder: a results folder of the engine.
+        t: the wanted time.
+
+    Returns:
+        ``(time, centres, masses)`` (centres: normalised vertex means, masses: density times
+        the exact spherical areas), or None when the step's values do not match its mesh.
+    """
+    series = read_series(folder)
+    k = int(np.argmin(np.abs(series.times - t)))
+    values = series.cell_values(k)
+    vertices = np.asarray(series.vertices_at(k), dtype=np.float64)
+    if len(vertices) != len(values):
+        return None
+    centres = _unit(vertices.sum(axis=1))
+    areas = spherical_triangle_area(vertices[:, 0], vertices[:, 1], vertices[:, 2])
+    return float(series.times[k]), centres, values * areas
+
+
+def mesh_level(vertices: Array) -> npt.NDArray[np.int64]:
+    """The icosphere level of each triangle, from its longest edge (level L: about 1.1 2^-L).
+
+    Args:
+        vertices: (n, 3, 3) triangle vertices on the unit sphere.
+
+    Returns:
+        (n,) levels (a green-closure piece of a leaf gets its leaf's level).
+    """
+    edges = [arc_length(vertices[:, i], vertices[:, (i + 1) % 3]) for i in range(3)]
+    return np.rint(np.log2(1.1 / np.max(edges, axis=0))).astype(np.int64)
+
+
+def cell_steps(history: Sequence[dict[str, Any]], steps: int) -> float:
+    """Mean number of cells per time step of an adaptive run, from its adaptation history.
+
+    Args:
+        history: ``summary.json["adaptation"]["history"]`` (t, step, cells of every mesh).
+        steps: the steps of the run.
+
+    Returns:
+        sum over meshes of cells times the steps taken on it, divided by ``steps``.
+    """
+    starts = [int(h["step"]) for h in history] + [steps]
+    total = sum(h["cells"] * (starts[i + 1] - starts[i]) for i, h in enumerate(history))
+    return total / max(steps, 1)
+
+
+def write_table(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    """A CSV file of ``rows`` (rank 0).
+
+    Args:
+        path: the file.
+        rows: one dict per run.
+        columns: the columns, in order (missing values are empty).
+    """
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k, "") for k in columns})
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_w1(path: Path, rows: Sequence[dict[str, Any]], floor: float) -> None:
+    """W1 against the reference at t_end, against cells and wall time, log-log (rank 0).
+
+    Args:
+        path: the PNG file.
+        rows: the table rows (keys ``kind``, ``cells_max``, ``cells_mean``, ``wall_s``,
+            ``w1``, ``w1_bound``, ``label``).
+        floor: the error of the reference and of the W1 method (a dashed line).
+    """
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    styles = {"uniform": ("C0", "o-"), "adaptive": ("C3", "s-")}
+    for kind, (colour, style) in styles.items():
+        mine = [r for r in rows if r["kind"] == kind and np.isfinite(r["w1"])]
+        if not mine:
+            continue
+        w1 = np.array([r["w1"] for r in mine])
+        err = np.array([r["w1_bound"] for r in mine])
+        for ax, key in zip(axes, ("cells_max", "wall_s"), strict=True):
+            xs = np.array([r[key] for r in mine], dtype=float)
+            ax.errorbar(xs, w1, yerr=err, fmt=style, color=colour, label=kind, capsize=3)
+            for x, y, r in zip(xs, w1, mine, strict=True):
+                ax.annotate(
+                    r["label"], (x, y), xytext=(4, 4), textcoords="offset points", fontsize=8
+                )
+        if kind == "adaptive":
+            xs = np.array([r["cells_mean"] for r in mine], dtype=float)
+            axes[0].plot(xs, w1, "s--", color=colour, mfc="none", label="adaptive (mean cells)")
+    for ax, xlabel in zip(
+        axes, ("cells (adaptive: most at any time)", "wall time (s)"), strict=True
+    ):
+        ax.axhline(floor, color="grey", ls=":", label="reference + W1 error")
+        ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel="W1 to the particle reference")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1-2-5 ticks, plain labels
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("W1 at t_end: uniform against adaptive finite volumes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_edi(path: Path, runs: Sequence[tuple[str, list[dict[str, float]]]], target: float) -> None:
+    """Relative energy-budget residual |edi_residual(t)| / |dE(t_end)| of every run (rank 0).
+
+    Args:
+        path: the PNG file.
+        runs: (label, metrics rows) per run; adaptive rows also have ``adapt_energy_jump``
+            (dashed: the residual without the adaptations' energy jumps).
+        target: the target (a dotted line).
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for i, (label, rows) in enumerate(runs):
+        if not rows or "edi_residual" not in rows[0]:
+            continue
+        t = np.array([r["t"] for r in rows])
+        scale = abs(rows[-1]["dE"]) or 1.0
+        res = np.abs([r["edi_residual"] for r in rows]) / scale
+        ax.plot(t[1:], np.maximum(res[1:], 1e-16), ".-", color=f"C{i}", label=label, ms=3)
+        if "adapt_energy_jump" in rows[0]:
+            own = np.abs([r["edi_residual"] - r["adapt_energy_jump"] for r in rows]) / scale
+            ax.plot(t[1:], np.maximum(own[1:], 1e-16), "--", color=f"C{i}", lw=1)
+    ax.axhline(target, color="grey", ls=":", label=f"target {target:g}")
+    ax.set(
+        yscale="log",
+        xlabel="t",
+        ylabel="|edi_residual| / |E(t_end) - E(0)|",
+        title="energy budget (dashed: adaptive, without the adaptations' energy jumps)",
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_meshes(path: Path, folder: Path, count: int = 4) -> bool:
+    """The adapted mesh of a run at ``count`` output times, cells coloured by level (rank 0).
+
+    Each panel is the hemisphere facing the densest cell of the last step, orthographic, the
+    cell edges drawn (every step on its own mesh: ``DensitySeries.vertices_at``).
+
+    Args:
+        path: the PNG file.
+        folder: the run's results folder (density.xdmf).
+        count: the number of times, equally spaced in the series.
+
+    Returns:
+        False when a step's values do not match its mesh (nothing written).
+    """
+    from matplotlib.collections import PolyCollection
+
+    series = read_series(folder)
+    steps = np.unique(np.linspace(0, series.n_steps - 1, count).round().astype(int))
+    meshes = []
+    for k in steps:
+        values = series.cell_values(int(k))
+        vertices = series.vertices_at(int(k))
+        if len(vertices) != len(values):
+            return False
+        meshes.append((float(series.times[k]), np.asarray(vertices, dtype=np.float64), values))
+    _, v_last, rho_last = meshes[-1]
+    view = _unit(v_last[np.argmax(rho_last)].mean(axis=0)[None])[0]
+    e1 = _unit(np.cross(view, [0.0, 0.0, 1.0] if abs(view[2]) < 0.9 else [1.0, 0.0, 0.0])[None])[0]
+    e2 = np.cross(view, e1)
+    levels = np.concatenate([mesh_level(v) for _, v, _ in meshes])
+    lo, hi = int(levels.min()), int(levels.max())
+    plt = _pyplot()
+    cmap = plt.get_cmap("viridis", hi - lo + 1)
+    fig, axes = plt.subplots(1, len(meshes), figsize=(3.6 * len(meshes), 4.0), squeeze=False)
+    for ax, (t, vertices, _) in zip(axes[0], meshes, strict=True):
+        front = vertices.mean(axis=1) @ view > 0.05
+        v = vertices[front]
+        polys = np.stack([v @ e1, v @ e2], axis=-1)
+        level = mesh_level(v)
+        edges = (0.0, 0.0, 0.0, 0.35)
+        pc = PolyCollection(polys, facecolors=cmap(level - lo), edgecolors=edges, linewidths=0.08)
+        ax.add_collection(pc)
+        ax.set(
+            xlim=(-1, 1), ylim=(-1, 1), aspect="equal", title=f"t = {t:.3g}: {len(vertices)} cells"
+        )
+        ax.axis("off")
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(lo - 0.5, hi + 0.5))
+    fig.colorbar(sm, ax=axes[0].tolist(), ticks=range(lo, hi + 1), label="level", shrink=0.8)
+    fig.suptitle(f"{folder.name}: the hemisphere around the final cluster")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
