@@ -74,12 +74,12 @@ def test_jump_indicator_vanishes_on_uniform_density():
 @pytest.mark.parametrize("forest", [SphereForest(1, 5), CircleForest(2, 9)])
 @pytest.mark.parametrize("kind", ["mass", "jump"])
 def test_adaptation_cycles_conserve_mass_and_positivity(forest, kind):
-    """40 adaptations with random masses between them: total 1 to 1e-13, masses >= 0, the
+    """25 adaptations with random masses between them: total 1 to 1e-13, masses >= 0, the
     forest balanced, and both refinement and coarsening exercised."""
     rng = np.random.default_rng(3)
     refined = coarsened = 0
     m = _random_masses(forest.n_leaves, rng)
-    for _ in range(40):
+    for _ in range(25):
         scale = np.median(refinement_indicator(forest, m, kind)) or 1e-3
         m, counts = adapt_forest(forest, m, kind, 2 * scale, 0.5 * scale)
         assert abs(m.sum() - 1.0) < 1e-13 and m.min() >= 0.0

@@ -237,7 +237,7 @@ def test_sigkill_and_restart_on_two_ranks(tmp_path):
     import signal
     import time
 
-    cfg = _config(tmp_path / "c.toml", t_end=1.5)
+    cfg = _config(tmp_path / "c.toml", t_end=1.0)
     ref, out = tmp_path / "ref", tmp_path / "out"
     proc = launch_cli(["run", str(cfg), "--out", str(ref), "--quiet"], 2)
     assert proc.wait(timeout=300) == 0
