@@ -182,7 +182,8 @@ def test_adaptive_fv_clusters_conserve_mass(comm):
 
 
 def test_adaptive_scheme_mesh_checkpoint_restores_bitwise(comm):
-    """mesh_state + state -> restore_mesh + restore continues bitwise (same rank count)."""
+    """mesh_state + state -> restore_mesh + restore continues bitwise (same rank count),
+    including the adaptation due at the checkpoint's own step (written before it)."""
 
     def make():
         return AdaptiveScheme(
@@ -194,7 +195,7 @@ def test_adaptive_scheme_mesh_checkpoint_restores_bitwise(comm):
         )
 
     a = make()
-    for _ in range(7):
+    for _ in range(6):  # every = 3: the checkpoint precedes the adaptation at step 6
         a.step()
     saved, state = a.mesh_state(), a.state()
     for _ in range(8):
@@ -207,6 +208,7 @@ def test_adaptive_scheme_mesh_checkpoint_restores_bitwise(comm):
     assert a.t == b.t and a.steps == b.steps and a.mesh_version > 1
     assert np.array_equal(a.measure()[1], b.measure()[1])
     assert a.history == b.history
+    assert [h["step"] for h in a.history][:3] == [0, 6, 9]  # the restored run adapted at 6
     wrong = dict(saved)
     wrong["forest_levels"] = np.array([1, 5])
     with pytest.raises(ValueError, match="levels"):

@@ -240,7 +240,9 @@ class AdaptiveScheme:
     def restore(self, state: SchemeState) -> None:
         """Restore the inner scheme's state, on the mesh set by :meth:`restore_mesh`."""
         self.inner.restore(state)
-        self._adapted_at = int(state.steps)
+        # a checkpoint is written after its step and before the adaptation that may start the
+        # next one: that adaptation is still to come
+        self._adapted_at = -1
 
     # ------------------------------------------------------------------ checkpoints
     def mesh_state(self) -> dict[str, npt.NDArray[Any]]:
