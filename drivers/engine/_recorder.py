@@ -336,11 +336,7 @@ class Recorder:
         if self.budget is not None:
             row.update(self.budget.columns())
             if self.adaptive:
-                row["adapt_energy_jump"] = math.fsum(
-                    h["energy_after"] - h["energy_before"]
-                    for h in scheme.history
-                    if h.get("energy_before") is not None
-                )
+                row["adapt_energy_jump"] = math.fsum(scheme.energy_jumps())
         row.update(self.weights.diagnostics(t))
         self.metrics.write(row)
         self.density, self.t = density, t
@@ -487,11 +483,7 @@ class Recorder:
         if not self.adaptive:
             return None
         history = scheme.history
-        jumps = [
-            h["energy_after"] - h["energy_before"]
-            for h in history
-            if h.get("energy_before") is not None
-        ]
+        jumps = scheme.energy_jumps()
         mass = [abs(h["mass_after"] - h["mass_before"]) for h in history if "mass_before" in h]
         return {
             **self.problem.cfg["adapt"],

@@ -154,11 +154,15 @@ def adapt_forest(
                 m, _ = transfer_masses(before, forest, m)
                 eta = refinement_indicator(forest, m, kind)
     before = forest.leaf_set()
-    centres, slopes = leaf_centres(forest), limited_slopes(forest, m)
-    split = forest.refine(eta > refine)
+    marked = eta > refine
+    profile = None
+    if np.any(marked):  # the slopes (neighbour search) only when leaves will split
+        centres = leaf_centres(forest)
+        profile = (centres, limited_slopes(forest, m, centres))
+    split = forest.refine(marked)
     balanced = forest.close()
     if split or balanced:
-        m = _prolong(before, forest, m, centres, slopes)
+        m = _prolong(before, forest, m, profile)
     return m, AdaptCounts(split, balanced, merged)
 
 
@@ -168,7 +172,7 @@ def leaf_centres(forest: Any) -> Array:
     return c / np.linalg.norm(c, axis=1)[:, None]
 
 
-def limited_slopes(forest: Any, leaf_mass: Array) -> Array:
+def limited_slopes(forest: Any, leaf_mass: Array, centres: Array | None = None) -> Array:
     """Limited tangent gradients of the leaf densities, (n_leaves, d).
 
     Least squares over the edge neighbours (the normal component pinned to zero, as the
@@ -177,7 +181,7 @@ def limited_slopes(forest: Any, leaf_mass: Array) -> Array:
     """
     m = np.asarray(leaf_mass, dtype=np.float64)
     rho = m / forest.leaf_measures()
-    c = leaf_centres(forest)
+    c = leaf_centres(forest) if centres is None else centres
     n, d = c.shape
     pairs = forest.neighbours()
     i, j = pairs[:, 0], pairs[:, 1]
@@ -211,7 +215,7 @@ def _tangent(x: Array, v: Array) -> Array:
     return v - np.einsum("ij,ij->i", x, v)[:, None] * x
 
 
-def _prolong(before: Any, forest: Any, m: Array, centres: Array, slopes: Array) -> Array:
+def _prolong(before: Any, forest: Any, m: Array, profile: tuple[Array, Array] | None) -> Array:
     """Leaf masses after refinement: unchanged leaves keep theirs bitwise, merged leaves sum,
     and the children of a split leaf share its mass by the limited linear profile of its
     density at their centres times their areas (normalised: exactly the parent's mass, >= 0).
@@ -219,8 +223,9 @@ def _prolong(before: Any, forest: Any, m: Array, centres: Array, slopes: Array) 
     transfer = leaf_transfer(before, forest.leaf_set())
     new_mass = transfer.apply(m)
     refined = np.flatnonzero(transfer.kind == 1)
-    if len(refined) == 0:
+    if len(refined) == 0 or profile is None:  # no profile: splits of the closure only
         return new_mass
+    centres, slopes = profile
     first = np.searchsorted(transfer.new_index, refined)  # one pair per refined leaf
     parent = transfer.old_index[first]
     rho = m[parent] / before.measures[parent]

@@ -167,6 +167,14 @@ class AdaptiveScheme:
             entry.update(energy_before=energy[0], energy_after=energy[1])
         self.history.append(entry)
 
+    def energy_jumps(self) -> list[float]:
+        """E after - E before of every adaptation so far (with ``options.energy``)."""
+        return [
+            h["energy_after"] - h["energy_before"]
+            for h in self.history
+            if h.get("energy_before") is not None
+        ]
+
     def _total(self, masses: Array) -> float:
         return self.comm.allreduce(float(np.sum(masses)), op=MPI.SUM)
 
