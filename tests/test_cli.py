@@ -279,7 +279,7 @@ def test_eight_ranks_agree_with_serial_at_level_4(tmp_path):
     assert float(a["t"]) == float(b["t"]) and summaries[0]["steps"] == summaries[1]["steps"]
     assert np.abs(a["density"] - b["density"]).max() < 1e-10 * np.abs(a["density"]).max()
     assert summaries[1]["ranks"] == 8
-    assert [c["method"] for c in summaries[1]["head_choice"]] == ["lowrank"]
+    assert [c["method"] for c in summaries[1]["head_choice"]] in (["lowrank"], ["spectral"])
     ma, mb = (s["final_metrics"] for s in summaries)
     for key in ("energy", "G2", "edi_residual", "mass"):
         assert abs(ma[key] - mb[key]) <= 1e-10 * max(1.0, abs(ma[key])), key

@@ -97,11 +97,13 @@ KEYS: tuple[Key, ...] = (
     Key("attention", "heads", "list of tables {Q, K, V}", _IDENTITY_HEAD,
         'the heads; each matrix "identity" or a d x d nested list (d = 2 on S1, 3 on S2)'),
     Key("attention", "backend", "string", "auto",
-        "how the nonlocal velocity is summed: auto picks per head the low-rank expansion when "
-        "its error bound meets tolerance and it is cheaper, else compiled brute force",
-        ("auto", "brute", "lowrank", "numba", "numpy")),
+        "how the nonlocal velocity is summed: auto picks per head the cheapest of compiled "
+        "brute force, the low-rank expansion and the certified spectral sums (S1/S2, any beta) "
+        "whose error bound meets tolerance; lowrank / spectral: that method where it applies, "
+        "else brute force",
+        ("auto", "brute", "lowrank", "numba", "numpy", "spectral")),
     Key("attention", "tolerance", "number", 1e-10,
-        "relative accuracy asked of the low-rank expansion, in (0, 1)"),
+        "relative accuracy asked of the low-rank expansion and the spectral sums, in (0, 1)"),
     Key("attention", "velocity", "string", "attention",
         "attention: the softmax velocity s (1/H) sum_h P a_h; gradient: the weighted "
         "Wasserstein gradient s grad(dE/dmu) / b of the interaction energy (what the JKO "

@@ -48,7 +48,8 @@ from solvers.attention._checks import as_masses as _as_masses
 from solvers.attention._checks import as_matrix as _as_matrix
 from solvers.attention._checks import check_tolerance as _check_tolerance
 from solvers.attention._checks import normalised_head_weights as _head_weights
-from solvers.attention._distributed import DistributedSources
+from solvers.attention._choice import choose_methods
+from solvers.attention._distributed import DistributedSources, spectral_heads
 from solvers.attention._gradient import EnergyGradient, check_velocity_model, heads_energy_gradient
 
 __all__ = [
@@ -60,13 +61,14 @@ __all__ = [
     "kernel_sums_with_choice",
 ]
 
-BACKENDS = ("auto", "brute", "lowrank", "numba", "numpy")
+BACKENDS = ("auto", "brute", "lowrank", "numba", "numpy", "spectral")
 #: Default accuracy of the low-rank expansion (relative for Z_h, relative to max |y| for means).
 DEFAULT_TOLERANCE = 1e-10
 
 
 def _resolve_backend(backend: str) -> str:
-    """ "numba"/"numpy" for brute force ("brute": numba when importable); "auto"/"lowrank" kept."""
+    """ "numba"/"numpy" for brute force ("brute": numba when importable); "auto", "lowrank" and
+    "spectral" kept."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "brute":
@@ -158,12 +160,14 @@ def kernel_sums(
         backend: brute force: "numba" (compiled, parallel over targets), "numpy" (blocked
             reference), "brute" (numba when importable); per head: "lowrank" (the expansion of
             :mod:`solvers.attention._lowrank` whenever its a-priori bound meets ``tolerance``,
-            else brute force), "auto" (the expansion when its bound meets ``tolerance`` and the
-            cost model finds it cheaper, else brute force; tiny problems go straight to brute
-            force).
-        tolerance: accuracy asked of the low-rank expansion: relative error of :math:`Z_h`,
-            and error of :math:`\bar y_h` relative to :math:`\max_j |y_j|` (ignored by brute
-            force, which is accurate to rounding).
+            else brute force), "spectral" (the certified spectral sums of
+            :mod:`solvers.attention._spectral` for sources on :math:`S^1`/:math:`S^2`, any beta,
+            else brute force), "auto" (the cheapest of brute force, the expansion and the
+            spectral sums whose bound meets ``tolerance``, by the cost model of
+            :mod:`solvers.attention._choice`; tiny problems go straight to brute force).
+        tolerance: accuracy asked of the expansion and the spectral sums: relative error of
+            :math:`Z_h`, and error of :math:`\bar y_h` relative to :math:`\max_j |y_j|`
+            (ignored by brute force, which is accurate to rounding).
 
     Returns:
         ``(log_Z, mean)``: log_Z (H, m) and mean (H, m, d).
@@ -211,7 +215,8 @@ def kernel_sums_with_choice(
     Y = np.ascontiguousarray(Y[positive])
     w = w[positive]
     H = A.shape[0]
-    if name in ("auto", "lowrank"):
+    sp_plans = None
+    if name in ("auto", "lowrank", "spectral"):
         brute = _brute_name()
         # decided from the (global) number of sources only, so that every rank of a
         # distributed evaluation makes the same choice (rank-independent results)
@@ -219,19 +224,37 @@ def kernel_sums_with_choice(
             choices = [lowrank.HeadChoice(brute, math.nan, reason="tiny problem")] * H
             plans = None
         else:
-            choices, plans = lowrank.choose_heads(
+            choices, plans, sp_plans = choose_methods(
                 X, Y, A, tolerance, name, brute, setup_once=frozen_heads
             )
     else:
         choices, plans = [lowrank.HeadChoice(name, math.nan, reason="requested")] * H, None
+    choices = list(choices)
     low = [h for h in range(H) if choices[h].method == "lowrank"]
-    rest = [h for h in range(H) if choices[h].method != "lowrank"]
+    spec = [h for h in range(H) if choices[h].method == "spectral"]
+    rest = [h for h in range(H) if choices[h].method not in ("lowrank", "spectral")]
     log_Z = np.empty((H, X.shape[0]))
     mean = np.empty((H, X.shape[0], d))
     if low:
         log_Z[low], mean[low] = lowrank.lowrank_kernel_sums(
             X, Y, w, A[low], tolerance, [plans[h] for h in low]
         )
+    if spec:
+        lz, mn, _, done = spectral_heads(
+            None,
+            X,
+            Y,
+            w,
+            A[spec],
+            [sp_plans[h] for h in spec],
+            [choices[h] for h in spec],
+            tolerance,
+            _brute_name(),
+            False,
+        )
+        log_Z[spec], mean[spec] = lz, mn
+        for h, c in zip(spec, done, strict=True):
+            choices[h] = c
     if rest:
         brute_sums = kernels.kernel_sums_numba if kernels.HAVE_NUMBA else kernels.kernel_sums_numpy
         if name == "numpy":

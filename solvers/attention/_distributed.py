@@ -3,13 +3,17 @@ r"""Kernel sums of a distributed measure without gathering it: the one interface
 Each rank holds its own quadrature points (cell centres, particles) and masses; every velocity
 evaluation, diagnostic and energy needs the sums :math:`Z_h(x) = \sum_j m_j e^{x^T A_h y_j}` and
 :math:`\sum_j m_j e^{x^T A_h y_j} f(y_j)` over *all* sources at the rank's own targets.
-:func:`distributed_kernel_sums` evaluates them per head by the cheaper of two paths, chosen
+:func:`distributed_kernel_sums` evaluates them per head by the cheapest of three paths, chosen
 from global quantities only (the same choice on every rank and for any number of ranks):
 
 * **low rank** (:mod:`solvers.attention._lowrank`): each rank sums the features of its owned
   sources, one ``Allreduce`` of :math:`r_h (d + 1)` numbers per head combines them, and every
   rank evaluates its own targets. Memory per rank :math:`O(N/P + r^2)`, traffic
   :math:`O(r)`: nothing of size :math:`N` moves.
+* **spectral** (:mod:`solvers.attention._spectral`, sources on :math:`S^1`/:math:`S^2`, any
+  beta): each rank sums the spherical-harmonic (Fourier) moments of its owned sources, one
+  ``Allreduce`` combines them, every rank evaluates its own targets; the few targets whose
+  certified bound misses the tolerance are summed again by the ring pass below.
 * **brute force** (:mod:`solvers.attention._kernels`, log-sum-exp): a *ring pass*. The sources
   travel around the ranks in blocks (one rank's owned points and masses at a time, sent on
   while the previous block is summed); each rank merges the partial log-sum-exp sums of its
@@ -39,6 +43,7 @@ request returns them (the ranks agree on the hit with one small ``Allreduce``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import OrderedDict
@@ -48,9 +53,11 @@ from typing import Any
 
 import numpy as np
 
+from solvers.attention import _choice as choice
 from solvers.attention import _kernels as kernels
 from solvers.attention import _lowrank as lowrank
 from solvers.attention import _lowrank_sphere as lowrank_sphere
+from solvers.attention import _spectral as spectral
 from solvers.attention._lowrank_bounds import degree_coefficients
 from solvers.attention._lowrank_monomial import target_eval
 
@@ -89,8 +96,11 @@ class KernelSums:
 
     @property
     def bound(self) -> float:
-        """The largest a-priori bound of a low-rank head (0.0 when all are brute force)."""
-        return max((c.bound or 0.0 for c in self.choices if c.method == "lowrank"), default=0.0)
+        """The largest bound of a low-rank or spectral head (0.0 when all are brute force)."""
+        return max(
+            (c.bound or 0.0 for c in self.choices if c.method in ("lowrank", "spectral")),
+            default=0.0,
+        )
 
 
 def _size(comm: Any) -> int:
@@ -125,16 +135,17 @@ def _digest(*arrays: Any) -> bytes:
 
 def _choose(
     comm: Any, X: Array, Y: Array, A: Array, n: int, tol: float, mode: str, frozen: bool
-) -> tuple[list[lowrank.HeadChoice], list[lowrank.LowRankPlan] | None]:
-    """Per head: low rank or brute force, as :func:`solvers.attention.kernel_sums_with_choice`
-    chooses, from reduced (global) quantities only (n: the global number of sources)."""
+) -> tuple[list[lowrank.HeadChoice], list[Any] | None, list[Any] | None]:
+    """Per head: brute force, low rank or spectral, as
+    :func:`solvers.attention.kernel_sums_with_choice` chooses, from reduced (global) quantities
+    only (n: the global number of sources); also the low-rank and the spectral plans."""
     brute = "numba" if kernels.HAVE_NUMBA else "numpy"
     H = A.shape[0]
     if mode in ("numba", "numpy"):
-        return [lowrank.HeadChoice(mode, math.nan, reason="requested")] * H, None
+        return [lowrank.HeadChoice(mode, math.nan, reason="requested")] * H, None, None
     if mode == "auto" and float(n) * n <= lowrank.COST_OVERHEAD:
-        return [lowrank.HeadChoice(brute, math.nan, reason="tiny problem")] * H, None
-    return lowrank.choose_heads(X, Y, A, tol, mode, brute, frozen, comm, n)
+        return [lowrank.HeadChoice(brute, math.nan, reason="tiny problem")] * H, None, None
+    return choice.choose_methods(X, Y, A, tol, mode, brute, frozen, comm, n)
 
 
 # ----------------------------------------------------------------------------- low rank
@@ -203,6 +214,51 @@ def _lowrank_heads(
     if second:
         S2[:] = 0.5 * (S2 + S2.swapaxes(2, 3))
     return log_Z, mean, S2
+
+
+# ----------------------------------------------------------------------------- spectral
+
+
+def spectral_heads(
+    comm: Any,
+    X: Array,
+    Y: Array,
+    w: Array,
+    A: Array,
+    plans: list[Any],
+    chosen: list[lowrank.HeadChoice],
+    tol: float,
+    brute: str,
+    second: bool,
+) -> tuple[Array, Array, Array | None, list[lowrank.HeadChoice]]:
+    """log Z, means (and second moments) of the heads ``A`` by the spectral sums
+    (:mod:`solvers.attention._spectral`), with the uncertified targets of each head summed again
+    by brute force (ring pass); the choices completed with the bound and the fallback count.
+    Collective."""
+    d = X.shape[1]
+    res = spectral.spectral_fields(comm, X, Y, w, A, plans, tol, second)
+    counts = np.array([len(u) for u in res.uncertified], dtype=np.float64)
+    bounds = np.array(res.bound, dtype=np.float64)
+    if _size(comm) > 1:
+        from mpi4py import MPI
+
+        comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
+        comm.Allreduce(MPI.IN_PLACE, bounds, op=MPI.MAX)
+    block = np.column_stack([Y, w])
+    done = []
+    for h in range(A.shape[0]):
+        if counts[h] > 0:  # collective: every rank joins the ring, with or without targets
+            idx = res.uncertified[h]
+            out = _brute_ring(comm, X[idx], block, A[h : h + 1], d, brute, second)
+            if out is not None and len(idx):
+                res.log_Z[h, idx] = out[0][0]
+                res.mean[h, idx] = out[1][0][:, :d]
+                if second:
+                    iu, ju = np.triu_indices(d)
+                    res.second[h, idx[:, None], iu, ju] = out[1][0][:, d:]
+                    res.second[h, idx[:, None], ju, iu] = out[1][0][:, d:]
+        done.append(dataclasses.replace(chosen[h], bound=float(bounds[h]), fallback=int(counts[h])))
+    return res.log_Z, res.mean, res.second, done
 
 
 # ----------------------------------------------------------------------------- brute force
@@ -323,10 +379,11 @@ def distributed_kernel_sums(
         points: (n_r, d) this rank's sources.
         masses: (n_r,) their masses, >= 0 (not all zero over the ranks).
         A: (H, d, d) the matrices :math:`A_h`, identical on every rank.
-        backend: "auto" (per head, the cheaper path whose bound meets ``tolerance``),
-            "lowrank" (low rank whenever the bound meets it), "brute" (numba when importable),
-            "numba" or "numpy" (brute force).
-        tolerance: accuracy asked of the low-rank expansion (as
+        backend: "auto" (per head, the cheapest path whose bound meets ``tolerance``),
+            "lowrank" (low rank whenever the bound meets it), "spectral" (the spectral sums
+            whenever they apply), "brute" (numba when importable), "numba" or "numpy" (brute
+            force).
+        tolerance: accuracy asked of the low-rank expansion and the spectral sums (as
             :func:`solvers.attention.kernel_sums`).
         frozen_heads: the same matrices will come again (constant weights): the cost model
             leaves out the sphere basis's cached set-up.
@@ -341,8 +398,10 @@ def distributed_kernel_sums(
     """
     if backend == "brute":
         backend = "numba" if kernels.HAVE_NUMBA else "numpy"
-    if backend not in ("auto", "lowrank", "numba", "numpy"):  # the same on every rank
-        raise ValueError(f"backend must be auto, lowrank, brute, numba or numpy, got {backend!r}")
+    if backend not in ("auto", "lowrank", "spectral", "numba", "numpy"):  # same on every rank
+        raise ValueError(
+            f"backend must be auto, lowrank, spectral, brute, numba or numpy, got {backend!r}"
+        )
     error = None
     try:
         X = np.asarray(targets, dtype=np.float64)
@@ -384,19 +443,39 @@ def distributed_kernel_sums(
     n = len(Yp) if _size(comm) == 1 else int(comm.allreduce(len(Yp)))
     if n == 0:
         raise ValueError("masses are all zero: Z_h = 0 and the softmax mean is undefined")
-    choices, plans = _choose(comm, X, Yp, A, n, tolerance, backend, frozen_heads)
+    choices, plans, sp_plans = _choose(comm, X, Yp, A, n, tolerance, backend, frozen_heads)
     H, m = A.shape[0], X.shape[0]
     log_Z, mean = np.empty((H, m)), np.empty((H, m, d))
     S2 = np.empty((H, m, d, d)) if second else None
     low = [h for h in range(H) if choices[h].method == "lowrank"]
-    rest = [h for h in range(H) if choices[h].method != "lowrank"]
+    spec = [h for h in range(H) if choices[h].method == "spectral"]
+    rest = [h for h in range(H) if choices[h].method not in ("lowrank", "spectral")]
+    name = "numpy" if backend == "numpy" or not kernels.HAVE_NUMBA else "numba"
     if low:
         lz, mn, s2 = _lowrank_heads(comm, X, Yp, wp, A[low], [plans[h] for h in low], second)
         log_Z[low], mean[low] = lz, mn
         if second:
             S2[low] = s2
+    if spec:
+        lz, mn, s2, done = spectral_heads(
+            comm,
+            X,
+            Yp,
+            wp,
+            A[spec],
+            [sp_plans[h] for h in spec],
+            [choices[h] for h in spec],
+            tolerance,
+            name,
+            second,
+        )
+        log_Z[spec], mean[spec] = lz, mn
+        if second:
+            S2[spec] = s2
+        choices = list(choices)
+        for h, c in zip(spec, done, strict=True):
+            choices[h] = c
     if rest:
-        name = "numpy" if backend == "numpy" or not kernels.HAVE_NUMBA else "numba"
         block = np.column_stack([Yp, wp])
         out = _brute_ring(comm, X, block, A[rest], d, name, second)
         if out is not None:

@@ -1,0 +1,135 @@
+r"""Per head: brute force, the low-rank expansion or the spectral sums, by a cost model.
+
+Three ways to sum a head (module docstrings): brute force (:math:`m n` kernel pairs, exact to
+rounding), the low-rank expansion of :mod:`solvers.attention._lowrank` (an a-priori bound relative
+to the smallest kernel value; beta up to about 8 on the sphere) and the spectral sums of
+:mod:`solvers.attention._spectral` (sources on :math:`S^1`/:math:`S^2`, any beta, certified per
+target with a brute-force fallback). Backend "auto" takes the cheapest method whose bound meets
+the tolerance, by the modelled costs in brute-force pairs (:mod:`solvers.attention._lowrank_cost`,
+:func:`solvers.attention._spectral.spectral_cost`), for as many targets as there are sources;
+"lowrank" the expansion whenever its bound meets the tolerance; "spectral" the spectral sums
+whenever they apply. Every input of the choice is global (reduced over the communicator: the
+number of sources, the distance of the sources from the sphere, the range of
+:math:`\kappa = |A^T x|` over the targets) or identical on every rank (the matrices, the
+tolerance), so every rank and every number of ranks chooses alike.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from solvers.attention import _lowrank as lowrank
+from solvers.attention import _spectral as spectral
+from solvers.attention._lowrank_cost import plan_cost
+
+__all__ = ["choose_methods", "spectral_plans"]
+
+
+def spectral_plans(
+    targets: np.ndarray, sources: np.ndarray, A: np.ndarray, tol: float, comm: Any = None
+) -> list[spectral.SpectralPlan | None]:
+    """One spectral plan per head (None where the method does not apply: d not 2 or 3, sources
+    off the unit sphere, no plan within the limits). Collective when ``comm`` is given."""
+    H, d = A.shape[0], A.shape[1]
+    if d not in (2, 3):
+        return [None] * H
+    radii = np.sqrt(np.einsum("ik,ik->i", sources, sources)) if len(sources) else np.zeros(0)
+    delta = float(np.max(np.abs(radii - 1.0))) if len(radii) else 0.0
+    # kappa = |A_h^T x| over the targets: global min and max per head
+    packed = np.empty(2 * H + 1)
+    for h in range(H):
+        kappa = np.linalg.norm(targets @ A[h], axis=1)
+        packed[h] = -float(kappa.min()) if len(kappa) else -math.inf
+        packed[H + h] = float(kappa.max()) if len(kappa) else -math.inf
+    packed[-1] = delta
+    if comm is not None and comm.Get_size() > 1:
+        from mpi4py import MPI
+
+        comm.Allreduce(MPI.IN_PLACE, packed, op=MPI.MAX)
+    if packed[-1] > spectral.SPHERE_TOL:
+        return [None] * H
+    plans: list[spectral.SpectralPlan | None] = []
+    for h in range(H):
+        lo, hi = -packed[h], packed[H + h]
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # no targets anywhere
+            lo = hi = 0.0
+        plans.append(spectral.plan_spectral(float(lo), float(hi), d, float(tol), float(packed[-1])))
+    return plans
+
+
+def choose_methods(
+    targets: np.ndarray,
+    sources: np.ndarray,
+    A: np.ndarray,
+    tol: float,
+    mode: str,
+    brute: str,
+    setup_once: bool = False,
+    comm: Any = None,
+    n_sources: int | None = None,
+) -> tuple[
+    list[lowrank.HeadChoice],
+    list[lowrank.LowRankPlan] | None,
+    list[spectral.SpectralPlan | None] | None,
+]:
+    """Per head the method (a :class:`~solvers.attention.HeadChoice`), the low-rank plans and
+    the spectral plans (module docstring). ``mode``: "auto", "lowrank" or "spectral";
+    ``brute``: the brute-force backend name; ``setup_once``: the heads are constant over the
+    run (the sphere basis's set-up is left out of its cost); with ``comm`` the sources are this
+    rank's share and ``n_sources`` the global number of sources. Collective with ``comm``."""
+    H = A.shape[0]
+    n = len(sources) if n_sources is None else int(n_sources)
+    m = n
+    lr_choices, lr_plans = None, None
+    if mode in ("auto", "lowrank"):
+        lr_choices, lr_plans = lowrank.choose_heads(
+            targets, sources, A, tol, "lowrank", brute, setup_once, comm, n
+        )
+    if mode == "lowrank":
+        return lr_choices, lr_plans, None
+    sp_plans = spectral_plans(targets, sources, A, tol, comm)
+    choices: list[lowrank.HeadChoice] = []
+    for h in range(H):
+        sp = sp_plans[h]
+        options: list[tuple[float, lowrank.HeadChoice]] = []
+        if sp is not None:
+            options.append((spectral.spectral_cost(sp, m, n), _spectral_choice(sp)))
+        if mode == "spectral":
+            if options:
+                choices.append(options[0][1])
+            else:
+                choices.append(lowrank.HeadChoice(brute, math.nan, reason=_why_not(A, sp)))
+            continue
+        lr = lr_choices[h]
+        if lr.method == "lowrank":
+            options.append((plan_cost(lr_plans[h], m, n, setup_once), lr))
+        brute_choice = lowrank.HeadChoice(
+            brute,
+            lr.rho,
+            reason="brute is cheaper" if options else "no bound meets tolerance",
+        )
+        options.append((float(m) * float(n), brute_choice))
+        choices.append(min(options, key=lambda item: item[0])[1])
+    return choices, lr_plans, sp_plans
+
+
+def _spectral_choice(plan: spectral.SpectralPlan) -> lowrank.HeadChoice:
+    return lowrank.HeadChoice(
+        "spectral",
+        plan.kappa_hi,
+        plan.degree,
+        plan.rank,
+        None,
+        "certified spectral sums",
+        "harmonic",
+        nodes=plan.n_nodes,
+    )
+
+
+def _why_not(A: np.ndarray, plan: spectral.SpectralPlan | None) -> str:
+    if A.shape[1] not in (2, 3):
+        return "spectral sums need S^1 or S^2"
+    return "spectral sums do not apply (sources off the sphere, or kappa range too wide)"

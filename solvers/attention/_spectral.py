@@ -1,0 +1,383 @@
+r"""Spectral attention sums on :math:`S^1` and :math:`S^2`: certified, fast at every beta.
+
+Problem. For sources :math:`y_j` on the unit sphere :math:`S^{d-1}` (:math:`d = 2, 3`) with
+masses :math:`m_j \ge 0`, any targets :math:`x_i \in \mathbb R^d` and a head matrix
+:math:`A = \beta Q^T K` (any :math:`d \times d`), compute
+
+.. math::
+
+    Z(x) = \sum_j m_j e^{x^T A y_j}, \qquad \bar y(x) = Z(x)^{-1} \sum_j m_j e^{x^T A y_j} y_j
+
+(and the second moments :math:`Z^{-1} \sum_j m_j e^{x^T A y_j} y_j y_j^T`) at sharp attention:
+the low-rank expansion of :mod:`solvers.attention._lowrank` needs an accuracy relative to the
+smallest kernel value :math:`e^{-\beta\|A\|}` and stops near :math:`\beta = 8`.
+
+Reduction to a zonal kernel. With :math:`w = A^T x`, :math:`\kappa = |w|`,
+:math:`\omega = w / \kappa`, the exponent is :math:`x^T A y = \kappa\, \omega \cdot y`, so
+
+.. math::
+
+    Z(x) = e^{\kappa} \hat S_0(\omega, \kappa), \qquad
+    \hat S_f(\omega, \kappa) = \sum_j W^{(f)}_j e^{\kappa (\omega \cdot y_j - 1)},
+
+with the weights :math:`W^{(0)} = m`, :math:`W^{(k)} = m\, y_k` (numerators of the mean),
+:math:`W^{(ab)} = m\, y_a y_b`. The normalised kernel :math:`e^{\kappa(t - 1)} \in (0, 1]` is
+the largest possible kernel value divided out *per target* (no dynamic range across directions
+of a non-symmetric head), and :math:`\hat S_f` is a zonal (Funk-Hecke) convolution on the
+sphere, evaluated at the point :math:`\omega`:
+
+.. math::
+
+    S^2: \hat S_f(\omega, \kappa) = \sum_{l \le L} c_l(\kappa) \sum_{|m| \le l} a^{(f)}_{lm}
+    Y_{lm}(\omega), \quad c_l = 4\pi e^{-\kappa} i_l(\kappa), \quad
+    a^{(f)}_{lm} = \sum_j W^{(f)}_j \overline{Y_{lm}(y_j)};
+
+    S^1: \hat S_f(\phi, \kappa) = \sum_{|k| \le K} e^{-\kappa} I_{|k|}(\kappa)\,
+    c^{(f)}_k e^{i k \phi}, \quad c^{(f)}_k = \sum_j W^{(f)}_j e^{-i k \theta_j}.
+
+The source moments are summed once per evaluation (one ``Allreduce`` under MPI: gather-free)
+and shared by all heads; the values at the targets are one transform per field
+(:mod:`solvers.attention._spectral_transforms`: ducc0's spherical harmonic transforms at
+scattered points on :math:`S^2`, exact per-target Bessel coefficients on :math:`S^1`). A head
+whose :math:`\kappa` differs between targets (:math:`A^T A \ne c^2 I`) is evaluated on
+:math:`S^2` at Chebyshev nodes :math:`\kappa_q` of the global range :math:`[\kappa_-,
+\kappa_+]` of the targets and interpolated in :math:`\kappa` (one transform per node and field).
+Cost per head :math:`O(F n_q (N + L^3))`: the degree grows like
+:math:`\sqrt{2 \kappa \log(1/\varepsilon)}` while brute force costs :math:`N^2`.
+
+Error bound. Per pair, the truncated series is off by at most the tail
+:math:`\tau = \sum_{l > L} \frac{2l+1}{4\pi} c_l` (:math:`S^2`; :math:`|P_l| \le 1`,
+:math:`c_l > 0`) or :math:`2 \sum_{k > K} e^{-\kappa} I_k` (:math:`S^1`), rigorously; the
+interpolation in :math:`\kappa` by at most :math:`\varepsilon_\kappa`
+(:func:`~solvers.attention._spectral_bounds.interpolation_bound`), the node values' errors
+being amplified by at most the Lebesgue constant :math:`\Lambda`; the transforms add an
+estimated :math:`\varepsilon_T \max \hat S` (ducc0; measured, not proved). So every field obeys
+
+.. math::
+
+    |\tilde S_f - \hat S_f| \le E_f = (\Lambda \tau + \varepsilon_\kappa) \textstyle\sum_j
+    |W^{(f)}_j| + \Lambda \varepsilon_T \max \hat S_0,
+
+an *absolute* bound: the relative error of :math:`Z` at a target is
+:math:`r = E_0 / (\tilde S_0 - E_0)` and the mean is off by at most :math:`2 r R_y`
+(:math:`R_y = \max |y_j|`; the second moments by :math:`2 r R_y^2`), as for the expansion.
+
+Certification and fallback. A target is *certified* when :math:`2 r \le` tol. Targets where
+:math:`\hat S_0` is small (smoothed density below about :math:`2 E_0 /` tol, i.e. far from all
+mass at sharp attention: empty regions between clusters) are summed again by brute force
+(log-sum-exp, exact to rounding; the ring pass under MPI), so **every target meets the
+tolerance**: the bound reported is the largest certified :math:`2r` (:math:`\le` tol) and the
+number of fallback targets is reported with the head's choice. The fallback's cost depends on
+the data (none for a measure with a positive density, more as clusters empty the sphere).
+
+Cost and choice. The choice between brute force, the low-rank expansion and this method is
+made per head by the cost model of :mod:`solvers.attention._lowrank_cost` from global
+quantities only (the number of sources, the matrices, the global range of :math:`\kappa`, the
+tolerance), so it is the same on every number of ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from solvers.attention import _spectral_bounds as bounds
+from solvers.attention import _spectral_transforms as transforms
+
+__all__ = [
+    "COST_POINT",
+    "COST_POINT_CIRCLE",
+    "COST_CALL",
+    "COST_DEGREE",
+    "SPECTRAL_OVERHEAD",
+    "SpectralPlan",
+    "field_weights",
+    "plan_spectral",
+    "spectral_cost",
+    "spectral_fields",
+]
+
+#: Cost of one S^2 transform (adjoint or synthesis) per point, in brute-force kernel pairs
+#: (measured 43 ns per point on one thread at 65,536 points, against 0.9 ns per brute pair).
+COST_POINT = 50.0
+#: Cost per (point, Fourier mode) on S^1 (moments and values), in brute-force pairs.
+COST_POINT_CIRCLE = 3.0
+#: Cost of one S^2 transform per (L + 1)^3 (the grid transform), in brute-force pairs
+#: (measured 0.25 ns per unit, L = 20 .. 150).
+COST_DEGREE = 0.3
+#: Fixed cost of one S^2 transform call, in brute-force pairs (measured 0.06-0.07 ms).
+COST_CALL = 7.0e4
+#: Fixed cost of one spectral evaluation (plans, allocation, threads), in brute-force pairs.
+SPECTRAL_OVERHEAD = 2.0e5
+#: Relative distance from the unit sphere below which sources count as on it.
+SPHERE_TOL = 1e-12
+#: Smallest absolute accuracy asked of the series per unit mass (below the transforms' floor).
+FLOOR = 1e-16
+
+
+@dataclass(frozen=True)
+class SpectralPlan:
+    r"""One head's spectral evaluation (identical on every rank).
+
+    Attributes:
+        d: the dimension (2: :math:`S^1`, 3: :math:`S^2`).
+        degree: the truncation degree :math:`L` (:math:`K` on :math:`S^1`).
+        kappa_lo, kappa_hi: the global range of :math:`\kappa = |A^T x|` over the targets.
+        bins: S^2: the range cut into equal intervals ``(lo, hi, nodes)``, each with its
+            Chebyshev nodes in :math:`\kappa` (a target is interpolated from the nodes of its
+            interval); empty on S^1 (exact coefficients per target).
+        series: per unit mass, :math:`\Lambda \tau + \varepsilon_\kappa` (module docstring).
+        transform: :math:`\Lambda \varepsilon_T`, relative to the largest normalised sum.
+        eta: relative perturbation of every kernel value: sources off the unit sphere, and the
+            interpolation in kappa when its relative bound is the smaller (nearly zonal heads).
+        rank: coefficients per field: :math:`(L + 1)^2` or :math:`2K + 1`.
+    """
+
+    d: int
+    degree: int
+    kappa_lo: float
+    kappa_hi: float
+    bins: tuple[tuple[float, float, tuple[float, ...]], ...]
+    series: float
+    transform: float
+    eta: float
+    rank: int
+
+    @property
+    def n_nodes(self) -> int:
+        """Nodes per interval in kappa (1 for zonal heads and on S^1)."""
+        return max((len(b[2]) for b in self.bins), default=1)
+
+    @property
+    def nodes(self) -> tuple[float, ...]:
+        """All nodes, interval after interval."""
+        return tuple(k for b in self.bins for k in b[2])
+
+
+@lru_cache(maxsize=256)
+def plan_spectral(
+    kappa_lo: float, kappa_hi: float, d: int, tol: float, delta: float = 0.0
+) -> SpectralPlan | None:
+    """The plan for a head whose targets have kappa in [kappa_lo, kappa_hi] and whose sources
+    lie within ``delta`` of the sphere; None when no plan fits (too many nodes or degree).
+
+    The series is asked for an absolute accuracy ``max(FLOOR, tol * 1e-6)`` per unit mass, so
+    that with the transforms' floor every target whose normalised sum is above about
+    ``2e-6`` (tolerance-limited) or ``2 eps_T / tol`` of the largest (transform-limited) times
+    the mass is certified. On S^2 the range of kappa is cut into the number of equal intervals
+    (1, 2, 4, ... 64) whose nodes make the cheapest evaluation by :func:`spectral_cost`.
+    Cached: frozen heads evaluated at the same targets plan once."""
+    if d not in (2, 3):
+        return None
+    eps = max(FLOOR, tol * 1e-6)
+    eta0 = math.expm1(kappa_hi * delta) if delta > 0 else 0.0
+    if d == 2:
+        grid = np.linspace(kappa_lo, kappa_hi, 9)
+        L = bounds.choose_degree(grid, eps, d)
+        if L is None:
+            return None
+        series = max(bounds.tail(float(k), L, d) for k in grid)
+        transform = bounds.transform_estimate(d)
+        return SpectralPlan(d, L, kappa_lo, kappa_hi, (), series, transform, eta0, 2 * L + 1)
+    best = None
+    for B in (1, 2, 4, 8, 16, 32, 64):
+        plan = _plan_bins(kappa_lo, kappa_hi, B, eps, tol, eta0)
+        if plan is not None and (best is None or spectral_cost(plan, 1e5, 1e5) < best[0]):
+            best = (spectral_cost(plan, 1e5, 1e5), plan)
+        if plan is not None and plan.n_nodes == 1:
+            break  # more intervals cannot need fewer nodes
+    return None if best is None else best[1]
+
+
+def _plan_bins(
+    lo: float, hi: float, B: int, eps: float, tol: float, eta: float
+) -> SpectralPlan | None:
+    """The S^2 plan with the kappa range cut into B equal intervals."""
+    edges = np.linspace(lo, hi, B + 1)
+    chosen = bounds.choose_nodes(float(edges[0]), float(edges[1]), eps / 2.0, tol / 20.0)
+    if chosen is None:
+        return None
+    n, relative = chosen
+    lam = bounds.lebesgue_constant(n)
+    bins = tuple(
+        (float(a), float(b), tuple(float(k) for k in bounds.chebyshev_points(a, b, n)))
+        for a, b in zip(edges[:-1], edges[1:], strict=True)
+    )
+    nodes = np.array([k for b in bins for k in b[2]])
+    L = bounds.choose_degree(nodes, eps / (2.0 * lam), 3)
+    if L is None:
+        return None
+    series = lam * max(bounds.tail(float(k), L, 3) for k in nodes)
+    width = (float(edges[0]), float(edges[1]))
+    if relative:
+        rel = bounds.relative_interpolation_bound(*width, n)
+        eta = (1.0 + eta) * (1.0 + rel) - 1.0
+    else:
+        series += max(bounds.interpolation_bound(a, b, n) for a, b, _ in bins)
+    transform = lam * bounds.transform_estimate(3)
+    return SpectralPlan(3, L, lo, hi, bins, series, transform, eta, (L + 1) ** 2)
+
+
+def spectral_cost(plan: SpectralPlan, m: float, n: float, fields: int = 1 + 3) -> float:
+    """Modelled cost of one head (moments of ``n`` sources shared by heads are counted here in
+    full), in brute-force kernel pairs (targets spread evenly over the kappa intervals)."""
+    if plan.d == 2:
+        K = plan.degree
+        start = math.sqrt(K * K + 90.0 * plan.kappa_hi) + 30
+        return COST_POINT_CIRCLE * (n * K * fields + m * (start + K * fields)) + SPECTRAL_OVERHEAD
+    call = COST_DEGREE * float(plan.degree + 1) ** 3 + COST_CALL
+    B = max(1, len(plan.bins))
+    syntheses = plan.n_nodes * (COST_POINT * m + B * call)
+    return fields * (syntheses + COST_POINT * n + call) + SPECTRAL_OVERHEAD
+
+
+def field_weights(Y: np.ndarray, w: np.ndarray, second: bool) -> np.ndarray:
+    """(F, n) weights: m, m y_k (k < d) and, with ``second``, m y_a y_b (a <= b)."""
+    d = Y.shape[1]
+    rows = [w] + [w * Y[:, k] for k in range(d)]
+    if second:
+        iu, ju = np.triu_indices(d)
+        rows += [w * Y[:, a] * Y[:, b] for a, b in zip(iu, ju, strict=True)]
+    return np.ascontiguousarray(np.stack(rows))
+
+
+@dataclass(frozen=True, eq=False)
+class SpectralResult:
+    """Local results of the spectral heads.
+
+    Attributes:
+        log_Z: (H, m); mean: (H, m, d); second: (H, m, d, d) or None.
+        uncertified: per head, the local target indices that need the fallback.
+        bound: per head, the largest local certified bound (2 r).
+    """
+
+    log_Z: np.ndarray
+    mean: np.ndarray
+    second: np.ndarray | None
+    uncertified: list[np.ndarray]
+    bound: list[float]
+
+
+def spectral_fields(
+    comm: Any,
+    X: np.ndarray,
+    Y: np.ndarray,
+    w: np.ndarray,
+    A: np.ndarray,
+    plans: list[SpectralPlan],
+    tol: float,
+    second: bool = False,
+) -> SpectralResult:
+    """log Z, means (and second moments) of the heads ``A`` (H, d, d) by their plans at the
+    local targets X, from the local sources Y (on the sphere) with masses w > 0; one
+    ``Allreduce`` of the moments and of three scalars per head. Collective.
+
+    Targets whose certified bound exceeds ``tol`` are listed in ``uncertified`` (their values
+    are left as computed; the caller sums them by brute force)."""
+    d, H, m = X.shape[1], A.shape[0], X.shape[0]
+    W = field_weights(Y, w, second)
+    F = W.shape[0]
+    Lmax = max(p.degree for p in plans)
+    Yhat = Y / np.linalg.norm(Y, axis=1, keepdims=True) if len(Y) else Y
+    if d == 3:
+        moments = transforms.sphere_moments(Yhat, W, Lmax)
+    else:
+        moments = transforms.circle_moments(Yhat, W, Lmax)
+    # the moments and the total weights, summed over the ranks
+    mass = np.abs(W).sum(axis=1)
+    flat = np.concatenate([moments.real.ravel(), moments.imag.ravel(), mass])
+    if comm is not None and comm.Get_size() > 1:
+        from mpi4py import MPI
+
+        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+    mass = flat[flat.size - F :]
+    flat = flat[: flat.size - F]
+    half = flat.size // 2
+    moments = (flat[:half] + 1j * flat[half:]).reshape(moments.shape)
+    log_Z = np.empty((H, m))
+    mean = np.empty((H, m, d))
+    S2 = np.empty((H, m, d, d)) if second else None
+    values = []
+    for h in range(H):
+        values.append(_head_values(X, moments, Lmax, A[h], plans[h]))
+    # the transforms' error scales with the largest normalised sum over all targets
+    peaks = np.array([float(v[1][0].max()) if m else 0.0 for v in values])
+    if comm is not None and comm.Get_size() > 1:
+        from mpi4py import MPI
+
+        comm.Allreduce(MPI.IN_PLACE, peaks, op=MPI.MAX)
+    uncertified, bound = [], []
+    for h in range(H):
+        kappa, S = values[h]
+        plan = plans[h]
+        E0 = plan.series * mass[0] + plan.transform * peaks[h]
+        S0 = S[0]
+        margin = S0 - E0
+        ok = margin > 0
+        r = np.full(m, np.inf)
+        r[ok] = E0 / margin[ok]
+        r = (1.0 + r) * (1.0 + plan.eta) - 1.0  # sources off the sphere
+        certified = 2.0 * r <= tol
+        uncertified.append(np.flatnonzero(~certified))
+        bound.append(float(np.max(2.0 * r[certified])) if np.any(certified) else 0.0)
+        safe = np.where(S0 > 0, S0, 1.0)
+        log_Z[h] = kappa + np.log(safe)
+        mean[h] = (S[1 : d + 1] / safe).T
+        if second:
+            iu, ju = np.triu_indices(d)
+            block = (S[d + 1 :] / safe).T
+            S2[h][:, iu, ju] = block
+            S2[h][:, ju, iu] = block
+    return SpectralResult(log_Z, mean, S2, uncertified, bound)
+
+
+def _head_values(
+    X: np.ndarray, moments: np.ndarray, Lmax: int, A_h: np.ndarray, plan: SpectralPlan
+) -> tuple[np.ndarray, np.ndarray]:
+    """kappa (m,) and the normalised sums (F, m) of one head at the targets."""
+    Wt = X @ A_h  # rows w_i = A^T x_i
+    if plan.d == 2:
+        return transforms.circle_values(Wt, moments, plan.degree)
+    kappa = np.linalg.norm(Wt, axis=1)
+    omega = np.divide(Wt, kappa[:, None], out=np.zeros_like(Wt), where=kappa[:, None] > 0)
+    omega[kappa == 0] = (0.0, 0.0, 1.0)  # kappa = 0: the kernel is 1, any direction will do
+    mom = transforms.truncate_moments(moments, Lmax, plan.degree)
+    out = np.empty((moments.shape[0], len(X)))
+    B = len(plan.bins)
+    width = (plan.kappa_hi - plan.kappa_lo) / B if B else 0.0
+    which = np.zeros(len(X), dtype=np.int64)
+    if B > 1 and width > 0:
+        which = np.clip(((kappa - plan.kappa_lo) / width).astype(np.int64), 0, B - 1)
+    for b, (_, _, nodes) in enumerate(plan.bins):
+        idx = np.flatnonzero(which == b)
+        if len(idx) == 0:
+            continue
+        coeffs = bounds.node_coefficients(nodes, plan.degree, 3)
+        values = [transforms.sphere_values(omega[idx], mom, c, plan.degree) for c in coeffs]
+        out[:, idx] = values[0] if len(nodes) == 1 else _interpolate(kappa[idx], nodes, values)
+    return kappa, out
+
+
+def _interpolate(
+    kappa: np.ndarray, nodes: tuple[float, ...], node_values: list[np.ndarray]
+) -> np.ndarray:
+    """Barycentric interpolation in kappa of the node values (F, m) at Chebyshev points of the
+    first kind (weights (-1)^k sin((2k + 1) pi / 2n))."""
+    n = len(nodes)
+    at = np.array(nodes)
+    k = np.arange(n)
+    bw = (-1.0) ** k * np.sin((2 * k + 1) * math.pi / (2 * n))
+    diff = kappa[None, :] - at[:, None]  # (n, m)
+    exact = diff == 0.0
+    diff[exact] = 1.0
+    terms = bw[:, None] / diff
+    denom = terms.sum(axis=0)
+    stacked = np.stack(node_values)  # (n, F, m)
+    out = np.einsum("qm,qfm->fm", terms, stacked) / denom
+    for i in np.flatnonzero(exact.any(axis=0)):
+        out[:, i] = stacked[int(np.flatnonzero(exact[:, i])[0]), :, i]
+    return out
