@@ -109,6 +109,8 @@ def rounding_estimate(rho: float, rank: int, basis: str = "monomial") -> float:
     :math:`\rho \le 1`, :math:`p \le 60`, and never above the estimate in the sweeps of
     ``tests/test_lowrank.py``, which include masses concentrated where the kernel is smallest).
     An estimate, not a bound."""
+    if 2.0 * rho > 700.0:
+        return math.inf
     if basis == "sphere":
         return UNIT_ROUNDOFF * (math.sqrt(rank) * math.exp(2.0 * rho) + 10.0 * rank * math.exp(rho))
     return UNIT_ROUNDOFF * math.sqrt(rank) * math.exp(2.0 * rho)
@@ -152,6 +154,8 @@ def choose_degree(
     """
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol!r}")
+    if 2.0 * c > 700.0 or rounding_estimate(c, basis_rank(d, 0, basis), basis) > tol:
+        return None  # the rounding estimate only grows with the degree: no degree can meet tol
     for p in range(MAX_DEGREE + 1):
         total = plan_bound(c, p, kind, eta)
         total += rounding_estimate(c, basis_rank(d, p, basis), basis)

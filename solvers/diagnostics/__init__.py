@@ -9,7 +9,9 @@ budget evaluates at every record.
 ``_metric`` asks whether the flow is a curve of maximal slope of the energy in the b-weighted
 Wasserstein metric (:func:`metric_diagnostics`: the metric speed G^2, the slope, the
 maximal-slope defect and the uphill mass, with the mathematics in its docstring).
-``_distances`` holds the distances between measures used by the limit studies (binned
+``_linear_stability`` gives the dispersion relation of the uniform state (growth rates of
+its modes with and without noise, the critical noise) and the angular power spectrum that
+measures them. ``_distances`` holds the distances between measures used by the limit studies (binned
 Wasserstein on the sphere, MMD, power-law fits with confidence intervals).
 """
 
@@ -30,6 +32,15 @@ from solvers.diagnostics._energy import (
     interaction_energy,
     noise_contraction,
 )
+from solvers.diagnostics._linear_stability import (
+    angular_power,
+    critical_diffusion,
+    dispersion_relation,
+    fastest_mode,
+    kernel_eigenvalue_ratio,
+    laplace_eigenvalue,
+    zonal_heads,
+)
 from solvers.diagnostics._metric import (
     MAXIMAL_SLOPE_COLUMNS,
     REST_RTOL,
@@ -43,6 +54,13 @@ __all__ = [
     "REST_RTOL",
     "BudgetInterval",
     "BudgetPoint",
+    "angular_power",
+    "critical_diffusion",
+    "dispersion_relation",
+    "fastest_mode",
+    "kernel_eigenvalue_ratio",
+    "laplace_eigenvalue",
+    "zonal_heads",
     "EnergyBudget",
     "EnergyDerivatives",
     "MetricDiagnostics",
