@@ -332,26 +332,31 @@ def gathered(comm, a):
     return np.concatenate(comm.allgather(np.asarray(a)))
 
 
-@pytest.mark.parametrize(("d", "sigma"), [(3, 0.05), (2, 0.05), (5, 0.3)])
-def test_parallel_equals_serial(comm, d, sigma):
-    """Distributed statistics equal those of the gathered measure on one rank: the nodes'
-    integer masses, hence the clusters and basins, bit for bit; the sums to rounding."""
-    if d == 3:
+@pytest.mark.parametrize("case", ["s2-mesh", "s1-mesh", "s2-particles", "s4-particles"])
+def test_parallel_equals_serial(comm, case):
+    """Distributed statistics equal those of the gathered measure on one rank, in any order:
+    the nodes' integer masses, hence the clusters and basins, bit for bit; sums to rounding."""
+    if case == "s2-mesh":
         x, area = owned_cells(comm, "S2", 4)
         m, _ = mesh_bumps(comm, x, area, S2_CENTRES[:4], weights(4), 50.0)
-    elif d == 2:
+    elif case == "s1-mesh":
         x, area = owned_cells(comm, "S1", 5)
         m, _ = mesh_bumps(comm, x, area, S1_CENTRES[:3], weights(3), 100.0)
-    else:
-        points, _, _ = sample_bumps(5, 3, 50.0, 6000, seed=11)
+    else:  # random masses, so that the sums' rounding depends on their order
+        d = 3 if case == "s2-particles" else 5
+        points, _, _ = sample_bumps(d, 3, 50.0, 20_000 if d == 3 else 6000, seed=11)
+        masses = np.random.default_rng(2).uniform(0.5, 1.5, len(points)) / len(points)
         mine = my_share(comm, len(points))
-        x, m = points[mine], np.full(len(points), 1 / len(points))[mine]
-    analysis = ClusterAnalysis(d, sigma=sigma)
+        x, m = points[mine], masses[mine]
+    d = x.shape[1]
+    analysis = ClusterAnalysis(d, sigma=0.3 if d == 5 else 0.05)
     par = analysis.statistics(x, m, comm)
     ser = analysis.statistics(gathered(comm, x), gathered(comm, m), None)
-    assert par.n_clusters == ser.n_clusters > 0
-    assert np.array_equal(par.labels, ser.labels)
-    assert np.array_equal(par.density, ser.density)
+    # the order of the points does not matter either (integer sums are exact)
+    rev = analysis.statistics(gathered(comm, x)[::-1], gathered(comm, m)[::-1], None)
+    assert par.n_clusters == ser.n_clusters == rev.n_clusters > 0
+    assert np.array_equal(par.labels, ser.labels) and np.array_equal(rev.labels, ser.labels)
+    assert np.array_equal(par.density, ser.density) and np.array_equal(rev.density, ser.density)
     assert np.allclose(par.masses, ser.masses, rtol=1e-12, atol=0)
     assert np.allclose(par.centres, ser.centres, rtol=0, atol=1e-12)
     assert np.allclose(par.radii, ser.radii, rtol=1e-10, atol=0)
