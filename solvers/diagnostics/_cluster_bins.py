@@ -79,15 +79,15 @@ def vmf_constant(d: int, kappa: float) -> float:
 
 
 def csr_graph(n: int, pairs: IntArray) -> tuple[IntArray, IntArray]:
-    """Symmetric CSR adjacency (indptr, indices) of the undirected edges ``pairs`` (m, 2)."""
+    """Symmetric CSR adjacency (indptr, indices) of the undirected edges ``pairs`` (m, 2)
+    (duplicates and self-loops dropped; neighbours sorted)."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-    rows = np.concatenate([pairs[:, 0], pairs[:, 1]])
-    cols = np.concatenate([pairs[:, 1], pairs[:, 0]])
-    order = np.lexsort((cols, rows))
-    rows, cols = rows[order], cols[order]
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return indptr, cols
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    ones = np.ones(len(pairs), dtype=np.int8)
+    A = sp.coo_matrix((ones, (pairs[:, 0], pairs[:, 1])), shape=(n, n)).tocsr()
+    A = (A + A.T).tocsr()
+    A.sort_indices()
+    return A.indptr.astype(np.int64), A.indices.astype(np.int64)
 
 
 def radius_graph(nodes: Array, delta: float, k: int = 0) -> tuple[IntArray, IntArray]:
@@ -99,9 +99,7 @@ def radius_graph(nodes: Array, delta: float, k: int = 0) -> tuple[IntArray, IntA
     if k > 0:
         near = tree.query(nodes, k=k + 1)[1][:, 1:]
         pairs.append(np.column_stack([np.repeat(np.arange(len(nodes)), k), near.reshape(-1)]))
-    edges = np.sort(np.concatenate(pairs), axis=1)
-    edges = np.unique(edges[edges[:, 0] != edges[:, 1]], axis=0)
-    return csr_graph(len(nodes), edges)
+    return csr_graph(len(nodes), np.concatenate(pairs))
 
 
 @dataclass

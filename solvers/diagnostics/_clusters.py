@@ -118,8 +118,6 @@ N_PROBES = 2048
 GRID_CELL, GRID_LINK = 1.0 / 3.0, 1.0 / 2.0
 #: Nearest neighbours every grid node is linked to, besides those within GRID_LINK sigma.
 GRID_NEIGHBOURS = 8
-#: Largest kappa = sigma^-2 for which the grid method lets the kernel sums try the low-rank path.
-LOWRANK_KAPPA = 64.0
 #: Largest distance of a point from the unit sphere.
 SPHERE_TOL = 1e-6
 
@@ -212,7 +210,6 @@ class ClusterAnalysis:
             "circle" (d = 2), "icosphere" (d = 3), "grid" (any d).
         level: icosphere level of the S^2 reference bins (needs its node spacing <= sigma).
         n_bins: number of S^1 reference bins (spacing <= sigma).
-        backend: kernel-sum backend of the grid method (:func:`solvers.attention.kernel_sums`).
     """
 
     def __init__(
@@ -225,7 +222,6 @@ class ClusterAnalysis:
         method: str = "auto",
         level: int = 5,
         n_bins: int = 1024,
-        backend: str = "auto",
     ) -> None:
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
             raise ValueError(f"cluster analysis needs an integer dimension d >= 2, got {d!r}")
@@ -250,7 +246,6 @@ class ClusterAnalysis:
         self.prominence = float(prominence)
         self.min_mass = float(min_mass)
         self.method = method
-        self.backend = backend
         self.bins: SphereBins | None = None
         if method != "grid":
             self.bins = circle_bins(n_bins) if method == "circle" else icosphere_bins(level)
@@ -301,7 +296,7 @@ class ClusterAnalysis:
             if comm is not None and comm.size > 1:
                 comm.Allreduce(MPI.IN_PLACE, Q, op=MPI.SUM)
         W = Q.astype(np.float64)
-        rho, floor, indptr, indices = self._density_and_graph(nodes, W)
+        rho, floor, indptr, indices = self._density_and_graph(nodes, W, comm)
         rho /= scale
         floor /= scale
         found = persistent_peaks(
@@ -353,22 +348,28 @@ class ClusterAnalysis:
         node_of = where[offset : offset + len(local_keys)][inverse.reshape(-1)]
         return nodes, Q, node_of.astype(np.int64)
 
-    def _density_and_graph(self, nodes: Array, W: Array) -> tuple[Array, float, IntArray, IntArray]:
+    def _density_and_graph(
+        self, nodes: Array, W: Array, comm: Any
+    ) -> tuple[Array, float, IntArray, IntArray]:
         """Smoothed density at the nodes (in the units of W), its floor, and the graph."""
         if self.bins is not None:
             rho = self.bins.smoothing(self.sigma) @ W
             return rho, float(rho.min()), self.bins.indptr, self.bins.indices
         from solvers.attention import kernel_sums
 
+        # brute-force kernel sums (each target's sum is independent of the other targets, so
+        # the split of the targets over the ranks changes no bit), gathered on every rank
         kappa = self.sigma**-2
-        probes = _probes(self.d)
-        targets = np.concatenate([nodes, probes])
-        A = kappa * np.eye(self.d)[None]
-        # the attention's low-rank expansion cannot pay off for narrow kernels (and its
-        # planner overflows for kappa above ~350): brute force for sigma < 1/8
-        backend = self.backend if kappa <= LOWRANK_KAPPA else "brute"
-        log_Z, _ = kernel_sums(targets, nodes, W, A, backend=backend)
-        values = vmf_constant(self.d, kappa) * np.exp(log_Z[0] - kappa)
+        targets = np.concatenate([nodes, _probes(self.d)])
+        size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
+        cuts = np.linspace(0, len(targets), size + 1).astype(np.int64)
+        mine = targets[cuts[rank] : cuts[rank + 1]]
+        log_Z = np.zeros(0)
+        if len(mine):
+            log_Z = kernel_sums(mine, nodes, W, kappa * np.eye(self.d)[None], backend="brute")[0][0]
+        if size > 1:
+            log_Z = np.concatenate(comm.allgather(log_Z))
+        values = vmf_constant(self.d, kappa) * np.exp(log_Z - kappa)
         rho = values[: len(nodes)]
         indptr, indices = radius_graph(nodes, GRID_LINK * self.sigma, GRID_NEIGHBOURS)
         return rho, float(values.min()), indptr, indices
