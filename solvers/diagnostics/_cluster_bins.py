@@ -4,10 +4,14 @@ the occupied cells of a fixed grid for :math:`S^{d-1}`, with their graphs and sm
 **Fixed reference bins** (:class:`SphereBins`), independent of the mesh or particles analysed:
 
 * :math:`S^1`: the :math:`K` points :math:`b_k = (\cos 2\pi k/K, \sin 2\pi k/K)`, neighbours
-  :math:`k \pm 1`; the bin of a point is its nearest node (arcs of length :math:`2\pi/K`).
+  :math:`k \pm 1`.
 * :math:`S^2`: the :math:`K = 10 \cdot 4^L + 2` vertices of the icosphere of level :math:`L`
-  (:func:`meshes.sphere.icosphere_arrays`), neighbours along its edges (5 or 6); the bin of a
-  point is its nearest vertex (the spherical Voronoi cell of the vertex, nearly hexagonal).
+  (:func:`meshes.sphere.icosphere_arrays`), neighbours along its edges (5 or 6).
+
+A point is shared between the nodes of the reference arc or spherical triangle that holds it
+(:meth:`SphereBins.deposit`: the weights :math:`\lambda / \sum\lambda` of
+:math:`x = \sum_j \lambda_j b_j`, a linear "cloud-in-cell" deposit that keeps the mean
+direction).
 
 **Smoothing.** The von Mises-Fisher kernel of width :math:`\sigma` (:math:`\kappa = \sigma^{-2}`),
 
@@ -18,9 +22,10 @@ the occupied cells of a fixed grid for :math:`S^{d-1}`, with their graphs and sm
     c_d(\kappa)^{-1} = \int_{S^{d-1}} e^{\kappa(\langle x, y\rangle - 1)}\, dx
                      = (2\pi)^{d/2} \kappa^{1 - d/2} I_{d/2-1}(\kappa) e^{-\kappa},
 
-normalised to unit mass, so that :math:`K_\sigma * \nu` of a measure :math:`\nu` is a density
-(mass per unit length or area). On the fixed bins it is a sparse matrix
-:math:`S_{kl} = K_\sigma(b_k, b_l)`, truncated where the kernel is below
+normalised to unit mass. On the fixed bins it is the sparse matrix
+:math:`S_{kl} = K_\sigma(b_k, b_l) / \sum_m K_\sigma(b_k, b_m) a_m` (:math:`a_m` the node
+areas, the integrals of the deposit's hat functions: the denominator is 1 up to quadrature,
+and makes the smoothed uniform measure exactly uniform), truncated where the kernel is below
 :data:`KERNEL_CUTOFF` of its peak (chord :math:`|b_k - b_l| \le \sigma\sqrt{2 \ln 10^6}
 \approx 5.26\,\sigma`), built once per (bins, :math:`\sigma`) and cached.
 
@@ -32,8 +37,8 @@ each node to its :math:`k` nearest nodes (so that the sparse tails of a cluster 
 to it; such an edge crosses no valley of the density, since in dense regions the :math:`k`
 nearest nodes are within :math:`\delta`).
 
-Determinism: nodes, graphs and kernels depend only on the parameters, and the bin of a point
-only on the point, never on the number of ranks.
+Determinism: nodes, graphs and kernels depend only on the parameters, and the deposit of a
+point only on the point, never on the number of ranks.
 """
 
 from __future__ import annotations
