@@ -11,10 +11,32 @@ Wasserstein metric (:func:`metric_diagnostics`: the metric speed G^2, the slope,
 maximal-slope defect and the uphill mass, with the mathematics in its docstring).
 ``_linear_stability`` gives the dispersion relation of the uniform state (growth rates of
 its modes with and without noise, the critical noise) and the angular power spectrum that
-measures them. ``_distances`` holds the distances between measures used by the limit studies (binned
+measures them.
+``_clusters`` finds the clusters of a measure on S^{d-1} (:class:`ClusterAnalysis`,
+:func:`cluster_statistics`: count, masses, centres, angular radii, by persistence of the
+super-level sets of a smoothed density on fixed reference bins, ``_persistence`` and
+``_cluster_bins``), and ``_cluster_tracker`` follows them through time
+(:class:`ClusterTracker`: identities, merge/split/birth/death events, the rows of
+``clusters.csv``).
+``_distances`` holds the distances between measures used by the limit studies (binned
 Wasserstein on the sphere, MMD, power-law fits with confidence intervals).
 """
 
+from solvers.diagnostics._cluster_tracker import (
+    CLUSTER_EVENT_KINDS,
+    EVENT_COLUMNS,
+    ClusterEvent,
+    ClusterTracker,
+    cluster_columns,
+    cluster_rows,
+    event_rows,
+)
+from solvers.diagnostics._clusters import (
+    CLUSTER_METHODS,
+    ClusterAnalysis,
+    ClusterStatistics,
+    cluster_statistics,
+)
 from solvers.diagnostics._distances import (
     PowerLawFit,
     binned_wasserstein,
@@ -49,7 +71,10 @@ from solvers.diagnostics._metric import (
 )
 
 __all__ = [
+    "CLUSTER_EVENT_KINDS",
+    "CLUSTER_METHODS",
     "EDI_COLUMNS",
+    "EVENT_COLUMNS",
     "MAXIMAL_SLOPE_COLUMNS",
     "REST_RTOL",
     "BudgetInterval",
@@ -61,13 +86,21 @@ __all__ = [
     "kernel_eigenvalue_ratio",
     "laplace_eigenvalue",
     "zonal_heads",
+    "ClusterAnalysis",
+    "ClusterEvent",
+    "ClusterStatistics",
+    "ClusterTracker",
     "EnergyBudget",
     "EnergyDerivatives",
     "MetricDiagnostics",
     "PowerLawFit",
     "binned_wasserstein",
     "bootstrap_interval",
+    "cluster_columns",
+    "cluster_rows",
+    "cluster_statistics",
     "energy_derivatives",
+    "event_rows",
     "fit_power_law",
     "geodesic_cost",
     "interaction_energy",
