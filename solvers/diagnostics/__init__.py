@@ -11,7 +11,8 @@ Wasserstein metric (:func:`metric_diagnostics`: the metric speed G^2, the slope,
 maximal-slope defect and the uphill mass, with the mathematics in its docstring).
 ``_linear_stability`` gives the dispersion relation of the uniform state (growth rates of
 its modes with and without noise, the critical noise) and the angular power spectrum that
-measures them.
+measures them; ``_metastability`` fits mode growth in the linear window, predicts the
+cluster count from the linearised dynamics, finds plateaus and fits exponential laws.
 ``_clusters`` finds the clusters of a measure on S^{d-1} (:class:`ClusterAnalysis`,
 :func:`cluster_statistics`: count, masses, centres, angular radii, by persistence of the
 super-level sets of a smoothed density on fixed reference bins, ``_persistence`` and
@@ -63,6 +64,16 @@ from solvers.diagnostics._linear_stability import (
     laplace_eigenvalue,
     zonal_heads,
 )
+from solvers.diagnostics._metastability import (
+    LINEAR_AMPLITUDE,
+    ExponentialLaw,
+    Plateau,
+    fit_exponential_law,
+    fit_growth_rates,
+    linear_prediction,
+    linear_window,
+    plateaus,
+)
 from solvers.diagnostics._metric import (
     MAXIMAL_SLOPE_COLUMNS,
     REST_RTOL,
@@ -79,6 +90,14 @@ __all__ = [
     "REST_RTOL",
     "BudgetInterval",
     "BudgetPoint",
+    "LINEAR_AMPLITUDE",
+    "ExponentialLaw",
+    "Plateau",
+    "fit_exponential_law",
+    "fit_growth_rates",
+    "linear_prediction",
+    "linear_window",
+    "plateaus",
     "angular_power",
     "critical_diffusion",
     "dispersion_relation",

@@ -1,0 +1,216 @@
+r"""Measurements of metastable clustering: mode growth, the linear prediction, plateaus, laws.
+
+The questions of docs/model.md, M1a, asked of a computed trajectory:
+
+* **Growth of modes.** In the linear phase the angular power spectrum grows like
+  :math:`C_l(t) \approx C_l(t_0) e^{2\sigma_l (t - t_0)}`. :func:`fit_growth_rates` fits
+  :math:`\hat\sigma_l` by least squares on :math:`\tfrac12 \log C_l` over the *linear window*:
+  from the first output to the last one at which the perturbation is still small,
+  :math:`\sum_{l \ge 1} (2l+1) C_l \le \epsilon^2 C_0` (the relative :math:`L^2` size of the
+  density perturbation, :data:`LINEAR_AMPLITUDE` by default).
+* **The linear prediction of the clusters.** Evolving the initial perturbation by the
+  linearised equation, :math:`\hat\mu_{lm}(t) = \hat\mu_{lm}(0) e^{\sigma_l t}`, until its
+  relative amplitude reaches one, and counting the local maxima of that density
+  (:func:`linear_prediction`), predicts how many clusters the nonlinear phase starts from; the
+  fastest mode alone predicts :math:`l^*` clusters on :math:`S^1`.
+* **Plateaus and merges.** A cluster count that stays constant over an interval of time is a
+  plateau (:func:`plateaus`); the times at which it drops are merge times.
+* **Laws.** :func:`fit_exponential_law` fits :math:`\log T = a + c\,\beta` (metastable times
+  growing like :math:`e^{c\beta}`) with a percentile bootstrap interval of :math:`c` over the
+  pairs :math:`(\beta_i, T_i)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "LINEAR_AMPLITUDE",
+    "ExponentialLaw",
+    "Plateau",
+    "fit_exponential_law",
+    "fit_growth_rates",
+    "linear_prediction",
+    "linear_window",
+    "plateaus",
+]
+
+#: Relative L^2 size of the density perturbation below which the dynamics counts as linear.
+LINEAR_AMPLITUDE = 0.1
+
+
+def linear_window(power: np.ndarray, manifold: str, amplitude: float = LINEAR_AMPLITUDE) -> int:
+    r"""Number of leading outputs in the linear phase: the relative :math:`L^2` size of the
+    perturbation, :math:`\big(\sum_{l \ge 1} g_l C_l / C_0\big)^{1/2}` (:math:`g_l = 2l+1` on
+    S^2, 2 on S^1 for :math:`k \ge 1`), stays at most ``amplitude``. ``power``: (T, L + 1)."""
+    P = np.asarray(power, dtype=np.float64)
+    degrees = np.arange(P.shape[1])
+    g = 2.0 * degrees + 1.0 if manifold == "S2" else np.where(degrees > 0, 2.0, 1.0)
+    size = np.sqrt(np.sum(g[1:] * P[:, 1:], axis=1) / P[:, 0])
+    above = np.flatnonzero(size > amplitude)
+    return int(above[0]) if len(above) else len(P)
+
+
+def fit_growth_rates(
+    times: Sequence[float],
+    power: np.ndarray,
+    manifold: str,
+    degrees: Sequence[int] | None = None,
+    amplitude: float = LINEAR_AMPLITUDE,
+    skip: int = 1,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    r"""Fitted growth rates :math:`\hat\sigma_l` (half the slope of :math:`\log C_l`) over the
+    linear window, after ``skip`` outputs (the start-up of modes not excited at t = 0).
+
+    Returns (degrees, rates, number of outputs used); rates are NaN when fewer than 3 outputs
+    fall in the window."""
+    t = np.asarray(times, dtype=np.float64)
+    P = np.asarray(power, dtype=np.float64)
+    n = linear_window(P, manifold, amplitude)
+    ls = np.arange(1, P.shape[1]) if degrees is None else np.asarray(degrees)
+    rates = np.full(len(ls), math.nan)
+    use = slice(skip, n)
+    if n - skip >= 3:
+        for i, l in enumerate(ls):
+            y = 0.5 * np.log(np.maximum(P[use, l], 1e-300))
+            rates[i] = np.polyfit(t[use], y, 1)[0]
+    return ls, rates, max(0, n - skip)
+
+
+def linear_prediction(
+    power_coeffs: np.ndarray,
+    sigma: np.ndarray,
+    manifold: str,
+    count: Any,
+    amplitude: float = 1.0,
+    t_max: float = 1e4,
+) -> tuple[float, int]:
+    r"""The linear prediction of the cluster count (module docstring).
+
+    Args:
+        power_coeffs: the initial perturbation's coefficients: S^1 the complex Fourier
+            coefficients :math:`c_k` (k = 0..K) of the density; S^2 the healpy-layout
+            :math:`a_{lm}` (l <= L) of the density.
+        sigma: (K + 1,) or (L + 1,) growth rates :math:`\sigma_l` (:func:`dispersion_relation`).
+        manifold: "S1" or "S2".
+        count: a function from the evolved density, sampled on a grid, to the number of
+            clusters: ``count(points (n, d), density (n,), weights (n,)) -> int``.
+        amplitude: the relative L^2 size at which the linear phase ends.
+        t_max: give up (return the count at t_max) if the perturbation never grows.
+
+    Returns (the end time of the linear phase, the predicted number of clusters)."""
+    c = np.asarray(power_coeffs)
+    s = np.asarray(sigma, dtype=np.float64)
+    if manifold == "S1":
+        K = len(c) - 1
+        n = max(256, 16 * K)
+        theta = 2 * np.pi * np.arange(n) / n
+
+        def density(t: float) -> np.ndarray:
+            ck = c * np.exp(s * t)
+            k = np.arange(1, K + 1)
+            return np.real(ck[0] + 2 * np.exp(1j * np.outer(theta, k)) @ ck[1:])
+
+        points = np.column_stack([np.cos(theta), np.sin(theta)])
+        weights = np.full(n, 2 * np.pi / n)
+    else:
+        from ducc0.sht import experimental as sht
+
+        from solvers.attention._spectral_transforms import l_index, sphere_locations
+
+        L = int(round((-3 + math.sqrt(1 + 8 * len(c))) / 2))
+        lidx = l_index(L)
+        rng = np.random.default_rng(0)
+        n = max(20000, 40 * (L + 1) ** 2)
+        points = rng.normal(size=(n, 3))
+        points /= np.linalg.norm(points, axis=1, keepdims=True)
+        loc = sphere_locations(points)
+        weights = np.full(n, 4 * np.pi / n)
+
+        def density(t: float) -> np.ndarray:
+            alm = (c * np.exp(s[lidx] * t))[None].astype(np.complex128)
+            return sht.synthesis_general(alm=alm, spin=0, lmax=L, loc=loc, epsilon=1e-10)[0]
+
+    def size(t: float) -> float:
+        f = density(t)
+        mean = float(np.sum(f * weights) / np.sum(weights))
+        return float(np.sqrt(np.sum((f - mean) ** 2 * weights) / np.sum(weights))) / mean
+
+    if size(0.0) >= amplitude:
+        t_end = 0.0
+    else:
+        lo, hi = 0.0, 1.0
+        while size(hi) < amplitude and hi < t_max:
+            lo, hi = hi, 2 * hi
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if size(mid) < amplitude else (lo, mid)
+        t_end = hi
+    f = np.maximum(density(t_end), 0.0)
+    return t_end, int(count(points, f, weights))
+
+
+@dataclass(frozen=True)
+class Plateau:
+    """A maximal interval [start, end] of output times with a constant cluster count."""
+
+    start: float
+    end: float
+    count: int
+
+    @property
+    def length(self) -> float:
+        return self.end - self.start
+
+
+def plateaus(times: Sequence[float], counts: Sequence[int], min_outputs: int = 2) -> list[Plateau]:
+    """Maximal runs of a constant cluster count spanning at least ``min_outputs`` outputs;
+    a plateau ends at the last output before the count changes (the merge happens between
+    that output and the next)."""
+    t = np.asarray(times, dtype=np.float64)
+    k = np.asarray(counts)
+    out: list[Plateau] = []
+    start = 0
+    for i in range(1, len(k) + 1):
+        if i == len(k) or k[i] != k[start]:
+            if i - start >= min_outputs:
+                out.append(Plateau(float(t[start]), float(t[i - 1]), int(k[start])))
+            start = i
+    return out
+
+
+@dataclass(frozen=True)
+class ExponentialLaw:
+    """:math:`\\log T = a + c \\beta`, with the bootstrap interval of c and the number of
+    points."""
+
+    a: float
+    c: float
+    c_low: float
+    c_high: float
+    n: int
+
+
+def fit_exponential_law(
+    beta: Sequence[float], T: Sequence[float], n_boot: int = 2000, seed: int = 0
+) -> ExponentialLaw:
+    """Least-squares fit of log T against beta (T > 0), with a 95 % percentile bootstrap
+    interval of the rate c over resampled (beta, T) pairs."""
+    b = np.asarray(beta, dtype=np.float64)
+    y = np.log(np.asarray(T, dtype=np.float64))
+    if len(b) < 2 or np.ptp(b) == 0:
+        raise ValueError("need at least two distinct beta")
+    c, a = np.polyfit(b, y, 1)
+    rng = np.random.default_rng(seed)
+    rates = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, len(b), len(b))
+        if np.ptp(b[idx]) > 0:
+            rates.append(np.polyfit(b[idx], y[idx], 1)[0])
+    lo, hi = np.quantile(rates, [0.025, 0.975]) if rates else (math.nan, math.nan)
+    return ExponentialLaw(float(a), float(c), float(lo), float(hi), len(b))
