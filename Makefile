@@ -32,8 +32,11 @@ paraview:
 			|| echo "warning: could not install paraview; tests/test_paraview.py will skip"; \
 	fi
 
+# the serial suite on both cores (pytest-xdist; tests/conftest.py gives each worker one numba
+# thread), -n 1 to run it in one process
+XDIST ?= 2
 test-serial:
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -q tests
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -n $(XDIST) tests
 
 test-mpi:
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -q -m "not serial" tests

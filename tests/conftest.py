@@ -6,7 +6,9 @@
 - Tests marked ``serial`` launch their own processes (CLI runs, mpiexec); they are skipped on
   communicators of size > 1.
 - The cores are shared between the ranks and numba's threads as in a run
-  (:func:`solvers.threads.configure_threads`, called once here as every entry point does).
+  (:func:`solvers.threads.configure_threads`, called once here as every entry point does);
+  the workers of ``pytest -n K`` (pytest-xdist, how ``make test`` runs the serial suite)
+  count as K ranks.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ VENV_BIN = Path(sys.executable).parent
 def pytest_configure(config: pytest.Config) -> None:
     from solvers.threads import configure_threads
 
+    # pytest-xdist workers share the cores like ranks: one numba thread each unless told
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and workers.isdigit() and "NUMBA_NUM_THREADS" not in os.environ:
+        os.environ["MPI_LOCALNRANKS"] = workers
     configure_threads()
     if MPI.COMM_WORLD.rank != 0:
         config.option.verbose = -2
