@@ -2,9 +2,9 @@ r"""Low-rank attention sums against our numba brute force, on S^2 with beta ||Q^
 
 For N random points on S^2 (targets = sources, masses 1/N) and one non-symmetric head with
 :math:`c = \beta \|Q^T K\|_2 = 4`, the kernel sums :math:`\log Z(x_i)` and the softmax means
-:math:`\bar y(x_i)` are computed by the Chebyshev expansion of :mod:`solvers.attention._lowrank` in
+:math:`\bar y(x_i)` are computed by the Chebyshev expansion of :mod:`solvers.attention.lowrank._expansion` in
 both bases (centred monomials, and the orthonormal sphere basis of
-:mod:`solvers.attention._lowrank_sphere`) at tolerances 1e-10 and 1e-8 (``--tolerance``), N = 1e5
+:mod:`solvers.attention.lowrank._sphere`) at tolerances 1e-10 and 1e-8 (``--tolerance``), N = 1e5
 and 1e6, and by the numba brute-force kernel at N = 1e5, each in a fresh worker process (peak RSS of
 that run alone; the numba caches are warmed by a first small call, not timed). Each low-rank time
 includes the plan (bounding boxes, radii, degree). "cold" is the first call, which for the sphere
@@ -91,9 +91,9 @@ def clustered_problem(
 def clear_lowrank_caches() -> None:
     """Empty every cache of the low-rank path (coupling matrices, Chebyshev coefficients,
     quadrature and projection tables); the compiled numba code stays loaded."""
-    from solvers.attention import _lowrank_bounds as lowrank_bounds
-    from solvers.attention import _lowrank_sphere as lowrank_sphere
     from solvers.attention import sphere_basis
+    from solvers.attention.lowrank import _bounds as lowrank_bounds
+    from solvers.attention.lowrank import _sphere as lowrank_sphere
 
     lowrank_sphere.clear_coupling_cache()
     lowrank_bounds.degree_coefficients.cache_clear()
@@ -114,8 +114,7 @@ def clustered_worker(n: int = 100_000, tol: float = 1e-10) -> dict:
     import dolfinx_solver  # noqa: F401
 
     from solvers.attention import _kernels as kernels
-    from solvers.attention import _lowrank as lowrank
-    from solvers.attention import kernel_sums_with_choice
+    from solvers.attention import kernel_sums_with_choice, lowrank
     from solvers.threads import configure_threads
 
     threads = configure_threads()
@@ -187,8 +186,8 @@ def worker(method: str, n: int, out: str, tol: float = 1e-10) -> None:
     import dolfinx_solver  # noqa: F401
 
     from solvers.attention import _kernels as kernels
-    from solvers.attention import _lowrank as lowrank
-    from solvers.attention import _lowrank_sphere as lowrank_sphere
+    from solvers.attention import lowrank
+    from solvers.attention.lowrank import _sphere as lowrank_sphere
     from solvers.threads import configure_threads
 
     configure_threads()  # numba threads per rank, one BLAS thread (as the CLI does)

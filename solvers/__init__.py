@@ -23,10 +23,10 @@ from solvers.compat import register_moves
 register_moves(
     {
         "solvers.kernels": "solvers.attention._kernels",
-        "solvers.lowrank": "solvers.attention._lowrank",
-        "solvers.lowrank_bounds": "solvers.attention._lowrank_bounds",
-        "solvers.lowrank_monomial": "solvers.attention._lowrank_monomial",
-        "solvers.lowrank_sphere": "solvers.attention._lowrank_sphere",
+        "solvers.lowrank": "solvers.attention.lowrank._expansion",
+        "solvers.lowrank_bounds": "solvers.attention.lowrank._bounds",
+        "solvers.lowrank_monomial": "solvers.attention.lowrank._monomial",
+        "solvers.lowrank_sphere": "solvers.attention.lowrank._sphere",
         "solvers.sphere_basis": "solvers.attention.sphere_basis",
         "solvers.particles": "solvers.transport._particles",
         "solvers.jko": "solvers.transport._jko",

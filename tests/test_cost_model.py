@@ -1,6 +1,6 @@
 """The cost model's choice between brute force, centred monomials and the sphere basis
-(solvers/attention/_lowrank_cost.py), without timings: the expected choices are the measured
-fastest methods (docstring of _lowrank_cost; benchmarks/README.md, low-rank section).
+(solvers/attention/lowrank/_cost.py), without timings: the expected choices are the measured
+fastest methods (docstring of lowrank/_cost.py; benchmarks/README.md, low-rank section).
 
 Geometry of the finite-volume velocity on the icosphere of level L: N = 20 * 4^L sources (cell
 centres) on S^2 and 1.5 N targets (facet midpoints), on the sphere or off it by the chord's
@@ -17,9 +17,9 @@ import dolfinx_solver  # noqa: F401
 import numpy as np
 import pytest
 
-from solvers.attention import _lowrank as lowrank
-from solvers.attention import _lowrank_sphere as lowrank_sphere
-from solvers.attention._lowrank_cost import plan_cost
+from solvers.attention import lowrank
+from solvers.attention.lowrank import _sphere as lowrank_sphere
+from solvers.attention.lowrank._cost import plan_cost
 
 
 def sphere_points(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -9,8 +9,8 @@ import pytest
 
 from solvers._jit import read_only
 from solvers.attention import _kernels as kernels
-from solvers.attention import _lowrank_monomial as lowrank_monomial
 from solvers.attention import sphere_basis
+from solvers.attention.lowrank import _monomial as lowrank_monomial
 
 numba = pytest.importorskip("numba")
 

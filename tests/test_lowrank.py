@@ -18,15 +18,15 @@ import pytest
 from solvers.attention import (
     Attention,
     Head,
-    _lowrank_geometry,
     kernel_sums,
     kernel_sums_with_choice,
+    lowrank,
 )
 from solvers.attention import _kernels as kernels
-from solvers.attention import _lowrank as lowrank
-from solvers.attention import _lowrank_bounds as lowrank_bounds
-from solvers.attention import _lowrank_monomial as lowrank_monomial
-from solvers.attention import _lowrank_sphere as lowrank_sphere
+from solvers.attention.lowrank import _bounds as lowrank_bounds
+from solvers.attention.lowrank import _geometry as _lowrank_geometry
+from solvers.attention.lowrank import _monomial as lowrank_monomial
+from solvers.attention.lowrank import _sphere as lowrank_sphere
 
 COMM = MPI.COMM_WORLD
 BRUTE = ["numba", "numpy"] if kernels.HAVE_NUMBA else ["numpy"]
@@ -344,14 +344,14 @@ def test_geometry_kernels_match_numpy():
     rng = np.random.default_rng(15)
     Y = sphere_points(rng, 500, 3) * rng.uniform(0.9, 1.1, (500, 1))
     A = rng.normal(size=(2, 3, 3))
-    lo, hi, dist = lowrank._geometry(Y, A)
+    lo, hi, dist = _lowrank_geometry.geometry(Y, A)
     lo_np, hi_np, dist_np = _lowrank_geometry.geometry_numpy(Y, A)
     np.testing.assert_allclose(lo, lo_np, rtol=1e-15, atol=1e-15)
     np.testing.assert_allclose(hi, hi_np, rtol=1e-15, atol=1e-15)
     assert dist == pytest.approx(dist_np, abs=1e-15) and 0.05 < dist <= 0.1
     centres = rng.normal(size=(3, 3))
     np.testing.assert_allclose(
-        lowrank._squared_radii(Y, A, centres),
+        _lowrank_geometry.squared_radii(Y, A, centres),
         _lowrank_geometry.radii_numpy(Y, A, centres[0], centres[1:]),
         rtol=1e-14,
     )

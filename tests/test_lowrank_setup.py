@@ -1,6 +1,6 @@
 """The set-up of the sphere basis (coupling matrices) and its reuse across calls
 (solvers/attention/_lowrank_sphere.py, sphere_basis.project_columns, the head groups of
-_lowrank.lowrank_kernel_sums). No communication: runs serially and under mpiexec."""
+lowrank.lowrank_kernel_sums). No communication: runs serially and under mpiexec."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from solvers.attention import _kernels as kernels
-from solvers.attention import _lowrank as lowrank
-from solvers.attention import _lowrank_bounds as lowrank_bounds
-from solvers.attention import _lowrank_sphere as lowrank_sphere
-from solvers.attention import kernel_sums_with_choice, sphere_basis
+from solvers.attention import kernel_sums_with_choice, lowrank, sphere_basis
+from solvers.attention.lowrank import _bounds as lowrank_bounds
+from solvers.attention.lowrank import _sphere as lowrank_sphere
 
 BRUTE = kernels.kernel_sums_numba if kernels.HAVE_NUMBA else kernels.kernel_sums_numpy
 

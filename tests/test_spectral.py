@@ -1,4 +1,4 @@
-"""The certified spectral attention sums (solvers/attention/_spectral*.py) against brute force.
+"""The certified spectral attention sums (solvers/attention/spectral/) against brute force.
 
 Every path (S^1 and S^2; zonal, rotated and non-symmetric heads; beta up to 256 and beyond;
 second moments; targets off the sphere; zero masses; a rank without sources; the brute-force
@@ -20,10 +20,9 @@ import pytest
 from scipy import special
 
 from solvers.attention import _choice as choice
-from solvers.attention import _spectral as spectral
-from solvers.attention import _spectral_bounds as bounds
-from solvers.attention import _spectral_transforms as transforms
-from solvers.attention import distributed_kernel_sums, gather_measure, kernel_sums
+from solvers.attention import distributed_kernel_sums, gather_measure, kernel_sums, spectral
+from solvers.attention.spectral import _bounds as bounds
+from solvers.attention.spectral import _transforms as transforms
 
 COMM = MPI.COMM_WORLD
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from scipy import special
 
-from solvers.attention import _lowrank_bounds as lowrank_bounds
-from solvers.attention import _lowrank_sphere as lowrank_sphere
 from solvers.attention import sphere_basis
+from solvers.attention.lowrank import _bounds as lowrank_bounds
+from solvers.attention.lowrank import _sphere as lowrank_sphere
 
 numba = pytest.importorskip("numba")
 

@@ -8,14 +8,17 @@ token dissipation of a distributed measure. With ``velocity_model="gradient"`` t
 instead the b-weighted Wasserstein gradient s grad(dE/dmu)/b of the interaction energy
 (:meth:`Attention.energy_gradient`, :class:`EnergyGradient`; :func:`velocity_mismatch` says
 when the two differ). The sums are brute force (compiled numba kernel,
-log-sum-exp stabilised, in blocks) or a low-rank expansion with an a-priori error bound,
-chosen per head (backend "auto").
+log-sum-exp stabilised, in blocks), a low-rank expansion with an a-priori error bound, or
+certified spectral sums on S^1/S^2 at any beta, chosen per head (backend "auto").
 
 Modules: ``_attention`` (Head, Attention, kernel_sums), ``_measure`` (measure_diagnostics,
 gather_measure), ``_checks`` (input validation), ``_gradient`` (the energy gradient,
 the mobility b and the gradient velocity), ``_kernels`` (brute-force kernel sums),
-``_lowrank*`` (the low-rank expansion: plans, bounds, cost model, monomial features, sphere
-basis evaluation), :mod:`solvers.attention.sphere_basis` (orthonormal polynomial bases and exact
+the subpackages :mod:`solvers.attention.lowrank` (the low-rank expansion: plans, bounds, cost
+model, monomial features, sphere basis evaluation) and :mod:`solvers.attention.spectral` (the
+certified spectral sums at any beta: Funk-Hecke series, bounds, transforms), ``_choice`` (per
+head the cheapest method, :class:`HeadChoice` in ``_head_choice``),
+:mod:`solvers.attention.sphere_basis` (orthonormal polynomial bases and exact
 quadratures on S^1 and S^2, also used by the JKO Hessian), ``_distributed`` (kernel sums of a
 distributed measure without gathering it: :class:`DistributedSources`, the one interface the
 schemes and diagnostics use), ``_sources`` (:class:`GlobalSources`: distributed sources of a
@@ -47,8 +50,8 @@ from solvers.attention._gradient import (
     energy_gradient_from_sums,
     velocity_mismatch,
 )
+from solvers.attention._head_choice import HeadChoice
 from solvers.attention._kernels import HAVE_NUMBA
-from solvers.attention._lowrank import HeadChoice
 from solvers.attention._measure import MeasureDiagnostics, gather_measure, measure_diagnostics
 from solvers.attention._sources import GlobalSources
 

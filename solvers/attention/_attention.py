@@ -25,7 +25,7 @@ at :math:`x` itself.
 The sums :math:`Z_h, \bar y_h` are evaluated by :func:`kernel_sums` (log-sum-exp stabilised,
 float64, blocked: no target-by-source array), with a compiled numba backend and a blocked numpy
 reference (:mod:`solvers.attention._kernels`), or per head by a low-rank expansion with an
-a-priori error bound (:mod:`solvers.attention._lowrank`, backends "lowrank" and "auto"). In
+a-priori error bound (:mod:`solvers.attention.lowrank._expansion`, backends "lowrank" and "auto"). In
 parallel the ``sources`` may be a :class:`~solvers.attention._distributed.DistributedSources`
 (this rank's own points) with this rank's masses: the sums then never gather the measure
 (module ``_distributed``).
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from solvers.attention import _kernels as kernels
-from solvers.attention import _lowrank as lowrank
+from solvers.attention import lowrank
 from solvers.attention._checks import as_masses as _as_masses
 from solvers.attention._checks import as_matrix as _as_matrix
 from solvers.attention._checks import check_tolerance as _check_tolerance
@@ -51,6 +51,7 @@ from solvers.attention._checks import normalised_head_weights as _head_weights
 from solvers.attention._choice import choose_methods
 from solvers.attention._distributed import DistributedSources, spectral_heads
 from solvers.attention._gradient import EnergyGradient, check_velocity_model, heads_energy_gradient
+from solvers.attention._head_choice import HeadChoice
 
 __all__ = [
     "BACKENDS",
@@ -159,9 +160,9 @@ def kernel_sums(
         A: (H, d, d) the matrices :math:`A_h`.
         backend: brute force: "numba" (compiled, parallel over targets), "numpy" (blocked
             reference), "brute" (numba when importable); per head: "lowrank" (the expansion of
-            :mod:`solvers.attention._lowrank` whenever its a-priori bound meets ``tolerance``,
+            :mod:`solvers.attention.lowrank._expansion` whenever its a-priori bound meets ``tolerance``,
             else brute force), "spectral" (the certified spectral sums of
-            :mod:`solvers.attention._spectral` for sources on :math:`S^1`/:math:`S^2`, any beta,
+            :mod:`solvers.attention.spectral._sums` for sources on :math:`S^1`/:math:`S^2`, any beta,
             else brute force), "auto" (the cheapest of brute force, the expansion and the
             spectral sums whose bound meets ``tolerance``, by the cost model of
             :mod:`solvers.attention._choice`; tiny problems go straight to brute force).
@@ -184,8 +185,8 @@ def kernel_sums_with_choice(
     backend: str = "auto",
     tolerance: float = DEFAULT_TOLERANCE,
     frozen_heads: bool = False,
-) -> tuple[np.ndarray, np.ndarray, tuple[lowrank.HeadChoice, ...]]:
-    """:func:`kernel_sums` plus how each head was evaluated (:class:`lowrank.HeadChoice`).
+) -> tuple[np.ndarray, np.ndarray, tuple[HeadChoice, ...]]:
+    """:func:`kernel_sums` plus how each head was evaluated (:class:`HeadChoice`).
 
     The other arguments are those of :func:`kernel_sums`.
 
@@ -196,7 +197,7 @@ def kernel_sums_with_choice(
 
     Returns:
         ``(log_Z, mean, choices)``: as :func:`kernel_sums`, and one
-        :class:`lowrank.HeadChoice` per head.
+        :class:`HeadChoice` per head.
     """
     name = _resolve_backend(backend)
     tolerance = _check_tolerance(tolerance)
@@ -221,14 +222,14 @@ def kernel_sums_with_choice(
         # decided from the (global) number of sources only, so that every rank of a
         # distributed evaluation makes the same choice (rank-independent results)
         if name == "auto" and Y.shape[0] * Y.shape[0] <= lowrank.COST_OVERHEAD:
-            choices = [lowrank.HeadChoice(brute, math.nan, reason="tiny problem")] * H
+            choices = [HeadChoice(brute, math.nan, reason="tiny problem")] * H
             plans = None
         else:
             choices, plans, sp_plans = choose_methods(
                 X, Y, A, tolerance, name, brute, setup_once=frozen_heads
             )
     else:
-        choices, plans = [lowrank.HeadChoice(name, math.nan, reason="requested")] * H, None
+        choices, plans = [HeadChoice(name, math.nan, reason="requested")] * H, None
     choices = list(choices)
     low = [h for h in range(H) if choices[h].method == "lowrank"]
     spec = [h for h in range(H) if choices[h].method == "spectral"]
@@ -309,7 +310,7 @@ class Attention:
         self._tolerance = _check_tolerance(tolerance)
         self._frozen_heads = bool(frozen_heads)
         self._velocity_model = check_velocity_model(velocity_model)
-        self.last_choice: tuple[lowrank.HeadChoice, ...] | None = None
+        self.last_choice: tuple[HeadChoice, ...] | None = None
 
     @property
     def beta(self) -> float:
@@ -364,7 +365,7 @@ class Attention:
 
     def sums(
         self, targets: np.ndarray, sources: Any, masses: Any, A: np.ndarray, reuse: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, tuple[lowrank.HeadChoice, ...]]:
+    ) -> tuple[np.ndarray, np.ndarray, tuple[HeadChoice, ...]]:
         """log Z (H, m), means (H, m, d) and the choices for matrices A (H, d, d), by this
         attention's backend and tolerance. ``sources``: (n, d) gathered points with (n,)
         masses, or a :class:`DistributedSources` with this rank's own masses (no gather;

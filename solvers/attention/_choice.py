@@ -1,12 +1,12 @@
 r"""Per head: brute force, the low-rank expansion or the spectral sums, by a cost model.
 
 Three ways to sum a head (module docstrings): brute force (:math:`m n` kernel pairs, exact to
-rounding), the low-rank expansion of :mod:`solvers.attention._lowrank` (an a-priori bound relative
+rounding), the low-rank expansion of :mod:`solvers.attention.lowrank._expansion` (an a-priori bound relative
 to the smallest kernel value; beta up to about 8 on the sphere) and the spectral sums of
-:mod:`solvers.attention._spectral` (sources on :math:`S^1`/:math:`S^2`, any beta, certified per
+:mod:`solvers.attention.spectral._sums` (sources on :math:`S^1`/:math:`S^2`, any beta, certified per
 target with a brute-force fallback). Backend "auto" takes the cheapest method whose bound meets
-the tolerance, by the modelled costs in brute-force pairs (:mod:`solvers.attention._lowrank_cost`,
-:func:`solvers.attention._spectral.spectral_cost`), for as many targets as there are sources;
+the tolerance, by the modelled costs in brute-force pairs (:mod:`solvers.attention.lowrank._cost`,
+:func:`solvers.attention.spectral._sums.spectral_cost`), for as many targets as there are sources;
 "lowrank" the expansion whenever its bound meets the tolerance; "spectral" the spectral sums
 whenever they apply. Every input of the choice is global (reduced over the communicator: the
 number of sources, the distance of the sources from the sphere, the range of
@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from solvers.attention import _lowrank as lowrank
-from solvers.attention import _spectral as spectral
-from solvers.attention._lowrank_cost import plan_cost
+from solvers.attention import lowrank, spectral
+from solvers.attention._head_choice import HeadChoice
 
 __all__ = ["choose_methods", "spectral_plans"]
 
@@ -71,7 +70,7 @@ def choose_methods(
     comm: Any = None,
     n_sources: int | None = None,
 ) -> tuple[
-    list[lowrank.HeadChoice],
+    list[HeadChoice],
     list[lowrank.LowRankPlan] | None,
     list[spectral.SpectralPlan | None] | None,
 ]:
@@ -91,22 +90,22 @@ def choose_methods(
     if mode == "lowrank":
         return lr_choices, lr_plans, None
     sp_plans = spectral_plans(targets, sources, A, tol, comm)
-    choices: list[lowrank.HeadChoice] = []
+    choices: list[HeadChoice] = []
     for h in range(H):
         sp = sp_plans[h]
-        options: list[tuple[float, lowrank.HeadChoice]] = []
+        options: list[tuple[float, HeadChoice]] = []
         if sp is not None:
             options.append((spectral.spectral_cost(sp, m, n), _spectral_choice(sp)))
         if mode == "spectral":
             if options:
                 choices.append(options[0][1])
             else:
-                choices.append(lowrank.HeadChoice(brute, math.nan, reason=_why_not(A, sp)))
+                choices.append(HeadChoice(brute, math.nan, reason=_why_not(A, sp)))
             continue
         lr = lr_choices[h]
         if lr.method == "lowrank":
-            options.append((plan_cost(lr_plans[h], m, n, setup_once), lr))
-        brute_choice = lowrank.HeadChoice(
+            options.append((lowrank.plan_cost(lr_plans[h], m, n, setup_once), lr))
+        brute_choice = HeadChoice(
             brute,
             lr.rho,
             reason="brute is cheaper" if options else "no bound meets tolerance",
@@ -116,8 +115,8 @@ def choose_methods(
     return choices, lr_plans, sp_plans
 
 
-def _spectral_choice(plan: spectral.SpectralPlan) -> lowrank.HeadChoice:
-    return lowrank.HeadChoice(
+def _spectral_choice(plan: spectral.SpectralPlan) -> HeadChoice:
+    return HeadChoice(
         "spectral",
         plan.kappa_hi,
         plan.degree,

@@ -6,11 +6,11 @@ evaluation, diagnostic and energy needs the sums :math:`Z_h(x) = \sum_j m_j e^{x
 :func:`distributed_kernel_sums` evaluates them per head by the cheapest of three paths, chosen
 from global quantities only (the same choice on every rank and for any number of ranks):
 
-* **low rank** (:mod:`solvers.attention._lowrank`): each rank sums the features of its owned
+* **low rank** (:mod:`solvers.attention.lowrank._expansion`): each rank sums the features of its owned
   sources, one ``Allreduce`` of :math:`r_h (d + 1)` numbers per head combines them, and every
   rank evaluates its own targets. Memory per rank :math:`O(N/P + r^2)`, traffic
   :math:`O(r)`: nothing of size :math:`N` moves.
-* **spectral** (:mod:`solvers.attention._spectral`, sources on :math:`S^1`/:math:`S^2`, any
+* **spectral** (:mod:`solvers.attention.spectral._sums`, sources on :math:`S^1`/:math:`S^2`, any
   beta): each rank sums the spherical-harmonic (Fourier) moments of its owned sources, one
   ``Allreduce`` combines them, every rank evaluates its own targets; the few targets whose
   certified bound misses the tolerance are summed again by the ring pass below.
@@ -55,11 +55,14 @@ import numpy as np
 
 from solvers.attention import _choice as choice
 from solvers.attention import _kernels as kernels
-from solvers.attention import _lowrank as lowrank
-from solvers.attention import _lowrank_sphere as lowrank_sphere
-from solvers.attention import _spectral as spectral
-from solvers.attention._lowrank_bounds import degree_coefficients
-from solvers.attention._lowrank_monomial import target_eval
+from solvers.attention import lowrank, spectral
+from solvers.attention._head_choice import HeadChoice
+from solvers.attention.lowrank import (
+    degree_coefficients,
+    sphere_group_targets,
+    sphere_head_sums,
+    target_eval,
+)
 
 __all__ = [
     "DistributedSources",
@@ -92,7 +95,7 @@ class KernelSums:
     log_Z: Array
     mean: Array
     second: Array | None
-    choices: tuple[lowrank.HeadChoice, ...]
+    choices: tuple[HeadChoice, ...]
 
     @property
     def bound(self) -> float:
@@ -135,16 +138,16 @@ def _digest(*arrays: Any) -> bytes:
 
 def _choose(
     comm: Any, X: Array, Y: Array, A: Array, n: int, tol: float, mode: str, frozen: bool
-) -> tuple[list[lowrank.HeadChoice], list[Any] | None, list[Any] | None]:
+) -> tuple[list[HeadChoice], list[Any] | None, list[Any] | None]:
     """Per head: brute force, low rank or spectral, as
     :func:`solvers.attention.kernel_sums_with_choice` chooses, from reduced (global) quantities
     only (n: the global number of sources); also the low-rank and the spectral plans."""
     brute = "numba" if kernels.HAVE_NUMBA else "numpy"
     H = A.shape[0]
     if mode in ("numba", "numpy"):
-        return [lowrank.HeadChoice(mode, math.nan, reason="requested")] * H, None, None
+        return [HeadChoice(mode, math.nan, reason="requested")] * H, None, None
     if mode == "auto" and float(n) * n <= lowrank.COST_OVERHEAD:
-        return [lowrank.HeadChoice(brute, math.nan, reason="tiny problem")] * H, None, None
+        return [HeadChoice(brute, math.nan, reason="tiny problem")] * H, None, None
     return choice.choose_methods(X, Y, A, tol, mode, brute, frozen, comm, n)
 
 
@@ -176,7 +179,7 @@ def _lowrank_heads(
     weights = [w] + ([w * Y[:, a] for a in range(d)] if second else [])
     groups = lowrank.sphere_groups(plans)
     single = [h for h in range(H) if not any(h in g for g in groups.values())]
-    local = [lowrank_sphere.sphere_head_sums(Y, v, p) for p in groups for v in weights]
+    local = [sphere_head_sums(Y, v, p) for p in groups for v in weights]
     local += [lowrank.head_source_sums(Y, v, A[h], plans[h]) for h in single for v in weights]
     flat = np.concatenate([S.ravel() for S in local]) if local else np.zeros(0)
     if _size(comm) > 1:
@@ -196,7 +199,7 @@ def _lowrank_heads(
         As = [plans[h].A for h in heads]
         gs = [degree_coefficients(plans[h].rho, p, plans[h].kind) for h in heads]
         for a, _ in enumerate(weights):
-            outs = lowrank_sphere.sphere_group_targets(X, sums[k], As, p, gs)
+            outs = sphere_group_targets(X, sums[k], As, p, gs)
             k += 1
             for h, out in zip(heads, outs, strict=True):
                 if a == 0:
@@ -226,13 +229,13 @@ def spectral_heads(
     w: Array,
     A: Array,
     plans: list[Any],
-    chosen: list[lowrank.HeadChoice],
+    chosen: list[HeadChoice],
     tol: float,
     brute: str,
     second: bool,
-) -> tuple[Array, Array, Array | None, list[lowrank.HeadChoice]]:
+) -> tuple[Array, Array, Array | None, list[HeadChoice]]:
     """log Z, means (and second moments) of the heads ``A`` by the spectral sums
-    (:mod:`solvers.attention._spectral`), with the uncertified targets of each head summed again
+    (:mod:`solvers.attention.spectral._sums`), with the uncertified targets of each head summed again
     by brute force (ring pass); the choices completed with the bound and the fallback count.
     Collective."""
     d = X.shape[1]

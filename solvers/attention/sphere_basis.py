@@ -4,7 +4,7 @@ Restricted to the unit sphere :math:`S^{d-1}`, the polynomials of degree :math:`
 :math:`d` variables form a space :math:`\Pi_p` of dimension :math:`2p + 1` (:math:`d = 2`) or
 :math:`(p + 1)^2` (:math:`d = 3`), much smaller than the :math:`\binom{p+d}{d}` monomials that
 span it in :math:`\mathbb{R}^d` (441 against 1771 at :math:`p = 20`, :math:`d = 3`), because
-:math:`|x|^2 = 1` makes most of them linearly dependent. :mod:`solvers.attention._lowrank` uses
+:math:`|x|^2 = 1` makes most of them linearly dependent. :mod:`solvers.attention.lowrank._expansion` uses
 these bases for the attention kernel on the sphere.
 
 Bases (orthonormal in :math:`L^2(S^{d-1})`, surface measure):
@@ -444,7 +444,7 @@ def project_columns(values: np.ndarray, p: int, d: int = 3) -> np.ndarray:
     (b, k), equal to ``project(values.T, p, d).T`` up to rounding. The column layout keeps every
     step a product of contiguous blocks: the angular transform is one batched product over the
     :math:`p + 1` latitudes, and each order :math:`m` writes whole rows of the result (the
-    coupling matrices of :mod:`solvers.attention._lowrank_sphere`, built on every first call,
+    coupling matrices of :mod:`solvers.attention.lowrank._sphere`, built on every first call,
     are two such projections)."""
     values = np.asarray(values, dtype=np.float64)
     L, groups = _projection_tables(d, p)

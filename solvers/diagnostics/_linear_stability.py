@@ -198,7 +198,7 @@ def angular_power(
     harmonics; rotation invariant). S^1: :math:`C_k = |\sum_j m_j e^{-ik\theta_j}|^2`.
     For a density :math:`\rho_0(1 + \varepsilon \varphi)` these are :math:`O(\varepsilon^2)`
     for :math:`l \ge 1`, so they grow like :math:`e^{2 \sigma_l t}` in the linear phase."""
-    from solvers.attention._spectral_transforms import circle_moments, sphere_moments
+    from solvers.attention.spectral import circle_moments, sphere_moments
 
     P = np.asarray(points, dtype=np.float64)
     w = np.asarray(masses, dtype=np.float64)[None, :]

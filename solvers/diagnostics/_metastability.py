@@ -121,7 +121,7 @@ def linear_prediction(
     else:
         from ducc0.sht import experimental as sht
 
-        from solvers.attention._spectral_transforms import l_index, sphere_locations
+        from solvers.attention.spectral import l_index, sphere_locations
 
         L = int(round((-3 + math.sqrt(1 + 8 * len(c))) / 2))
         lidx = l_index(L)

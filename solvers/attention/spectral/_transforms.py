@@ -1,5 +1,5 @@
 r"""The transforms of the spectral attention sums: spherical harmonics on :math:`S^2`, Fourier
-series on :math:`S^1` (the mathematics is in :mod:`solvers.attention._spectral`).
+series on :math:`S^1` (the mathematics is in :mod:`solvers.attention.spectral._sums`).
 
 :math:`S^2`. Source moments :math:`a^{(f)}_{lm} = \sum_j W^{(f)}_j \overline{Y_{lm}(y_j)}` by an
 adjoint synthesis at scattered points and values :math:`\sum_{lm} c_l a^{(f)}_{lm} Y_{lm}(\omega_i)`

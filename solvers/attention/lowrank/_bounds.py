@@ -1,6 +1,6 @@
 r"""Error bounds and the degree choice of the low-rank attention expansion.
 
-The mathematics is in the docstring of :mod:`solvers.attention._lowrank`: the relative
+The mathematics is in the docstring of :mod:`solvers.attention.lowrank._expansion`: the relative
 truncation bounds :math:`\varepsilon_p(\rho)` of the Taylor and Chebyshev polynomials :math:`P_p` of
 :math:`e^t` on :math:`[-\rho, \rho]`, the bound :math:`2 \varepsilon / (1 - \varepsilon)` on
 the softmax mean, the rounding estimates :math:`\kappa` of the monomial and sphere bases, and

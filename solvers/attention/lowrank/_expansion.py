@@ -84,9 +84,9 @@ brute force. The shift by :math:`b` and :math:`\langle x, u_0\rangle` (taken out
 the log domain) makes overflow impossible in that range.
 
 Sphere basis. When every target and source lies on the unit sphere :math:`S^{d-1}`
-(:math:`d = 2, 3`, within :data:`solvers.attention._lowrank_sphere.SPHERE_TOL`), the same
+(:math:`d = 2, 3`, within :data:`solvers.attention.lowrank._sphere.SPHERE_TOL`), the same
 polynomial :math:`P_p(x^T A y)` (uncentred, :math:`\rho = \|A\|_2`) is written in an
-orthonormal basis of the polynomials on the sphere (:mod:`solvers.attention._lowrank_sphere`):
+orthonormal basis of the polynomials on the sphere (:mod:`solvers.attention.lowrank._sphere`):
 :math:`(p + 1)^2` functions on :math:`S^2` and :math:`2p + 1` on :math:`S^1` instead of
 :math:`\binom{p+d}{d}` monomials, so the cost per point drops about fourfold at :math:`p = 20`,
 for a fixed set-up (a :math:`b \times b` coupling matrix from a quadrature) cached per head.
@@ -95,43 +95,41 @@ Centred monomials remain better for clustered tokens (:math:`r_x r_u \ll \|A\|_2
 with the same criterion.
 
 Cost model. Per head, brute force costs about :math:`m n` kernel pairs and the expansion about
-:math:`(m + n) r` pair-equivalents plus fixed costs (:mod:`solvers.attention._lowrank_cost`);
+:math:`(m + n) r` pair-equivalents plus fixed costs (:mod:`solvers.attention.lowrank._cost`);
 :func:`choose_heads` takes the cheaper.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from solvers.attention import _lowrank_sphere as lowrank_sphere
-from solvers.attention import sphere_basis
-from solvers.attention._lowrank_bounds import (
+from solvers.attention._head_choice import HeadChoice
+from solvers.attention.lowrank import _sphere as lowrank_sphere
+from solvers.attention.lowrank._bounds import (
     MAX_DEGREE,
     choose_degree,
     degree_coefficients,
     expansion_rank,
-    mean_error_bound,
-    plan_bound,
     rounding_estimate,
     truncation_bound,
 )
-from solvers.attention._lowrank_cost import (
+from solvers.attention.lowrank._cost import (
     COST_OVERHEAD,
     COST_RATIO,
     COST_RATIO_SPHERE,
     COST_SETUP,
     plan_cost,
 )
-from solvers.attention._lowrank_cost import sphere_setup_cost as sphere_setup_cost
-from solvers.attention._lowrank_geometry import HAVE_NUMBA as HAVE_NUMBA
-from solvers.attention._lowrank_geometry import bbox_centre as _bbox_centre
-from solvers.attention._lowrank_geometry import geometry as _geometry
-from solvers.attention._lowrank_geometry import squared_radii as _squared_radii
-from solvers.attention._lowrank_monomial import source_sums, target_eval
+from solvers.attention.lowrank._cost import sphere_setup_cost as sphere_setup_cost
+from solvers.attention.lowrank._geometry import HAVE_NUMBA as HAVE_NUMBA
+from solvers.attention.lowrank._geometry import bbox_centre as _bbox_centre
+from solvers.attention.lowrank._geometry import geometry as _geometry
+from solvers.attention.lowrank._geometry import squared_radii as _squared_radii
+from solvers.attention.lowrank._monomial import source_sums, target_eval
+from solvers.attention.lowrank._plan import LowRankPlan, plan_head, plan_sphere_head
 
 __all__ = [
     "COST_OVERHEAD",
@@ -151,90 +149,6 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------------------- plans
-
-
-@dataclass(frozen=True)
-class HeadChoice:
-    r"""How one head was evaluated.
-
-    Attributes:
-        method: "lowrank", "spectral" or the brute-force backend ("numba" / "numpy").
-        rho: the bound :math:`\rho = r_x r_u` on the expanded exponent.
-        degree: the degree :math:`p` (None: brute).
-        rank: the number of features (None: brute).
-        bound: the a-priori bound :math:`2\varepsilon_p/(1-\varepsilon_p)` (None: brute).
-        reason: why, in words.
-        basis: "monomial" (centred monomials) or "sphere" (orthonormal sphere basis); None:
-            brute; "harmonic" for the spectral sums (spherical harmonics or Fourier modes).
-        nodes: spectral sums: the Chebyshev nodes in kappa (1 for zonal heads); else None.
-        fallback: spectral sums: how many targets (over all ranks) were summed again by brute
-            force because their certified bound missed the tolerance; else None.
-
-    For the spectral sums (method "spectral") ``rho`` is the largest
-    :math:`\kappa = |A^T x|`, ``degree`` the truncation degree, ``rank`` the coefficients per
-    field and ``bound`` the largest certified bound over the targets (after the evaluation).
-    """
-
-    method: str
-    rho: float
-    degree: int | None = None
-    rank: int | None = None
-    bound: float | None = None
-    reason: str = ""
-    basis: str | None = None
-    nodes: int | None = None
-    fallback: int | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class LowRankPlan:
-    """Centres, radii and degree of one head's expansion (identical on every rank).
-
-    basis "sphere": x0 = u0 = 0, r_x = 1, r_u = ||A||_2, the head's matrix in ``A``."""
-
-    x0: np.ndarray  # (d,) target centre
-    u0: np.ndarray  # (d,) centre of u_j = A y_j
-    r_x: float
-    r_u: float
-    degree: int | None
-    rank: int | None
-    bound: float
-    kind: str = "chebyshev"
-    basis: str = "monomial"
-    A: np.ndarray | None = None
-
-    @property
-    def rho(self) -> float:
-        return self.r_x * self.r_u
-
-
-def plan_sphere_head(
-    A_h: np.ndarray, delta: float, tol: float, kind: str = "chebyshev"
-) -> LowRankPlan:
-    """The sphere-basis plan of one head for points within ``delta`` of the sphere."""
-    d = A_h.shape[0]
-    rho = float(np.linalg.norm(A_h, 2))
-    eta = lowrank_sphere.kernel_perturbation(rho, delta)
-    zero = np.zeros(d)
-    p = choose_degree(rho, tol, d, kind, "sphere", eta)
-    if p is None:
-        return LowRankPlan(zero, zero, 1.0, rho, None, None, math.inf, kind, "sphere", A_h)
-    bound = plan_bound(rho, p, kind, eta)
-    rank = sphere_basis.basis_size(d, p)
-    return LowRankPlan(zero, zero, 1.0, rho, p, rank, bound, kind, "sphere", A_h)
-
-
-def plan_head(
-    x0: np.ndarray, r_x: float, u0: np.ndarray, r_u: float, tol: float, kind: str = "chebyshev"
-) -> LowRankPlan:
-    """The degree for radii r_x (targets about x0), r_u (A y about u0) and tolerance tol."""
-    d = x0.shape[0]
-    rho = r_x * r_u
-    p = choose_degree(rho, tol, d, kind)
-    if p is None:
-        return LowRankPlan(x0, u0, r_x, r_u, None, None, math.inf, kind)
-    bound = mean_error_bound(truncation_bound(rho, p, kind))
-    return LowRankPlan(x0, u0, r_x, r_u, p, expansion_rank(d, p), bound, kind)
 
 
 # ----------------------------------------------------------------------------- evaluation

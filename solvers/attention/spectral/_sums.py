@@ -9,7 +9,7 @@ masses :math:`m_j \ge 0`, any targets :math:`x_i \in \mathbb R^d` and a head mat
     Z(x) = \sum_j m_j e^{x^T A y_j}, \qquad \bar y(x) = Z(x)^{-1} \sum_j m_j e^{x^T A y_j} y_j
 
 (and the second moments :math:`Z^{-1} \sum_j m_j e^{x^T A y_j} y_j y_j^T`) at sharp attention:
-the low-rank expansion of :mod:`solvers.attention._lowrank` needs an accuracy relative to the
+the low-rank expansion of :mod:`solvers.attention.lowrank._expansion` needs an accuracy relative to the
 smallest kernel value :math:`e^{-\beta\|A\|}` and stops near :math:`\beta = 8`.
 
 Reduction to a zonal kernel. With :math:`w = A^T x`, :math:`\kappa = |w|`,
@@ -37,7 +37,7 @@ sphere, evaluated at the point :math:`\omega`:
 
 The source moments are summed once per evaluation (one ``Allreduce`` under MPI: gather-free)
 and shared by all heads; the values at the targets are one transform per field
-(:mod:`solvers.attention._spectral_transforms`: ducc0's spherical harmonic transforms at
+(:mod:`solvers.attention.spectral._transforms`: ducc0's spherical harmonic transforms at
 scattered points on :math:`S^2`, exact per-target Bessel coefficients on :math:`S^1`). A head
 whose :math:`\kappa` differs between targets (:math:`A^T A \ne c^2 I`) is evaluated on
 :math:`S^2` at Chebyshev nodes :math:`\kappa_q` of the global range :math:`[\kappa_-,
@@ -49,7 +49,7 @@ Error bound. Per pair, the truncated series is off by at most the tail
 :math:`\tau = \sum_{l > L} \frac{2l+1}{4\pi} c_l` (:math:`S^2`; :math:`|P_l| \le 1`,
 :math:`c_l > 0`) or :math:`2 \sum_{k > K} e^{-\kappa} I_k` (:math:`S^1`), rigorously; the
 interpolation in :math:`\kappa` by at most :math:`\varepsilon_\kappa`
-(:func:`~solvers.attention._spectral_bounds.interpolation_bound`), the node values' errors
+(:func:`~solvers.attention.spectral._bounds.interpolation_bound`), the node values' errors
 being amplified by at most the Lebesgue constant :math:`\Lambda`; the transforms add an
 estimated :math:`\varepsilon_T \max \hat S` (ducc0; measured, not proved). So every field obeys
 
@@ -71,7 +71,7 @@ number of fallback targets is reported with the head's choice. The fallback's co
 the data (none for a measure with a positive density, more as clusters empty the sphere).
 
 Cost and choice. The choice between brute force, the low-rank expansion and this method is
-made per head by the cost model of :mod:`solvers.attention._lowrank_cost` from global
+made per head by the cost model of :mod:`solvers.attention.lowrank._cost` from global
 quantities only (the number of sources, the matrices, the global range of :math:`\kappa`, the
 tolerance), so it is the same on every number of ranks.
 """
@@ -85,8 +85,8 @@ from typing import Any
 
 import numpy as np
 
-from solvers.attention import _spectral_bounds as bounds
-from solvers.attention import _spectral_transforms as transforms
+from solvers.attention.spectral import _bounds as bounds
+from solvers.attention.spectral import _transforms as transforms
 
 __all__ = [
     "COST_POINT",

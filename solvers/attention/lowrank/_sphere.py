@@ -1,6 +1,6 @@
 r"""The attention kernel on :math:`S^{d-1}` (:math:`d = 2, 3`) in an orthonormal sphere basis.
 
-Used by :mod:`solvers.attention._lowrank` when every target and source lies on the unit sphere. With
+Used by :mod:`solvers.attention.lowrank._expansion` when every target and source lies on the unit sphere. With
 :math:`P_p(t) = \sum_{k \le p} g_k t^k` the degree-:math:`p` Chebyshev (or Taylor) polynomial of
 :math:`e^t` on :math:`[-\rho, \rho]`, :math:`\rho = \|A\|_2 \ge \max_{x, y \in S} |x^T A y|`,
 the truncated kernel :math:`K_p(x, y) = P_p(x^T A y)` is a polynomial of degree :math:`\le p`
@@ -29,7 +29,7 @@ on the product grid: :math:`O(Q p^3)`), independent of the number of tokens; it 
 of one degree share the source moments :math:`M` (they do not depend on :math:`A`) and one pass
 over the targets (:func:`sphere_group_targets`).
 
-The truncation error is the one of :mod:`solvers.attention._lowrank` with :math:`\rho = \|A\|_2` (no
+The truncation error is the one of :mod:`solvers.attention.lowrank._expansion` with :math:`\rho = \|A\|_2` (no
 centring: the basis spans the whole sphere). Points within :data:`SPHERE_TOL` of the sphere are
 projected onto it before the basis is evaluated; the exponent moves by at most
 :math:`\|A\|_2 (2\delta + \delta^2)` (:math:`\delta` the largest distance), a relative
@@ -70,7 +70,7 @@ __all__ = [
 SPHERE_TOL = 1e-12
 #: Memory of the coupling-matrix cache (least recently used matrices go first). A run whose
 #: heads' matrices do not fit together is not told that the set-up is paid once
-#: (``solvers.attention._lowrank.make_plans``).
+#: (``solvers.attention.lowrank._expansion.make_plans``).
 COUPLING_CACHE_BYTES = 256 * 2**20
 
 _CACHE: OrderedDict[tuple, np.ndarray] = OrderedDict()

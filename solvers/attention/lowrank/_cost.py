@@ -1,7 +1,7 @@
 r"""The cost model that chooses between brute force and the low-rank attention expansion.
 
 Per head, for :math:`m` targets, :math:`n` sources and an expansion of :math:`r` features
-(:mod:`solvers.attention._lowrank`), the costs are modelled in units of one brute-force kernel
+(:mod:`solvers.attention.lowrank._expansion`), the costs are modelled in units of one brute-force kernel
 pair:
 
 .. math::
@@ -34,12 +34,8 @@ fastest method at icosphere levels 2-7 (N = 320 .. 327,680), on the sphere and o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from solvers.attention import sphere_basis
-
-if TYPE_CHECKING:
-    from solvers.attention._lowrank import LowRankPlan
+from solvers.attention.lowrank._plan import LowRankPlan
 
 __all__ = [
     "COST_OVERHEAD",

@@ -1,4 +1,4 @@
-"""Geometry passes of the low-rank plans (:func:`solvers.attention._lowrank.make_plans`).
+"""Geometry passes of the low-rank plans (:func:`solvers.attention.lowrank._expansion.make_plans`).
 
 Bounding boxes of the sources :math:`y_j` and of :math:`u_j = A_h y_j` per head, the largest
 distance of a source from the unit sphere, and the radii about the boxes' centres: two passes

@@ -1,6 +1,6 @@
 r"""Coefficients, truncation and interpolation bounds of the spectral attention sums.
 
-The mathematics is in the docstring of :mod:`solvers.attention._spectral`. Here: the Funk-Hecke
+The mathematics is in the docstring of :mod:`solvers.attention.spectral._sums`. Here: the Funk-Hecke
 coefficients of the normalised kernel :math:`e^{\kappa (t - 1)}` on :math:`S^1` and :math:`S^2`,
 the rigorous tails of their truncated series, the Chebyshev nodes in :math:`\kappa` with their
 interpolation bound and Lebesgue constant, and the estimate of the transforms' error.

@@ -1,6 +1,6 @@
 r"""Centred monomial features of the low-rank attention expansion (numba kernels).
 
-For :mod:`solvers.attention._lowrank` (module docstring, "Features"): the sums
+For :mod:`solvers.attention.lowrank._expansion` (module docstring, "Features"): the sums
 :math:`S_{\alpha k} = \sum_j \phi_\alpha(\delta u_j) W_{kj}` over the monomials of degree
 :math:`\le p` of the scaled source offsets, and their evaluation
 :math:`\sum_\alpha \psi_\alpha(\delta x_i) S_{\alpha k}` at the targets. For d = 2, 3 the
@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from solvers._jit import read_only
-from solvers.attention._lowrank_bounds import expansion_rank
+from solvers.attention.lowrank._bounds import expansion_rank
 
 try:
     import numba
