@@ -23,7 +23,7 @@ import pytest
 
 from drivers.engine import main
 from drivers.engine._resources import estimate_memory
-from drivers.engine._run import _progress
+from drivers.engine._run import _Progress
 from solvers.transport import DensityError, density_function
 from solvers.transport._expression import MAX_LENGTH, Expression, ExpressionError
 from tests.conftest import ROOT
@@ -248,12 +248,25 @@ def test_summary_provenance(shared_tmp):
     assert summary["status"] == "ok" and summary["interrupted"] is None
 
 
-def test_progress_line_has_elapsed_and_estimate():
-    class Scheme:
-        t, steps = 2.5, 40
+def test_progress_line_has_elapsed_and_estimate(monkeypatch):
+    """The estimate uses the simulated time per wall time of the last interval: a run whose
+    steps shrink (tokens clustering) is not promised the speed of its start."""
 
-    line = _progress(Scheme(), 0.01, 0.0, 10.0, 30.0)
-    assert "elapsed 30 s" in line and "about 1 min 30 s left" in line
+    class Scheme:
+        t, steps = 0.0, 0
+
+    clock = iter([0.0, 10.0, 12.0, 20.0])  # start, first line, too soon, second line
+    monkeypatch.setattr("drivers.engine._run.time.perf_counter", lambda: next(clock))
+    progress = _Progress(0.0, 10.0, 5.0)
+    Scheme.t, Scheme.steps = 2.0, 20
+    line = progress.line(Scheme(), 0.1)  # 2.0 in 10 s: 8.0 left at 0.2 per second
+    assert "elapsed 10 s" in line and "about 40 s left" in line, line
+    Scheme.t, Scheme.steps = 2.2, 30
+    assert progress.line(Scheme(), 0.01) is None  # 2 s since the last line < 5 s
+    Scheme.t, Scheme.steps = 2.5, 40
+    line = progress.line(Scheme(), 0.01)  # 0.5 in 10 s: 7.5 left at 0.05 per second
+    assert "elapsed 20 s" in line and "about 2 min 30 s left" in line, line
+    # (the average since the start, 2.5 in 20 s, would have said 1 min 00 s)
 
 
 @pytest.mark.serial
