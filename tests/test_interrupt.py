@@ -54,13 +54,19 @@ def test_restart_uses_the_stored_config(shared_tmp, capfd):
     assert main(["run", DEMO, "--out", str(full), *FIRST, "--set", "time.t_end=0.6"]) == 0
     assert main(["run", DEMO, "--out", str(part), *FIRST, "--set", "time.t_end=0.3"]) == 0
     # t_end may change on a restart; the rest comes from the checkpoint, not from DEMO
+    capfd.readouterr()
     assert main(["run", DEMO, "--restart", str(part), "--quiet", "--set", "time.t_end=0.6"]) == 0
-    if COMM.rank == 0:
+    err = capfd.readouterr().err
+    if COMM.rank == 0:  # DEMO is named as not read, with where it differs from the run
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and f"notice: {DEMO} is not read on --restart" in lines[0], err
+        assert "mesh.refinement (file 4, run 2)" in lines[0], lines[0]
         _same(full, part)
         summary = json.loads((part / "summary.json").read_text())
         assert summary["restart"] is True and summary["config"]["mesh"]["refinement"] == 2
     # the CONFIG argument is optional on a restart
     assert main(["run", "--restart", str(part), "--quiet", "--set", "time.t_end=0.7"]) == 0
+    assert "notice" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -164,3 +164,28 @@ def test_sigkill_and_restart(tmp_path, n_run, n_restart):
     assert not (out / LOCK_NAME).exists()
     assert json.loads((out / "summary.json").read_text())["status"] == "ok"
     _same_outputs(ref, out, exact=n_run == n_restart)
+
+
+def test_damaged_checkpoint_is_reported_once(shared_tmp, capfd):
+    """The newest checkpoint truncated: one warning line (no Python warning), the previous
+    checkpoint is used, the run continues."""
+    out = shared_tmp / "damaged"
+    cfg = _config(shared_tmp / "d.toml", scheme="fv", dynamics="frozen", t_end=1.0)
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    if COMM.rank == 0:
+        older, newest = sorted((out / "checkpoint").glob("ckpt_*.npz"))[-2:]
+        newest.write_bytes(newest.read_bytes()[:100])
+    COMM.barrier()
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(["run", "--restart", str(out), "--quiet", "--set", "time.t_end=1.2"])
+    err = capfd.readouterr().err
+    assert code == 0 and not caught, [str(w.message) for w in caught]
+    if COMM.rank == 0:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1, err
+        assert lines[0].startswith(
+            f"[transformer-pde] warning: checkpoint {newest.name} is damaged"
+        )
+        assert lines[0].endswith(f"using {older.name}"), lines[0]

@@ -101,7 +101,7 @@ def load_latest_checkpoint(
         raise CheckpointError(f"no checkpoint in {folder}")
     for k, path in enumerate(candidates):
         try:
-            with np.load(path, allow_pickle=False) as data:
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
                 state = {key: data[key] for key in data.files if key != "sha256"}
                 digest = str(data["sha256"])
             if digest != _digest(state):

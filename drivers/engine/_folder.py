@@ -199,7 +199,7 @@ def _checkpoint_run_id(path: Path) -> str | None:
     import numpy as np
 
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
             return str(data["run_id"]) if "run_id" in data.files else None
     except Exception:  # a damaged checkpoint names no run
         return None
