@@ -281,8 +281,9 @@ def test_lock(shared_tmp, capfd):
     _on_root(lambda: _write_lock(folder, **{**me, "pid": dead.pid}))
     assert main(["run", DEMO, "--out", str(folder), *TINY, "--overwrite"]) == 0
     err = capfd.readouterr().err
-    assert COMM.rank != 0 or f"notice: removed the stale lock of run {'r' * 32}" in err, err
-    assert not (folder / LOCK_NAME).exists()
+    if COMM.rank == 0:  # (rank 0 removes the lock: the others may return before)
+        assert f"notice: removed the stale lock of run {'r' * 32}" in err, err
+        assert not (folder / LOCK_NAME).exists()
     # another host: busy while refreshed, stale after STALE_AFTER_S without a refresh
     other = {**me, "host": "elsewhere.example", "pid": 1}
     _on_root(lambda: _write_lock(folder, **other))

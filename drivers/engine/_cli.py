@@ -16,6 +16,7 @@ writing everything it could; 130/143 interrupted. Works serially and under ``mpi
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -237,11 +238,18 @@ def _run(args: argparse.Namespace, comm: Any, command_line: list[str]) -> int:
         prefix = (
             "" if key else ("mesh.file: " if isinstance(exc, MeshError) else "initial.density: ")
         )
-        _error(comm, f"error: {prefix}{exc}")
-        return 2
+        failed = (2, f"error: {prefix}{exc}")
     except KeyboardInterrupt:  # Ctrl-C before the time loop (building the mesh)
-        _error(comm, "interrupted by SIGINT before the run started; nothing to continue")
-        return 130
+        failed = (130, "interrupted by SIGINT before the run started; nothing to continue")
+    else:
+        failed = None
+    if failed is not None:
+        # What the failed build left (a mesh, held by reference cycles through the traceback)
+        # is destroyed now on every rank at once: its destructors are collective, and a
+        # collection at another moment on one rank only would pair the wrong collectives.
+        gc.collect()
+        _error(comm, failed[1])
+        return failed[0]
     if result.exit_code:  # a detected failure or an interruption: one line on stderr
         label = "" if result.status == "interrupted" else "error: "
         _error(comm, f"{label}{result.message}")

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drivers.engine._config import RESTART_KEYS, ConfigError, dimension
+from drivers.engine._config import DEFAULTS, RESTART_KEYS, ConfigError, dimension
 
 __all__ = [
     "LOCK_NAME",
@@ -140,11 +140,23 @@ def describe(exc: BaseException) -> str:
 
 
 def config_hash(cfg: dict[str, Any]) -> str:
-    """SHA-256 (hex) of the resolved configuration without the keys a restart may change."""
-    kept = copy.deepcopy(cfg)
-    for section, key in RESTART_KEYS:
-        kept.get(section, {}).pop(key, None)
-    text = json.dumps(kept, sort_keys=True, default=lambda o: getattr(o, "tolist", str)())
+    """SHA-256 (hex) of the resolved configuration without the keys a restart may change and
+    without the keys at their default (so that a version that adds a key with a default
+    still recognises the runs of the previous one)."""
+    kept = {
+        section: {
+            key: value
+            for key, value in table.items()
+            if (section, key) not in RESTART_KEYS
+            and not (key in DEFAULTS.get(section, {}) and value == DEFAULTS[section][key])
+        }
+        for section, table in copy.deepcopy(cfg).items()
+    }
+
+    def plain(o: Any) -> Any:
+        return o.tolist() if hasattr(o, "tolist") else str(o)
+
+    text = json.dumps(kept, sort_keys=True, default=plain)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -253,6 +253,7 @@ class Recorder:
         self._make_budget()
         self._open(self.problem.cv, None, None)
         self._write_summary(scheme)
+        self._check_finite(scheme)
         self._record_budget(scheme)
         bad = self._output(scheme)
         self.guard.agree()
@@ -389,6 +390,7 @@ class Recorder:
         periodic = bool(self.checkpoint_every) and k % self.checkpoint_every == 0
         save = (periodic or checkpoint_due) and scheme.t < self.t_end
         if write or periodic or k % self.edi_every == 0:
+            self._check_finite(scheme)
             self._record_budget(scheme)
         bad = self._output(scheme) if write else None
         if save and bad is None:
@@ -397,6 +399,14 @@ class Recorder:
             self.guard.agree()
         if bad is not None:
             raise RunFailure(f"non-finite {bad} at t = {scheme.t:.6g}, step {k}")
+
+    def _check_finite(self, scheme: TokenScheme) -> None:
+        """A non-finite point or mass of the measure is a failure (collective; checked before
+        the kernel sums of the diagnostics see it)."""
+        points, masses = scheme.measure()
+        ok = bool(np.all(np.isfinite(points)) and np.all(np.isfinite(masses)))
+        if not self.comm.allreduce(ok, op=MPI.LAND):
+            raise RunFailure(f"non-finite density at t = {scheme.t:.6g}, step {scheme.steps}")
 
     def checkpoint_due(self) -> bool:
         """Whether ``checkpoint_minutes`` of wall time have passed since the last checkpoint
