@@ -391,3 +391,21 @@ def test_non_finite_metric_is_exit_3(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed" and "non-finite energy" in summary["message"]
     assert (out / "final.npz").is_file() and not (out / LOCK_NAME).exists()
+
+
+def test_gaussian_command_owns_its_folder(shared_tmp, capfd):
+    """The moment ODE follows the same rules: a folder with results is refused, --overwrite
+    replaces them, a file as --out is exit 2."""
+    blowup = str(ROOT / "configs" / "gaussian_blowup.toml")
+    out = shared_tmp / "gauss"
+    assert main(["gaussian", blowup, "--out", str(out), "--quiet"]) == 3  # a blow-up: exit 3
+    capfd.readouterr()
+    assert main(["gaussian", blowup, "--out", str(out), "--quiet"]) == 2
+    err = capfd.readouterr().err
+    assert COMM.rank != 0 or f"--out: {out} holds the results of another run" in _one_line(err)
+    assert main(["gaussian", blowup, "--out", str(out), "--quiet", "--overwrite"]) == 3
+    _on_root(lambda: (shared_tmp / "gfile").write_text(""))
+    capfd.readouterr()
+    assert main(["gaussian", blowup, "--out", str(shared_tmp / "gfile"), "--quiet"]) == 2
+    err = capfd.readouterr().err
+    assert COMM.rank != 0 or "is a file, not a folder" in _one_line(err)

@@ -163,7 +163,7 @@ def config_hash(cfg: dict[str, Any]) -> str:
 def first_outputs_bytes(cfg: dict[str, Any] | None) -> int:
     """Bytes the first outputs of a run need, by an estimate: the mesh and one density step
     (HDF5), final.npz, a checkpoint of the scheme's state, and :data:`FIXED_BYTES` for the
-    pictures, summary.json and the first rows (about 0.5 MB at level 1, 15 MB at S^2 level 6)."""
+    pictures, summary.json and the first rows (fv on S^2: about 0.5 MB at level 1, 11 MB at level 6)."""
     if cfg is None:
         return FIXED_BYTES
     from drivers.engine._resources import mesh_cells

@@ -141,12 +141,14 @@ def measure_diagnostics(
     Z = np.exp(log_Z)
     if hw is None:
         velocity = (attention.sign / H) * Pa.sum(axis=0)
-        b = 1.0 / np.mean(np.exp(-log_Z), axis=0)
+        with np.errstate(over="ignore"):  # a vanishing Z_h: b = 0 (the harmonic mean)
+            b = 1.0 / np.mean(np.exp(-log_Z), axis=0)
         drift = np.einsum("hi,hik->ik", Z, Pa) / H  # (1/H) sum_h Z_h P a_h
         energy = np.sum(w * Z.sum(axis=0)) / (2.0 * attention.beta * H)
     else:
         velocity = attention.sign * np.einsum("h,hik->ik", hw, Pa)
-        b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
+        with np.errstate(over="ignore"):
+            b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
         drift = np.einsum("h,hi,hik->ik", hw, Z, Pa)  # sum_h w_h Z_h P a_h
         energy = np.sum(w * (hw @ Z)) / (2.0 * attention.beta)
     if attention.velocity_model == "gradient":  # the drift keeps V_h (= M_h: the gradient)

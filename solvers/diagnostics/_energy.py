@@ -281,7 +281,8 @@ def energy_derivatives(
             manifold=attention.manifold,
             head_weights=hw,
         ).gradient_velocity
-    b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-(log_Z - log_scale)))
+    with np.errstate(over="ignore"):  # a vanishing Z_h: b = 0 (the harmonic mean)
+        b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-(log_Z - log_scale)))
     drift = np.einsum("h,hi,hik->ik", hw, Z, a)  # sum_h w_h Z_h P a_h
     wZ = w[None, :] * Z  # (H, m)
     head_energies = wZ.sum(axis=1) / (2.0 * beta)
