@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, kind, cfg in runs:
         top = cfg["adapt"]["max_level"]
         log(f"{label}: level {cfg['mesh']['refinement']}" + (f"..{top}" if top else ""))
-        result = run(cfg, out / label, comm=comm, argv=experiment.argv)
+        # the study owns its folders: a rerun replaces the runs of the previous one
+        result = run(cfg, out / label, comm=comm, argv=experiment.argv, overwrite=True)
         if result.status == "interrupted":  # SIGINT/SIGTERM stops the whole study
             return result.exit_code
         if result.status != "ok":

@@ -92,3 +92,26 @@ def launch_cli(args: list[str], n: int) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
+
+
+def run_cli(args: list[str], n: int, timeout: float = 240.0, prefix: list[str] | None = None):
+    """``[prefix] mpiexec -n n python -m drivers ARGS`` to its end: (exit code, stdout,
+    stderr). A run that has not ended after ``timeout`` seconds is killed and the test fails
+    (a hang is a failure)."""
+    cmd = [*(prefix or []), str(VENV_BIN / "mpiexec"), "-n", str(n), sys.executable, "-m"]
+    proc = subprocess.Popen(
+        [*cmd, "drivers", *args],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        pytest.fail(f"hang: {' '.join(args)} did not end in {timeout:g} s")
+    return proc.returncode, out, err

@@ -251,7 +251,8 @@ def test_sigkill_and_restart_on_two_ranks(tmp_path):
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
-    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    status = json.loads((out / "summary.json").read_text())["status"]  # written at the start
+    assert status == "running", "the run finished before it could be killed"
     proc = launch_cli(["run", str(cfg), "--restart", str(out), "--quiet"], 2)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err

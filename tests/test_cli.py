@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -281,8 +282,12 @@ def test_eight_ranks_agree_with_serial_at_level_4(tmp_path):
     assert summaries[1]["ranks"] == 8
     assert [c["method"] for c in summaries[1]["head_choice"]] in (["lowrank"], ["spectral"])
     ma, mb = (s["final_metrics"] for s in summaries)
-    for key in ("energy", "G2", "edi_residual", "mass"):
-        assert abs(ma[key] - mb[key]) <= 1e-10 * max(1.0, abs(ma[key])), key
+    # energy-type columns are in units of e^Lambda (the same Lambda on both): 1 of the
+    # unscaled energy is e^-Lambda of the reported one
+    unit = math.exp(-summaries[0]["energy_log_scale"])
+    assert summaries[1]["energy_log_scale"] == summaries[0]["energy_log_scale"] == 4.0
+    for key, one in (("energy", unit), ("G2", unit), ("edi_residual", unit), ("mass", 1.0)):
+        assert abs(ma[key] - mb[key]) <= 1e-10 * max(one, abs(ma[key])), key
     assert 0 < summaries[1]["edi"]["kernel_sum_bound"] <= 1e-10
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -15,7 +16,10 @@ import numpy as np
 import pytest
 
 from drivers.engine import CheckpointError, load_latest_checkpoint, main, save_checkpoint
+from drivers.engine._folder import LOCK_NAME
 from tests.conftest import launch_cli
+
+COMM = MPI.COMM_WORLD
 
 CONFIG = """
 [mesh]
@@ -113,8 +117,14 @@ def test_damaged_checkpoint_falls_back(tmp_path):
 
 def test_restart_without_checkpoint_is_input_error(shared_tmp, capfd):
     cfg = _config(shared_tmp / "c.toml")
+    assert main(["run", str(cfg), "--restart", str(shared_tmp / "missing"), "--quiet"]) == 2
+    err = capfd.readouterr().err
+    assert f"--restart: no such folder: {shared_tmp / 'missing'}" in err or COMM.rank != 0, err
+    if COMM.rank == 0:
+        (shared_tmp / "empty").mkdir()
+    COMM.barrier()
     assert main(["run", str(cfg), "--restart", str(shared_tmp / "empty"), "--quiet"]) == 2
-    assert "no checkpoint" in capfd.readouterr().err or MPI.COMM_WORLD.rank != 0
+    assert "no checkpoint" in capfd.readouterr().err or COMM.rank != 0
 
 
 def _run(args: list[str], n: int) -> None:
@@ -147,6 +157,35 @@ def test_sigkill_and_restart(tmp_path, n_run, n_restart):
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
-    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    summary = json.loads((out / "summary.json").read_text())  # written when the run started
+    assert summary["status"] == "running", "the run finished before it could be killed"
+    assert (out / LOCK_NAME).is_file()  # left by the killed run: stale, taken over below
     _run(["run", str(cfg), "--restart", str(out), "--quiet"], n_restart)
+    assert not (out / LOCK_NAME).exists()
+    assert json.loads((out / "summary.json").read_text())["status"] == "ok"
     _same_outputs(ref, out, exact=n_run == n_restart)
+
+
+def test_damaged_checkpoint_is_reported_once(shared_tmp, capfd):
+    """The newest checkpoint truncated: one warning line (no Python warning), the previous
+    checkpoint is used, the run continues."""
+    out = shared_tmp / "damaged"
+    cfg = _config(shared_tmp / "d.toml", scheme="fv", dynamics="frozen", t_end=1.0)
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    if COMM.rank == 0:
+        older, newest = sorted((out / "checkpoint").glob("ckpt_*.npz"))[-2:]
+        newest.write_bytes(newest.read_bytes()[:100])
+    COMM.barrier()
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(["run", "--restart", str(out), "--quiet", "--set", "time.t_end=1.2"])
+    err = capfd.readouterr().err
+    assert code == 0 and not caught, [str(w.message) for w in caught]
+    if COMM.rank == 0:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1, err
+        assert lines[0].startswith(
+            f"[transformer-pde] warning: checkpoint {newest.name} is damaged"
+        )
+        assert lines[0].endswith(f"using {older.name}"), lines[0]

@@ -8,6 +8,9 @@
   ``--version`` prints the version.
 - A config whose memory estimate exceeds the node's is exit 2 with the estimate.
 - summary.json says which code, command line, host and settings produced it.
+- A PETSc option of the run's prefixes that no solver reads is named on one line at start-up
+  (``mpiexec -n 2``, with a timeout), or is exit 2 with ``--strict-petsc``; a ``[gaussian]``
+  config given to ``run`` points to the ``gaussian`` command.
 Serial and under ``mpiexec -n 2`` (the command line runs in-process, collectively).
 """
 
@@ -23,10 +26,10 @@ import pytest
 
 from drivers.engine import main
 from drivers.engine._resources import estimate_memory
-from drivers.engine._run import _progress
+from drivers.engine._run import _Progress
 from solvers.transport import DensityError, density_function
 from solvers.transport._expression import MAX_LENGTH, Expression, ExpressionError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 
 COMM = MPI.COMM_WORLD
 TINY = [
@@ -248,12 +251,25 @@ def test_summary_provenance(shared_tmp):
     assert summary["status"] == "ok" and summary["interrupted"] is None
 
 
-def test_progress_line_has_elapsed_and_estimate():
-    class Scheme:
-        t, steps = 2.5, 40
+def test_progress_line_has_elapsed_and_estimate(monkeypatch):
+    """The estimate uses the simulated time per wall time of the last interval: a run whose
+    steps shrink (tokens clustering) is not promised the speed of its start."""
 
-    line = _progress(Scheme(), 0.01, 0.0, 10.0, 30.0)
-    assert "elapsed 30 s" in line and "about 1 min 30 s left" in line
+    class Scheme:
+        t, steps = 0.0, 0
+
+    clock = iter([0.0, 10.0, 12.0, 20.0])  # start, first line, too soon, second line
+    monkeypatch.setattr("drivers.engine._run.time.perf_counter", lambda: next(clock))
+    progress = _Progress(0.0, 10.0, 5.0)
+    Scheme.t, Scheme.steps = 2.0, 20
+    line = progress.line(Scheme(), 0.1)  # 2.0 in 10 s: 8.0 left at 0.2 per second
+    assert "elapsed 10 s" in line and "about 40 s left" in line, line
+    Scheme.t, Scheme.steps = 2.2, 30
+    assert progress.line(Scheme(), 0.01) is None  # 2 s since the last line < 5 s
+    Scheme.t, Scheme.steps = 2.5, 40
+    line = progress.line(Scheme(), 0.01)  # 0.5 in 10 s: 7.5 left at 0.05 per second
+    assert "elapsed 20 s" in line and "about 2 min 30 s left" in line, line
+    # (the average since the start, 2.5 in 20 s, would have said 1 min 00 s)
 
 
 @pytest.mark.serial
@@ -271,3 +287,46 @@ def test_petsc_options_still_reach_petsc(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "SNES Function norm" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.serial
+def test_unused_petsc_options_are_named_at_start_up(tmp_path):
+    """A misspelt -jko_ option: one warning line at start-up, exit 0, and PETSc does not list
+    it again at the end; --strict-petsc: exit 2, one line, nothing written; a jko run names
+    only the option its solver does not read."""
+    demo = str(ROOT / "configs/demo_s2.toml")
+    tiny = ["--quiet", "--set", "mesh.refinement=1", "--set", "time.t_end=0.1"]
+    code, _, err = run_cli(
+        ["run", demo, "--out", str(tmp_path / "fv"), *tiny, "-jko_snes_monitr"], 2
+    )
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [
+        "transformer-pde: warning: PETSc options not used by this run: -jko_snes_monitr "
+        "(no jko_ solver: time.scheme is 'fv', not 'jko')"
+    ], err
+    out = tmp_path / "strict"
+    code, _, err = run_cli(
+        ["run", demo, "--out", str(out), *tiny, "--strict-petsc", "-jko_snes_monitr"], 2
+    )
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("transformer-pde: error: PETSc options: "), err
+    assert "-jko_snes_monitr" in lines[0] and "(--strict-petsc)" in lines[0]
+    assert not out.exists()
+    jko = [*tiny, "--set", 'time.scheme="jko"', "--set", "time.dt=0.05", "--set", "time.t_end=0.05"]
+    args = ["run", demo, "--out", str(tmp_path / "jko"), *jko]
+    code, _, err = run_cli([*args, "-jko_snes_monitr", "-jko_ksp_rtol", "1e-9"], 2)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "-jko_snes_monitr (not read by the JKO scheme" in lines[0], err
+    assert "ksp_rtol" not in err
+
+
+def test_gaussian_config_given_to_run(shared_tmp, capfd):
+    cfg = shared_tmp / "g.toml"
+    if COMM.rank == 0:
+        cfg.write_text("[gaussian]\nm0 = [0.0, 0.0]\n")
+    COMM.barrier()
+    line = _one_line_error(capfd, main(["run", str(cfg), "--out", str(shared_tmp / "g")]))
+    assert COMM.rank or "`transformer-pde gaussian CONFIG.toml`" in line, line

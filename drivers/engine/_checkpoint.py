@@ -3,9 +3,12 @@
 A checkpoint is one ``.npz`` file per saved step in ``DIR/checkpoint/`` holding the state
 gathered on rank 0 in a rank-independent numbering (cells by original index, particles by
 the original index of their starting cell), the scalars of the time loop (t, step, last dt,
-number of output steps and metric rows written), the energy budget, the resolved
-configuration of the run (JSON; a restart takes it, :func:`stored_config`), and a SHA-256
-digest of all of it.
+number of output steps and metric rows written), the energy budget (with the measure of its
+latest record when that is earlier than the checkpoint: a checkpoint on wall time or on a
+signal adds no record, so it changes no output), the resolved configuration of the run
+(JSON; a restart takes it, :func:`stored_config`), the run id and config hash of the run
+(a restart checks them against the folder's summary.json), the energy scale Lambda, and a
+SHA-256 digest of all of it.
 
 Writing: ``np.savez`` to a temporary file, ``fsync``, then ``os.replace`` onto the final
 name, so a write killed half-way never damages an existing checkpoint; the two newest are
@@ -23,6 +26,7 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,9 @@ import numpy as np
 
 __all__ = [
     "CheckpointError",
+    "budget_measure",
     "checkpoint_dir",
+    "gather_budget_measure",
     "load_latest_checkpoint",
     "save_checkpoint",
     "stored_config",
@@ -64,48 +70,97 @@ def save_checkpoint(out: str | Path, step: int, state: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"ckpt_{step:09d}.npz"
     tmp = folder / f".ckpt_{step:09d}.tmp.npz"
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **state, sha256=np.array(_digest(state)))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **state, sha256=np.array(_digest(state)))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves no temporary file
     for old in sorted(folder.glob("ckpt_*.npz"))[:-KEEP]:
         old.unlink(missing_ok=True)
     return final
 
 
-def load_latest_checkpoint(out: str | Path) -> tuple[dict[str, Any], Path]:
-    """The newest valid checkpoint in ``out`` (rank 0); warns about damaged ones."""
+def load_latest_checkpoint(
+    out: str | Path, on_damaged: Callable[[str], None] | None = None
+) -> tuple[dict[str, Any], Path]:
+    """The newest valid checkpoint in ``out`` (rank 0).
+
+    A damaged one (truncated, unreadable, wrong digest) is reported in one line, by
+    ``on_damaged(message)`` when given, else as a ``RuntimeWarning``, and the previous one is
+    tried.
+
+    Raises:
+        CheckpointError: no checkpoint, or all damaged.
+    """
     folder = checkpoint_dir(out)
     candidates = sorted(folder.glob("ckpt_*.npz"), reverse=True)
     if not candidates:
         raise CheckpointError(f"no checkpoint in {folder}")
-    for path in candidates:
+    for k, path in enumerate(candidates):
         try:
-            with np.load(path, allow_pickle=False) as data:
-                state = {k: data[k] for k in data.files if k != "sha256"}
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
+                state = {key: data[key] for key in data.files if key != "sha256"}
                 digest = str(data["sha256"])
             if digest != _digest(state):
                 raise ValueError("checksum mismatch")
             return state, path
         except Exception as exc:  # any damage: truncated zip, bad array, wrong digest
-            warnings.warn(
-                f"checkpoint {path.name} is damaged ({type(exc).__name__}: {exc}); "
-                "using the previous one",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            what = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            then = f"using {candidates[k + 1].name}" if k + 1 < len(candidates) else "none left"
+            message = f"checkpoint {path.name} is damaged ({what}); {then}"
+            if on_damaged is None:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+            else:
+                on_damaged(message)
     raise CheckpointError(f"no valid checkpoint in {folder} (all {len(candidates)} damaged)")
 
 
-def stored_config(out: str | Path) -> tuple[dict[str, Any] | None, str]:
+def stored_config(
+    out: str | Path, on_damaged: Callable[[str], None] | None = None
+) -> tuple[dict[str, Any] | None, str]:
     """The resolved configuration saved in the newest valid checkpoint of ``out`` (rank 0),
     or None for a checkpoint written before configurations were saved; and its file name.
+    ``on_damaged`` as :func:`load_latest_checkpoint`.
 
     Raises:
         CheckpointError: no usable checkpoint.
     """
-    state, path = load_latest_checkpoint(out)
+    state, path = load_latest_checkpoint(out, on_damaged)
     if "config" not in state:
         return None, path.name
     return json.loads(str(state["config"])), path.name
+
+
+def gather_budget_measure(budget: Any, t: float, comm: Any) -> dict[str, np.ndarray]:
+    """The measure of the energy budget's latest record for a checkpoint at time ``t``
+    (collective; on rank 0 ``edi_points``, ``edi_masses`` and the per-rank ``edi_counts``),
+    or nothing when that record is at ``t`` (the restored state is then its measure)."""
+    if budget is None or budget.t is None or budget.t == t:
+        return {}
+    points, masses = budget.latest_measure()
+    parts = comm.gather((points, masses), root=0)
+    if comm.rank != 0:
+        return {}
+    return {
+        "edi_points": np.concatenate([p[0] for p in parts]),
+        "edi_masses": np.concatenate([p[1] for p in parts]),
+        "edi_counts": np.array([len(p[1]) for p in parts], dtype=np.int64),
+    }
+
+
+def budget_measure(saved: dict[str, Any], comm: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """This rank's part of the measure saved by :func:`gather_budget_measure` (None when the
+    checkpoint has none): the block it had when saved on the same number of ranks (the
+    budget continues bit for bit), else an even split."""
+    if "edi_points" not in saved:
+        return None
+    counts = np.asarray(saved["edi_counts"], dtype=np.int64)
+    if len(counts) == comm.size:
+        stop = int(np.sum(counts[: comm.rank + 1]))
+        block = slice(stop - int(counts[comm.rank]), stop)
+        return saved["edi_points"][block], saved["edi_masses"][block]
+    index = np.array_split(np.arange(int(counts.sum())), comm.size)[comm.rank]
+    return saved["edi_points"][index], saved["edi_masses"][index]

@@ -7,14 +7,16 @@
   the script written to DIR for the GUI (docs/paraview.md);
 - ``transformer-pde keys``: the configuration reference (every key, type, default, meaning).
 
-Exit codes (docs/interface.md): 0 success; 2 invalid input, with one line naming the key or
-file (no traceback); 3 the run stopped on a detected failure (NaN, blow-up), after writing
-everything computed so far. Works serially and under ``mpiexec -n N``.
+Exit codes (docs/interface.md): 0 success; 2 invalid input (a config key, a file, an option,
+an output folder that cannot be used), with one line naming it (no traceback); 3 the run
+stopped on a detected failure (NaN, a non-finite metric, blow-up, a write that failed), after
+writing everything it could; 130/143 interrupted. Works serially and under ``mpiexec -n N``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,14 +39,21 @@ RUN_EPILOG = """\
 config keys: `transformer-pde keys` prints every key with its type, default, allowed values
 and meaning (the same text as docs/config.md); examples for every scheme are in configs/.
 outputs in DIR: density.xdmf + density.h5 (ParaView), metrics.csv, final.npz, summary.json,
-density.png, metrics.png, edi.png, checkpoint/ (with output.checkpoint_every).
-exit codes: 0 completed; 2 invalid input (one line naming the key, file or option);
-3 a detected failure (NaN, blow-up, no convergence); 130/143 interrupted by SIGINT/SIGTERM
-(after a checkpoint when checkpointing is on); everything computed is written in every case.
+density.png, metrics.png, edi.png, checkpoint/ (every output.checkpoint_minutes of wall time,
+default 10, every output.checkpoint_every steps, and on SIGINT/SIGTERM).
+one run per folder: DIR must be writable with room for the first outputs; a DIR holding
+another run's results is refused unless --overwrite (which removes the files the project
+writes, and only those) or --restart; a lock file keeps two runs out of one folder.
+exit codes: 0 completed; 2 invalid input or an unusable DIR (one line naming the key, file,
+option or folder); 3 a detected failure (NaN, a non-finite metric, blow-up, no convergence, a
+write that failed such as a full disk); 130/143 interrupted by SIGINT/SIGTERM (after a
+checkpoint); everything computed is written in every case.
 PETSc options: single-dash options go to PETSc, e.g. -jko_snes_monitor -jko_ksp_rtol 1e-10
-(JKO, prefix jko_) or -theta_ksp_monitor (weight law, prefix theta_); an unknown --option is
-an error. On --restart the run's own configuration (stored in its checkpoints) is used, and
---set may change only time.t_end and output.every/progress/checkpoint_every/edi_every."""
+(JKO, prefix jko_) or -theta_ksp_monitor (weight law, prefix theta_); options of these
+prefixes that no solver of the run reads are reported at start-up (--strict-petsc: exit 2);
+an unknown --option is an error. On --restart the run's own configuration (stored in its
+checkpoints) is used, and --set may change only time.t_end and
+output.every/progress/checkpoint_every/checkpoint_minutes/edi_every."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,6 +88,17 @@ def _parser() -> argparse.ArgumentParser:
         help="continue the run in DIR from its newest valid checkpoint (same or "
         "another number of ranks), appending to its outputs",
     )
+    r.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results of another run in the output folder (removes only the "
+        "files transformer-pde writes)",
+    )
+    r.add_argument(
+        "--strict-petsc",
+        action="store_true",
+        help="a PETSc option of the prefixes jko_/theta_ that no solver reads is an error",
+    )
     g = sub.add_parser("gaussian", help="the Gaussian moment ODE of docs/model.md, M3 alone")
     g.add_argument("config", help="TOML file with a [gaussian] table")
     g.add_argument("--out", default=None, help="output folder (default results/<config name>)")
@@ -91,6 +111,11 @@ def _parser() -> argparse.ArgumentParser:
         help="override a config value",
     )
     g.add_argument("--quiet", action="store_true")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results of another run in the output folder",
+    )
     from drivers.engine._view import add_arguments as view_arguments
 
     v = sub.add_parser("view", help="render the density of a results folder as a GIF/MP4")
@@ -153,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     petsc_args = _petsc_arguments(parser, rest)
     if args.command == "run" and not args.restart and args.config is None:
         parser.error("the following arguments are required: config")
+    if args.command == "run" and args.restart and args.overwrite:
+        parser.error("--overwrite and --restart exclude each other (a restart continues the run)")
     # Heavy imports after argument parsing so that --help is fast. Signals are handled by the
     # run loop (drivers.engine._run), not by PETSc's crash handler.
     import dolfinx_solver  # noqa: F401
@@ -190,28 +217,73 @@ def _run(args: argparse.Namespace, comm: Any, command_line: list[str]) -> int:
                     cfg = load_config(args.config, args.overrides)
                 else:
                     cfg = restart_config(stored, args.overrides)
+                    if args.config is not None and comm.rank == 0:
+                        print(f"[transformer-pde] notice: {_config_notice(args.config, cfg)}",
+                              file=sys.stderr, flush=True)  # fmt: skip
             else:
                 out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
                 cfg = load_config(args.config, args.overrides)
-            result = run(cfg, out, comm, not args.quiet, bool(args.restart), command_line)
+            result = run(
+                cfg,
+                out,
+                comm,
+                not args.quiet,
+                bool(args.restart),
+                command_line,
+                overwrite=args.overwrite,
+                strict_petsc=args.strict_petsc,
+            )
     except (ConfigError, MeshError, DensityError) as exc:
         key = getattr(exc, "key", None)
         prefix = (
             "" if key else ("mesh.file: " if isinstance(exc, MeshError) else "initial.density: ")
         )
-        _error(comm, f"error: {prefix}{exc}")
-        return 2
+        failed = (2, f"error: {prefix}{exc}")
+    except KeyboardInterrupt:  # Ctrl-C before the time loop (building the mesh)
+        failed = (130, "interrupted by SIGINT before the run started; nothing to continue")
+    else:
+        failed = None
+    if failed is not None:
+        # What the failed build left (a mesh, held by reference cycles through the traceback)
+        # is destroyed now on every rank at once: its destructors are collective, and a
+        # collection at another moment on one rank only would pair the wrong collectives.
+        gc.collect()
+        _error(comm, failed[1])
+        return failed[0]
     if result.exit_code:  # a detected failure or an interruption: one line on stderr
         label = "" if result.status == "interrupted" else "error: "
         _error(comm, f"{label}{result.message}")
     return result.exit_code
 
 
+def _config_notice(path: str, cfg: dict[str, Any]) -> str:
+    """The notice when CONFIG is given with --restart: it is not read; where it differs
+    from the run's own configuration (the keys a restart may change left out)."""
+    from drivers.engine._config import RESTART_KEYS, ConfigError, load_config
+
+    text = f"{path} is not read on --restart: the run continues with its own configuration"
+    try:
+        given = load_config(path)
+    except ConfigError as exc:
+        return f"{text} ({path} is not a valid run config: {exc})"
+    differ = [
+        f"{section}.{key} (file {given[section][key]!r}, run {value!r})"
+        for section, table in cfg.items()
+        for key, value in table.items()
+        if (section, key) not in RESTART_KEYS and given[section][key] != value
+    ]
+    if not differ:
+        return f"{text} (the same, apart from the keys a restart may change)"
+    more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+    return f"{text}, which differs from the file in {', '.join(differ[:3])}{more}"
+
+
 def _stored_config(out: Path, comm: Any) -> dict[str, Any] | None:
-    """The configuration saved in the newest checkpoint of ``out`` (rank 0 reads, all get it).
+    """The configuration saved in the newest checkpoint of ``out`` (rank 0 reads, all get it;
+    a damaged checkpoint is reported once, when the run loads it).
 
     Raises:
-        ConfigError: no usable checkpoint in ``out``.
+        ConfigError: no such folder, or no usable checkpoint in it.
     """
     from drivers.engine._checkpoint import CheckpointError, stored_config
     from drivers.engine._config import ConfigError
@@ -219,8 +291,19 @@ def _stored_config(out: Path, comm: Any) -> dict[str, Any] | None:
     cfg, error = None, None
     if comm.rank == 0:
         try:
-            cfg, _ = stored_config(out)
-        except (CheckpointError, ValueError) as exc:  # no checkpoint, or a damaged config
+            if out.exists() and not out.is_dir():
+                error = f"{out} is a file, not a results folder"
+            elif not out.is_dir():
+                error = f"no such folder: {out}"
+            else:
+                cfg, _ = stored_config(out, on_damaged=lambda message: None)
+        except CheckpointError as exc:  # no checkpoint
+            error = (
+                f"{exc}: the run wrote none (a checkpoint is written every "
+                "output.checkpoint_minutes, every output.checkpoint_every steps and on "
+                "SIGINT/SIGTERM)"
+            )
+        except ValueError as exc:  # a damaged config
             error = str(exc)
     error = comm.bcast(error, root=0)
     if error is not None:
@@ -230,18 +313,31 @@ def _stored_config(out: Path, comm: Any) -> dict[str, Any] | None:
 
 def _gaussian(args: argparse.Namespace, comm: Any, command_line: list[str]) -> int:
     """The moment ODE is small: rank 0 solves and writes; the exit code is broadcast."""
+    import uuid
+
     from drivers.engine._config import ConfigError
+    from drivers.engine._folder import claim_folder, describe
     from drivers.engine._gaussian_command import load_gaussian_config, run_gaussian
 
     code = 0
     if comm.rank == 0:
         out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
+        folder = None
         try:
             cfg = load_gaussian_config(args.config, args.overrides)
+            folder = claim_folder(out, None, uuid.uuid4().hex, overwrite=args.overwrite)
             code = run_gaussian(cfg, out, verbose=not args.quiet, argv=command_line)
         except ConfigError as exc:
             print(f"transformer-pde: error: {exc}", file=sys.stderr, flush=True)
             code = 2
+        except OSError as exc:  # a write failed (a full disk): what was written is kept
+            where = f" {exc.filename}" if exc.filename else ""
+            print(f"transformer-pde: error: cannot write{where}: {describe(exc)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            code = 3
+        finally:
+            if folder is not None:
+                folder.release()
     return comm.bcast(code, root=0)
 
 

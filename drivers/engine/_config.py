@@ -114,6 +114,7 @@ RESTART_KEYS = (
     ("output", "every"),
     ("output", "progress"),
     ("output", "checkpoint_every"),
+    ("output", "checkpoint_minutes"),
     ("output", "edi_every"),
 )
 
@@ -159,6 +160,12 @@ def restart_config(stored: dict[str, Any], overrides: list[str] | None = None) -
 def validate(raw: dict[str, Any]) -> dict[str, Any]:
     """Merge with defaults and check every key; returns the resolved configuration."""
     cfg = copy.deepcopy(DEFAULTS)
+    if "gaussian" in raw:
+        raise ConfigError(
+            "gaussian",
+            "a [gaussian] table is a config of the Gaussian moment ODE (docs/model.md, M3): "
+            "run it with `transformer-pde gaussian CONFIG.toml`",
+        )
     for section, table in raw.items():
         if section not in DEFAULTS:
             raise ConfigError(section, f"unknown section (known: {', '.join(DEFAULTS)})")
@@ -331,6 +338,11 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     if o["checkpoint_every"] < 0:
         raise ConfigError(
             "output.checkpoint_every", f"must be >= 0 (0: off), got {o['checkpoint_every']}"
+        )
+    o["checkpoint_minutes"] = as_float(o["checkpoint_minutes"], "output.checkpoint_minutes")
+    if o["checkpoint_minutes"] < 0:
+        raise ConfigError(
+            "output.checkpoint_minutes", f"must be >= 0 (0: off), got {o['checkpoint_minutes']}"
         )
     if not isinstance(o["edi"], bool):
         raise ConfigError("output.edi", f"must be true or false, got {o['edi']!r}")

@@ -37,8 +37,13 @@ def load_gaussian_config(path: str | Path, overrides: list[str] | None = None) -
     raw = read_toml(path, overrides)
     extra = [s for s in raw if s != "gaussian"]
     if extra or "gaussian" not in raw:
+        hint = (
+            " (a run config: run it with `transformer-pde run CONFIG.toml`)"
+            if set(extra) & {"mesh", "attention", "time", "initial", "weights", "output"}
+            else ""
+        )
         raise ConfigError(
-            extra[0] if extra else "gaussian", "expected exactly one table [gaussian]"
+            extra[0] if extra else "gaussian", f"expected exactly one table [gaussian]{hint}"
         )
     g = raw["gaussian"]
     for key in g:

@@ -4,25 +4,34 @@ A :class:`Recorder` owns the results folder of one run (docs/interface.md): the 
 series for ParaView (``density.xdmf`` + ``.h5``; ``theta.xdmf`` for a weight measure on a
 parameter mesh of dimension <= 2), ``metrics.csv`` (:data:`METRIC_COLUMNS`, then the energy
 budget :data:`solvers.diagnostics.EDI_COLUMNS` with ``[output] edi``, then the weights'
-diagnostics), the energy budget itself, checkpoints every ``checkpoint_every`` steps,
-``final.npz``, ``summary.json`` and the pictures. The run loop only tells it what happened
-(:meth:`Recorder.start` or :meth:`Recorder.resume`, then :meth:`Recorder.record` after every
-step, then :meth:`Recorder.finish`), as Dedalus' evaluator and PyClaw's controller own the
-output frames.
+diagnostics), the energy budget itself, checkpoints, ``final.npz``, ``summary.json`` and the
+pictures. The run loop only tells it what happened (:meth:`Recorder.start` or
+:meth:`Recorder.resume`, then :meth:`Recorder.record` after every step, then
+:meth:`Recorder.finish`), as Dedalus' evaluator and PyClaw's controller own the output frames.
 
 Cadence, after step k: the metrics row and the density are written when k is a multiple of
 ``every`` or t_end is reached (and at t = 0); a checkpoint when k is a multiple of
-``checkpoint_every`` (before t_end); the state is added to the energy budget every
-``edi_every`` steps and at every output and checkpoint step, so that a checkpoint always
-holds the budget at its own time and a restart writes the same bits as an uninterrupted run
-on the same number of ranks.
+``checkpoint_every`` (before t_end), and when the run loop says that ``checkpoint_minutes``
+of wall time have passed since the last one; the state is added to the energy budget every
+``edi_every`` steps and at every output and ``checkpoint_every`` step. A checkpoint taken at
+another step (wall time, a signal) adds no budget record: it saves the measure of the latest
+record instead, so that no output depends on when it was taken, and a restart on the same
+number of ranks writes the same bits as an uninterrupted run.
 
-Everything written survives a failure: rows and XDMF steps are flushed when written, and
-:meth:`Recorder.finish` writes ``final.npz`` from the last output state. An interruption
-(SIGINT/SIGTERM, :meth:`Recorder.interrupt`) writes a checkpoint at its step (with a budget
-record there, so the budget's quadrature gains that node) and ``final.npz`` of the state at
-that step. Checkpoints carry the resolved config (a restart takes it), summaries the
-provenance of the run (:mod:`drivers.engine._provenance`).
+Energy scale. Energy-type values (the ``energy`` column, ``G2``, ``dissipation``, ``slope2``,
+``slope_defect``, every budget column, ``adapt_energy_jump``) are in units of e^Lambda,
+Lambda = beta max_h ||Q_h^T K_h||_2 of the heads at t = 0 (:func:`energy_log_scale`; for
+identity heads the normalised energy (1/2beta) int int e^{beta(<x,y> - 1)} dmu dmu): they are
+computed from log Z - Lambda and cannot overflow for any beta on the sphere. Lambda is in
+summary.json (``energy_log_scale``) and in the checkpoints (a restart keeps it).
+
+Failures. A non-finite value in a metrics row ends the run (:class:`RunFailure`, exit 3,
+"non-finite <column> at t = ..., step ..."), after the row is written. A write that fails
+(a full disk) is caught on the rank that saw it and agreed on at the end of the recorder's
+call (:class:`~drivers.engine._folder.OutputGuard`): every rank raises the same
+:class:`~drivers.engine._folder.OutputError`. Everything written survives: rows and XDMF steps
+are flushed when written, and :meth:`Recorder.finish` writes ``final.npz`` from the last output
+state (or the state at an interruption) whatever ended the run.
 
 Adaptive meshes (``[adapt]``, :class:`solvers.transport.AdaptiveScheme`): the recorder follows
 the scheme's ``mesh_version``: the cells it gathers (checkpoints, final.npz) are those of the
@@ -33,13 +42,12 @@ series when it changed), metrics rows carry ``cells``, checkpoints add the fores
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import resource
 import signal
 import sys
-from dataclasses import dataclass, field
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +57,35 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._checkpoint import CheckpointError, load_latest_checkpoint, save_checkpoint
+from drivers.engine._checkpoint import (
+    CheckpointError,
+    budget_measure,
+    checkpoint_dir,
+    gather_budget_measure,
+    load_latest_checkpoint,
+    save_checkpoint,
+)
 from drivers.engine._config import ConfigError
+from drivers.engine._folder import (
+    OutputError,
+    OutputGuard,
+    ResultsFolder,
+    checkpoint_owner,
+    config_hash,
+    describe,
+)
 from drivers.engine._plots import density_strip, plot_budget, plot_metrics
 from drivers.engine._problem import Problem, velocity_record
-from drivers.engine._provenance import library_versions, provenance
+from drivers.engine._provenance import provenance
+from drivers.engine._summary import (
+    Outcome,
+    RunFailure,
+    RunResult,
+    energy_log_scale,
+    peak_rss_mb,
+    run_summary,
+    scaled,
+)
 from drivers.engine._writers import (
     DensityWriter,
     GatheredCells,
@@ -63,6 +95,7 @@ from drivers.engine._writers import (
     write_json,
 )
 from meshes.control_volumes import ControlVolumes, flat_control_volumes
+from solvers.attention import measure_diagnostics
 from solvers.diagnostics import (
     EDI_COLUMNS,
     MAXIMAL_SLOPE_COLUMNS,
@@ -72,7 +105,14 @@ from solvers.diagnostics import (
 from solvers.stepping import SchemeState, StepResult, TokenScheme
 from solvers.weights import head_weights_at
 
-__all__ = ["METRIC_COLUMNS", "Outcome", "Recorder", "RunResult"]
+__all__ = [
+    "METRIC_COLUMNS",
+    "Outcome",
+    "Recorder",
+    "RunFailure",
+    "RunResult",
+    "energy_log_scale",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -95,42 +135,18 @@ METRIC_COLUMNS = [
 ]
 
 
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB (``ru_maxrss``, KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How the time loop ended: status "ok" or "failed", a message and the exit code."""
-
-    status: str
-    message: str
-    exit_code: int
-
-
-@dataclass
-class RunResult:
-    """What a run did: status "ok", "failed" or "interrupted", the message, steps, final
-    time, metrics and the exit code (0, 3, 128 + signal)."""
-
-    status: str
-    message: str
-    steps: int
-    t: float
-    metrics: list[dict[str, float]] = field(default_factory=list)
-    exit_code: int = 0
-
-
 class Recorder:
     """The outputs of one run in the folder ``out`` (module docstring). Collective.
 
     Args:
         problem: the problem of the run (its config gives the cadences).
-        out: the results folder (created on rank 0).
+        out: the results folder (created on rank 0 if missing; ``transformer-pde run``
+            claims it first, :func:`~drivers.engine._folder.claim_folder`).
         log: a rank-0 logger.
         argv: the command line, for the provenance (default ``sys.argv``).
         restart: whether the run continues from a checkpoint (recorded in the summary).
+        folder: the claimed folder (what its summary.json recorded, for a restart's checks).
+        run_id: the id of the run (default: a new one; a restart takes the checkpoint's).
     """
 
     def __init__(
@@ -140,76 +156,122 @@ class Recorder:
         log: Any,
         argv: list[str] | None = None,
         restart: bool = False,
+        folder: ResultsFolder | None = None,
+        run_id: str | None = None,
     ) -> None:
         cfg, cv, comm = problem.cfg, problem.cv, problem.cv.comm
         self.problem, self.out, self.log, self.comm = problem, Path(out), log, comm
+        self.folder = folder
+        self.run_id = run_id or uuid.uuid4().hex
         self.provenance = provenance(argv, comm.size) if comm.rank == 0 else {}
+        if comm.rank == 0:
+            self.provenance["run_id"] = self.run_id
+        self.config_hash = config_hash(cfg)
+        self.log_scale = energy_log_scale(problem)
+        self.guard = OutputGuard(comm)
         self.restart = restart
         self.interrupted: dict[str, Any] | None = None
         self._last_checkpoint = -1
+        self._checkpoint_wall = time.perf_counter()
         o = cfg["output"]
         self.every, self.checkpoint_every, self.edi_every = (
             o["every"],
             o["checkpoint_every"],
             o["edi_every"],
         )
+        self.checkpoint_seconds = 60.0 * o["checkpoint_minutes"]
         self.t_end = cfg["time"]["t_end"]
         self.weights, self.attention = problem.weights, problem.attention
         self.velocity = velocity_record(cfg, self.weights)
         if self.velocity["notice"] and comm.rank == 0:  # one line, whatever the verbosity
             print(f"[transformer-pde] notice: {self.velocity['notice']}", file=sys.stderr)
-        self.budget = None
-        self._peak_rss: list[float] | None = None  # per rank, gathered at the end
-        if o["edi"]:
-            # the attention's own path: brute force stays brute force, "auto"/"lowrank" give
-            # budget records at about the cost of one velocity evaluation (with a bound)
-            chosen = cfg["attention"]["backend"]
-            backend = chosen if chosen in ("numpy", "auto", "lowrank") else None
-            self.budget = EnergyBudget(backend)
+        self.budget: EnergyBudget | None = None  # made in start/resume (it needs Lambda)
+        self.peak_rss: list[float] | None = None  # per rank, gathered at the end
         weight_columns = list(self.weights.diagnostics(0.0))
         self.adaptive = hasattr(problem.scheme, "mesh_version")
         # adaptive meshes: the energy jumps of the adaptations so far (they are in dE and so in
         # edi_residual; edi_residual - adapt_energy_jump is the scheme's own budget error)
-        adapt_columns = ["adapt_energy_jump"] if self.adaptive and self.budget else []
+        adapt_columns = ["adapt_energy_jump"] if self.adaptive and o["edi"] else []
         self.columns = (
             METRIC_COLUMNS
-            + (list(EDI_COLUMNS) if self.budget else [])
+            + (list(EDI_COLUMNS) if o["edi"] else [])
             + adapt_columns
             + weight_columns
         )
         self.gathered = GatheredCells(cv)
         # adaptive meshes (solvers.transport.AdaptiveScheme): follow the scheme's mesh
         self._mesh_version = getattr(problem.scheme, "mesh_version", 0)
-        self._written = self.gathered  # the cells of the last written state
+        self.written = self.gathered  # the cells of the last written state
         self.last = StepResult(t=0.0, dt=0.0)
         self.density, self.t = problem.density0, 0.0  # the last written state
-        if comm.rank == 0:
-            self.out.mkdir(parents=True, exist_ok=True)
-        comm.barrier()
-        self.theta_writer = None
-        mesh = self.weights.parameter_mesh
-        if mesh is not None and mesh.topology.dim <= 2 and comm.rank == 0:
-            self.theta_writer = DensityWriter(
-                flat_control_volumes(mesh), self.out / "theta.xdmf", name="theta"
+        self.writer: DensityWriter | None = None
+        self.metrics: MetricsWriter | None = None
+        self.theta_writer: DensityWriter | None = None
+        if comm.rank == 0 and folder is None:
+            with self.guard.writing(self.out):
+                self.out.mkdir(parents=True, exist_ok=True)
+        self.guard.agree()
+
+    def _make_budget(self) -> None:
+        if self.problem.cfg["output"]["edi"]:
+            # the attention's own path: brute force stays brute force, "auto"/"lowrank" give
+            # budget records at about the cost of one velocity evaluation (with a bound)
+            chosen = self.problem.cfg["attention"]["backend"]
+            backend = chosen if chosen in ("numpy", "auto", "lowrank") else None
+            self.budget = EnergyBudget(backend, log_scale=self.log_scale)
+
+    def _open(self, cv: ControlVolumes, outputs: int | None, rows: int | None) -> None:
+        """The writers, new or continued with ``outputs`` steps and ``rows`` rows kept
+        (collective; a failure is the same error on every rank).
+
+        Raises:
+            OutputError: a file cannot be written. ValueError: the files to continue do
+                not go with the checkpoint.
+        """
+        with self.guard.writing(self.out / "density.h5"):
+            self.writer = DensityWriter(cv, self.out / "density.xdmf", keep=outputs)
+        with self.guard.writing(self.out / "metrics.csv"):
+            self.metrics = MetricsWriter(
+                self.comm, self.out / "metrics.csv", self.columns, keep=rows
             )
+        mesh = self.weights.parameter_mesh
+        if mesh is not None and mesh.topology.dim <= 2 and self.comm.rank == 0:
+            with self.guard.writing(self.out / "theta.h5"):
+                self.theta_writer = DensityWriter(
+                    flat_control_volumes(mesh), self.out / "theta.xdmf", name="theta", keep=outputs
+                )
+        self.guard.agree()
 
     # ------------------------------------------------------------------ start
     def start(self, scheme: TokenScheme) -> None:
-        """A new run: new files, the budget's first record and the row at t = 0."""
-        self.writer = DensityWriter(self.problem.cv, self.out / "density.xdmf")
-        self.metrics = MetricsWriter(self.comm, self.out / "metrics.csv", self.columns)
+        """A new run: new files, summary.json (status "running"), the budget's first record
+        and the row at t = 0.
+
+        Raises:
+            OutputError: a write failed. RunFailure: a non-finite value at t = 0.
+        """
+        self._make_budget()
+        self._open(self.problem.cv, None, None)
+        self._write_summary(scheme)
+        self._check_finite(scheme)
         self._record_budget(scheme)
-        self._output(scheme)
+        bad = self._output(scheme)
+        self.guard.agree()
+        if bad is not None:
+            raise RunFailure(f"non-finite {bad} at t = {scheme.t:.6g}, step {scheme.steps}")
 
     def resume(self, scheme: TokenScheme) -> None:
         """Continue from the newest valid checkpoint in the folder (any number of ranks):
-        restore the scheme and the budget, keep the rows and density steps written up to the
-        checkpoint and drop the later ones.
+        check that it belongs to the run recorded there, restore the scheme and the budget,
+        keep the rows and density steps written up to the checkpoint and drop the later ones.
 
         Raises:
-            ConfigError: no usable checkpoint, another scheme, or no energy budget in it.
+            ConfigError: no usable checkpoint, one of another run or scheme, outputs that do
+                not match it, or no energy budget in it.
         """
         saved = self._load_checkpoint()
+        self._check_owner(saved)
+        self.log_scale = float(saved["log_scale"]) if "log_scale" in saved else 0.0
         if self.adaptive:
             mesh = {k[5:]: v for k, v in saved.items() if k.startswith("mesh_")}
             if not mesh:
@@ -231,23 +293,50 @@ class Recorder:
                 float(saved["t"]), int(saved["steps"]), cells, {"outflow": float(saved["outflow"])}
             )
         )
+        self._make_budget()
         if self.budget is not None:
-            if "edi_t" not in saved:
-                raise ConfigError(
-                    "output.edi",
-                    "the checkpoint has no energy budget (written with output.edi = false)",
-                )
-            if float(saved["edi_t"]) != float(saved["t"]):
-                raise ConfigError("--restart", "the checkpoint's energy budget is not at its time")
-            points, masses = scheme.measure()
-            self.budget.resume(saved, points, masses, self.weights, self.attention, self.comm)
+            self._resume_budget(saved, scheme)
         self.last = StepResult(t=scheme.t, dt=float(saved["dt"]))
-        self.writer = DensityWriter(cv, self.out / "density.xdmf", keep=int(saved["n_outputs"]))
-        self.metrics = MetricsWriter(
-            self.comm, self.out / "metrics.csv", self.columns, keep=int(saved["n_rows"])
-        )
+        try:
+            self._open(cv, int(saved["n_outputs"]), int(saved["n_rows"]))
+        except ValueError as exc:  # the outputs do not go with the checkpoint
+            raise ConfigError("--restart", f"cannot continue the outputs: {exc}") from None
         self.density, self.t = scheme.density, scheme.t
-        self._written = self.gathered
+        self.written = self.gathered
+        self._last_checkpoint = scheme.steps
+        self._write_summary(scheme)
+        self.guard.agree()
+
+    def _resume_budget(self, saved: dict[str, Any], scheme: TokenScheme) -> None:
+        """The budget at the checkpoint: from the measure of its latest record when saved
+        (a checkpoint between records), else from the restored state (collective)."""
+        if "edi_t" not in saved:
+            raise ConfigError(
+                "output.edi",
+                "the checkpoint has no energy budget (written with output.edi = false)",
+            )
+        measure = budget_measure(saved, self.comm)
+        if measure is not None:
+            points, masses = measure
+        elif float(saved["edi_t"]) != float(saved["t"]):
+            raise ConfigError("--restart", "the checkpoint's energy budget is not at its time")
+        else:
+            points, masses = scheme.measure()
+        try:
+            self.budget.resume(saved, points, masses, self.weights, self.attention, self.comm)
+        except ValueError as exc:
+            raise ConfigError("--restart", str(exc)) from None
+
+    def _check_owner(self, saved: dict[str, Any]) -> None:
+        """The checkpoint belongs to this configuration and to the run the folder records;
+        take its run id (:func:`~drivers.engine._folder.checkpoint_owner`)."""
+        recorded = self.folder.recorded if self.folder is not None else {}
+        run_id = checkpoint_owner(
+            saved, self._checkpoint_name, self.config_hash, recorded, self.out
+        )
+        self.run_id = run_id or self.run_id
+        if self.comm.rank == 0:
+            self.provenance["run_id"] = self.run_id
 
     def _cv(self, scheme: TokenScheme) -> ControlVolumes:
         """The control volumes the scheme's state lives on now."""
@@ -261,12 +350,14 @@ class Recorder:
             self.gathered = GatheredCells(scheme.cv)
 
     def _load_checkpoint(self) -> dict[str, Any]:
-        """The newest valid checkpoint (read on rank 0, broadcast)."""
+        """The newest valid checkpoint (read on rank 0, broadcast); damaged ones are
+        reported in one line each."""
         state, error, name = None, None, None
         scheme_name = self.problem.cfg["time"]["scheme"]
         if self.comm.rank == 0:
+            damaged: list[str] = []
             try:
-                state, path = load_latest_checkpoint(self.out)
+                state, path = load_latest_checkpoint(self.out, damaged.append)
                 name = path.name
                 if str(state["scheme"]) != scheme_name:
                     error = (
@@ -275,27 +366,53 @@ class Recorder:
                     )
             except CheckpointError as exc:
                 error = str(exc)
-        error = self.comm.bcast(error, root=0)
+            for message in damaged:
+                print(f"[transformer-pde] warning: {message}", file=sys.stderr, flush=True)
+        error, name = self.comm.bcast((error, name), root=0)
         if error is not None:
             raise ConfigError("--restart", error)
-        self.log(f"restarting from {self.comm.bcast(name, root=0)}")
+        self._checkpoint_name = name
+        self.log(f"restarting from {name}")
         return self.comm.bcast(state, root=0)
 
     # ------------------------------------------------------------------ every step
-    def record(self, scheme: TokenScheme, result: StepResult) -> None:
-        """After a step: budget, output and checkpoint as the cadences say (collective)."""
+    def record(self, scheme: TokenScheme, result: StepResult, checkpoint_due: bool = False) -> None:
+        """After a step: budget, output and checkpoint as the cadences say (collective);
+        ``checkpoint_due``: the wall-time cadence asks for a checkpoint (agreed by the ranks).
+
+        Raises:
+            OutputError: a write failed. RunFailure: a non-finite value in the row.
+        """
         self.last = result
         self._follow(scheme)
         k = scheme.steps
         write = k % self.every == 0 or scheme.t >= self.t_end
-        save = bool(self.checkpoint_every) and k % self.checkpoint_every == 0
-        save = save and scheme.t < self.t_end
-        if write or save or k % self.edi_every == 0:
+        periodic = bool(self.checkpoint_every) and k % self.checkpoint_every == 0
+        save = (periodic or checkpoint_due) and scheme.t < self.t_end
+        if write or periodic or k % self.edi_every == 0:
+            self._check_finite(scheme)
             self._record_budget(scheme)
-        if write:
-            self._output(scheme)
-        if save:
+        bad = self._output(scheme) if write else None
+        if save and bad is None:
             self._checkpoint(scheme)
+        if write or save:
+            self.guard.agree()
+        if bad is not None:
+            raise RunFailure(f"non-finite {bad} at t = {scheme.t:.6g}, step {k}")
+
+    def _check_finite(self, scheme: TokenScheme) -> None:
+        """A non-finite point or mass of the measure is a failure (collective; checked before
+        the kernel sums of the diagnostics see it)."""
+        points, masses = scheme.measure()
+        ok = bool(np.all(np.isfinite(points)) and np.all(np.isfinite(masses)))
+        if not self.comm.allreduce(ok, op=MPI.LAND):
+            raise RunFailure(f"non-finite density at t = {scheme.t:.6g}, step {scheme.steps}")
+
+    def checkpoint_due(self) -> bool:
+        """Whether ``checkpoint_minutes`` of wall time have passed since the last checkpoint
+        (or the start) on this rank; the run loop makes the ranks agree."""
+        elapsed = time.perf_counter() - self._checkpoint_wall
+        return self.checkpoint_seconds > 0 and elapsed >= self.checkpoint_seconds
 
     def _record_budget(self, scheme: TokenScheme) -> None:
         """Add the current state to the energy budget (collective; once per time)."""
@@ -304,18 +421,26 @@ class Recorder:
             points, masses = scheme.measure()
             budget.record(scheme.t, points, masses, self.weights, self.attention, self.comm)
 
-    def _output(self, scheme: TokenScheme) -> None:
+    def _output(self, scheme: TokenScheme) -> str | None:
+        """Write the density step and the metrics row (collective); the first column whose
+        value is not finite, or None."""
         density = scheme.density
-        diag = scheme.diagnostics()
+        points, masses = scheme.measure()
         comm, t, last = self.comm, scheme.t, self.last
+        heads, hw = self.weights.heads_at(t), head_weights_at(self.weights, t)
+        diag = measure_diagnostics(
+            self.attention, heads, points, masses, comm, head_weights=hw, log_scale=self.log_scale
+        )
+        metric = metric_diagnostics(
+            self.attention, heads, points, masses, comm, head_weights=hw, log_scale=self.log_scale
+        )
         rho_min = comm.allreduce(float(density.min(initial=np.inf)), op=MPI.MIN)
         rho_max = comm.allreduce(float(density.max(initial=-np.inf)), op=MPI.MAX)
-        if self.adaptive:
-            self.writer.write(t, density, cv=scheme.cv)
-        else:
-            self.writer.write(t, density)
+        with self.guard.writing(self.writer.h5path):
+            self.writer.write(t, density, cv=scheme.cv if self.adaptive else None)
         if self.theta_writer is not None:
-            self.theta_writer.write(t, self.weights.parameter_density(t))
+            with self.guard.writing(self.theta_writer.h5path):
+                self.theta_writer.write(t, self.weights.parameter_density(t))
         row = {
             "t": t,
             "step": scheme.steps,
@@ -326,7 +451,7 @@ class Recorder:
             "max_density": rho_max,
             "G2": diag.G2,
             "dissipation": diag.dissipation,
-            **self._maximal_slope(scheme),
+            **metric.columns(),
             "outflow": last.outflow,
             "newton_its": last.newton_its,
             "ksp_its": last.ksp_its,
@@ -336,165 +461,132 @@ class Recorder:
         if self.budget is not None:
             row.update(self.budget.columns())
             if self.adaptive:
-                row["adapt_energy_jump"] = math.fsum(scheme.energy_jumps())
+                row["adapt_energy_jump"] = math.fsum(
+                    scaled(j, self.log_scale) for j in scheme.energy_jumps()
+                )
         row.update(self.weights.diagnostics(t))
-        self.metrics.write(row)
+        with self.guard.writing(self.out / "metrics.csv"):
+            self.metrics.write(row)
         self.density, self.t = density, t
-        self._written = self.gathered
-
-    def _maximal_slope(self, scheme: TokenScheme) -> dict[str, float]:
-        """slope2, slope_defect, uphill_mass of the current state (collective; module
-        ``solvers.diagnostics._metric``: the model's velocity at the scheme's measure)."""
-        points, masses = scheme.measure()
-        t = scheme.t
-        heads, hw = self.weights.heads_at(t), head_weights_at(self.weights, t)
-        metric = metric_diagnostics(
-            self.attention, heads, points, masses, self.comm, head_weights=hw
-        )
-        return metric.columns()
+        self.written = self.gathered
+        return next((k for k, v in row.items() if not math.isfinite(float(v))), None)
 
     def _checkpoint(self, scheme: TokenScheme) -> None:
+        """Save the state (collective; the write on rank 0, guarded)."""
         state = scheme.state()
         arrays = {f"state_{k}": self.gathered.gather(v) for k, v in state.cells.items()}
         mesh = {f"mesh_{k}": v for k, v in scheme.mesh_state().items()} if self.adaptive else {}
+        budget: dict[str, Any] = {}
+        if self.budget is not None:  # between records also the measure of the latest one
+            budget = self.budget.checkpoint_state()
+            budget.update(gather_budget_measure(self.budget, scheme.t, self.comm))
         self._last_checkpoint = state.steps
+        self._checkpoint_wall = time.perf_counter()
         if self.comm.rank == 0:
             config = json.dumps(self.problem.cfg, default=json_default)
-            save_checkpoint(
-                self.out,
-                state.steps,
-                {
-                    **arrays,
-                    "t": np.float64(state.t),
-                    "steps": np.int64(state.steps),
-                    "dt": np.float64(self.last.dt),
-                    "n_outputs": np.int64(len(self.writer.times)),
-                    "n_rows": np.int64(len(self.metrics.rows)),
-                    "outflow": np.float64(state.scalars.get("outflow", 0.0)),
-                    "scheme": np.array(self.problem.cfg["time"]["scheme"]),
-                    "config": np.array(config),
-                    **(self.budget.checkpoint_state() if self.budget is not None else {}),
-                    **mesh,
-                },
-            )
-        self.comm.barrier()
+            with self.guard.writing(checkpoint_dir(self.out) / f"ckpt_{state.steps:09d}.npz"):
+                save_checkpoint(
+                    self.out,
+                    state.steps,
+                    {
+                        **arrays,
+                        "t": np.float64(state.t),
+                        "steps": np.int64(state.steps),
+                        "dt": np.float64(self.last.dt),
+                        "n_outputs": np.int64(len(self.writer.times)),
+                        "n_rows": np.int64(len(self.metrics.rows)),
+                        "outflow": np.float64(state.scalars.get("outflow", 0.0)),
+                        "scheme": np.array(self.problem.cfg["time"]["scheme"]),
+                        "config": np.array(config),
+                        "run_id": np.array(self.run_id),
+                        "config_hash": np.array(self.config_hash),
+                        "log_scale": np.float64(self.log_scale),
+                        **budget,
+                        **mesh,
+                    },
+                )
 
     def interrupt(self, scheme: TokenScheme, signum: int) -> Outcome:
-        """A signal stopped the loop after this step (collective): a checkpoint when
-        checkpointing is on (with a budget record at its time), and the current state for
-        final.npz; returns the outcome (exit code 128 + signal)."""
+        """A signal stopped the loop after this step (collective): a checkpoint (whatever
+        ``checkpoint_every`` says; no budget record), and the current state for final.npz;
+        returns the outcome (exit code 128 + signal).
+
+        Raises:
+            OutputError: the checkpoint could not be written.
+        """
         name = signal.Signals(signum).name
-        saved = False
-        if self.checkpoint_every:
-            if self._last_checkpoint != scheme.steps:
-                self._record_budget(scheme)
-                self._checkpoint(scheme)
-            saved = True
+        if self._last_checkpoint != scheme.steps:
+            self._checkpoint(scheme)
+        self.guard.agree()
         self.density, self.t = scheme.density, scheme.t
-        self._written = self.gathered
+        self.written = self.gathered
         self.interrupted = {"signal": name, "t": scheme.t, "step": scheme.steps}
-        message = f"interrupted by {name} at t = {scheme.t:.6g} (step {scheme.steps}); " + (
-            f"checkpoint written: continue with --restart {self.out}"
-            if saved
-            else "no checkpoint (output.checkpoint_every = 0)"
+        message = (
+            f"interrupted by {name} at t = {scheme.t:.6g} (step {scheme.steps}); checkpoint "
+            f"written: continue with --restart {self.out}"
         )
         self.log(message)
         return Outcome("interrupted", message, 128 + signum)
 
     # ------------------------------------------------------------------ end
     def finish(self, scheme: TokenScheme, outcome: Outcome, wall: float) -> RunResult:
-        """final.npz (the last written state), summary.json and the pictures; close files."""
-        comm = self.comm
-        final_density = self._written.gather(self.density)
-        rows = self.metrics.rows
-        self._peak_rss = comm.gather(peak_rss_mb(), root=0)
+        """final.npz (the last written state), the pictures and summary.json; close files.
+        Collective. A write that fails here turns an ok or interrupted outcome into a
+        failed one (exit 3); after a failure, what can still be written is."""
+        comm, guard = self.comm, self.guard
+        already = guard.error is not None
+        guard.error = None
+        final_density = self.written.gather(self.density)
+        self.peak_rss = comm.gather(peak_rss_mb(), root=0)
         if comm.rank == 0:
-            g = self._written
-            write_final(self.out / "final.npz", g.points, g.weights, final_density, self.t)
-            write_json(self.out / "summary.json", self._summary(scheme, outcome, wall))
-            try:
-                self._pictures(final_density)
-            except Exception as exc:  # a picture must never lose a finished run
-                print(
-                    f"[transformer-pde] warning: could not render pictures: {exc}", file=sys.stderr
-                )
-        self.writer.close()
-        self.metrics.close()
-        if self.theta_writer is not None:
-            self.theta_writer.close()
+            g = self.written
+            with guard.writing(self.out / "final.npz"):
+                write_final(self.out / "final.npz", g.points, g.weights, final_density, self.t)
+            if self.metrics is not None and self.writer is not None:
+                try:
+                    self._pictures(final_density)
+                except OSError as exc:
+                    guard.error = guard.error or f"cannot write the pictures: {describe(exc)}"
+                except Exception as exc:  # a picture must never lose a finished run
+                    print(
+                        f"[transformer-pde] warning: could not render pictures: {exc}",
+                        file=sys.stderr,
+                    )
+        outcome = self._agreed(outcome, already)
+        if comm.rank == 0:
+            with guard.writing(self.out / "summary.json"):
+                write_json(self.out / "summary.json", run_summary(self, scheme, outcome, wall))
+        outcome = self._agreed(outcome, already)
+        for writer in (self.writer, self.metrics, self.theta_writer):
+            if writer is not None:
+                try:
+                    writer.close()
+                except (OSError, RuntimeError) as exc:  # a last flush on a full disk
+                    guard.error = f"cannot close {getattr(writer, 'path', '')}: {describe(exc)}"
+        outcome = self._agreed(outcome, already)
         steps = scheme.steps
         self.log(
             f"{outcome.status}: {outcome.message}; {steps} steps, wall {wall:.1f} s, "
             f"results in {self.out}"
         )
+        rows = self.metrics.rows if self.metrics is not None else []
         return RunResult(outcome.status, outcome.message, steps, self.t, rows, outcome.exit_code)
 
-    def _summary(self, scheme: TokenScheme, outcome: Outcome, wall: float) -> dict[str, Any]:
-        cfg, budget = self.problem.cfg, self.budget
-        choices = self.attention.last_choice or ()
-        return {
-            "status": outcome.status,
-            "message": outcome.message,
-            "config": cfg,
-            "provenance": self.provenance,
-            "restart": self.restart,
-            "interrupted": self.interrupted,
-            "versions": library_versions(),
-            "ranks": self.comm.size,
-            "wall_time_s": wall,
-            "peak_rss_mb_per_rank": self._peak_rss,
-            "steps": scheme.steps,
-            "t_final": self.t,
-            "final_metrics": self.metrics.rows[-1] if self.metrics.rows else {},
-            "mesh": self.problem.quality.as_dict(),
-            "adaptation": self._adaptation(scheme),
-            "edi": (
-                {
-                    "every": self.edi_every,
-                    "intervals": budget.n_intervals,
-                    "backend": budget.backend,
-                    # largest a-priori bound of a low-rank kernel sum in the budget (0: brute
-                    # force); each recorded energy is within bound * |E| of the exact one
-                    "kernel_sum_bound": budget.bound,
-                }
-                if budget is not None
-                else None
-            ),
-            "backend": self.attention.backend,
-            "tolerance": cfg["attention"]["tolerance"],
-            "velocity": self.velocity,
-            "maximal_slope": {
-                f"max_{k}": max((float(r[k]) for r in self.metrics.rows if k in r), default=None)
-                for k in ("slope_defect", "uphill_mass")
-            },
-            "head_choice": [
-                {
-                    k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                    for k, v in dataclasses.asdict(c).items()
-                }
-                for c in choices
-            ],
-        }
+    def _agreed(self, outcome: Outcome, already_failed: bool) -> Outcome:
+        """The outcome after the ranks agreed on the writes of :meth:`finish`."""
+        try:
+            self.guard.agree()
+        except OutputError as exc:
+            self.guard.error = None
+            if not already_failed and outcome.exit_code != 3:
+                return Outcome("failed", f"{exc}; the outputs written before are kept", 3)
+        return outcome
 
-    def _adaptation(self, scheme: TokenScheme) -> dict[str, Any] | None:
-        """The adaptation history for summary.json (None on a uniform mesh): the options, the
-        cells at the end and one entry per mesh (cells per level over time, what changed,
-        mass and energy before and after each adaptation)."""
-        if not self.adaptive:
-            return None
-        history = scheme.history
-        jumps = scheme.energy_jumps()
-        mass = [abs(h["mass_after"] - h["mass_before"]) for h in history if "mass_before" in h]
-        return {
-            **self.problem.cfg["adapt"],
-            "adaptations": len(history) - 1,
-            "cells_final": history[-1]["cells"],
-            "cells_max": max(h["cells"] for h in history),
-            "max_mass_change": max(mass, default=0.0),
-            "energy_jump_sum": float(sum(jumps)),
-            "energy_jump_abs_sum": float(sum(abs(j) for j in jumps)),
-            "history": history,
-        }
+    def _write_summary(self, scheme: TokenScheme) -> None:
+        """summary.json of a starting run (status "running"; rank 0, guarded)."""
+        if self.comm.rank == 0:
+            with self.guard.writing(self.out / "summary.json"):
+                write_json(self.out / "summary.json", run_summary(self, scheme, None, None))
 
     def _pictures(self, final_density: Array) -> None:
         """density.png, metrics.png, edi.png (rank 0). density.png is a strip of snapshots
@@ -504,7 +596,7 @@ class Recorder:
         density_strip(
             self.out / "density.png",
             self.out / "density.xdmf",
-            self._written.vertices,
+            self.written.vertices,
             final_density,
             self.t,
         )

@@ -6,14 +6,25 @@ hands every output to a :class:`~drivers.engine.Recorder`, and advances the sche
 one stepping interface of :mod:`solvers.stepping` until ``t_end``: the loop never reaches
 inside a scheme. Collective over ``comm``.
 
-Interruption. While the loop runs, SIGINT (Ctrl-C) and SIGTERM (what a batch scheduler sends
-before its time limit) only raise a flag; after each step the ranks agree on it (one
-``allreduce``), so a signal on any rank stops all of them after the same step. The recorder
-then writes a checkpoint (when ``[output] checkpoint_every`` is on), final.npz of the current
-state and summary.json with status "interrupted"; the exit code is 128 + the signal number
-(130, 143), and ``--restart`` continues from that checkpoint. Signals that arrive while the
-final outputs are written are noted and ignored (the writing takes seconds); outside the loop
-(building the mesh) they have their default effect.
+The results folder is claimed before any work (:func:`drivers.engine._folder.claim_folder`:
+a folder that can be written, holds no other run's results unless ``overwrite``, is not
+locked by a live run, has room for the first outputs); PETSc options of the run's prefixes
+that no solver reads are reported once the problem is built
+(:mod:`drivers.engine._petsc_options`).
+
+Interruption. While the run starts and loops, SIGINT (Ctrl-C) and SIGTERM (what a batch
+scheduler sends before its time limit) only raise a flag; after each step the ranks agree on
+it (one ``Allreduce``, with the wall-time checkpoint flag), so a signal on any rank stops all
+of them after the same step. The recorder then writes a checkpoint (always), final.npz of the
+current state and summary.json with status "interrupted"; the exit code is 128 + the signal
+number (130, 143), and ``--restart`` continues from that checkpoint, bit for bit on the same
+number of ranks. Signals that arrive while the final outputs are written are noted and
+ignored (the writing takes seconds); while the mesh is built they have their default effect.
+Besides, a checkpoint is written every ``[output] checkpoint_minutes`` of wall time (default
+10), so that even SIGKILL loses at most that much.
+
+Failures: a solver that fails, a non-finite value in the outputs, a write that fails (a full
+disk): exit 3, one line naming the step (and the file), everything written so far kept.
 
 Outputs (docs/interface.md) and their cadence: see :mod:`drivers.engine._recorder`.
 """
@@ -23,14 +34,20 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 
+import numpy as np
+
+from drivers.engine._folder import OutputError, claim_folder, first_outputs_bytes
+from drivers.engine._petsc_options import check_after_first_step, check_start_up
 from drivers.engine._problem import build_problem
-from drivers.engine._recorder import METRIC_COLUMNS, Outcome, Recorder, RunResult
+from drivers.engine._recorder import METRIC_COLUMNS, Outcome, Recorder, RunFailure, RunResult
 from solvers.errors import SolverError
 from solvers.stepping import TokenScheme
 
@@ -47,6 +64,9 @@ def run(
     verbose: bool = True,
     restart: bool = False,
     argv: list[str] | None = None,
+    *,
+    overwrite: bool = False,
+    strict_petsc: bool = False,
 ) -> RunResult:
     """Run the validated config ``cfg``, writing the results folder ``out``. Collective.
 
@@ -57,59 +77,114 @@ def run(
         verbose: progress lines (rank 0).
         restart: continue from the newest valid checkpoint in ``out`` (on any number of
             ranks), appending to its outputs (rows and density steps written after that
-            checkpoint are dropped and computed again).
+            checkpoint are dropped and computed again); the checkpoint must belong to the run
+            the folder records (run id and config hash of its summary.json).
         argv: the command line, for the provenance in summary.json (default ``sys.argv``).
+        overwrite: a folder holding another run's results is cleared of them (only the files
+            the project writes) instead of refused.
+        strict_petsc: an unused PETSc option of the run's prefixes is an error (exit 2).
 
     Returns:
         status "ok" (exit code 0); "failed" (exit code 3) when the scheme stopped on a
-        detected failure (NaN, blow-up, a solver that did not converge); "interrupted"
-        (exit code 128 + signal) after SIGINT or SIGTERM. Everything computed up to the end
-        is written.
+        detected failure (NaN, blow-up, a solver that did not converge), a value in the
+        outputs is not finite, or a write failed; "interrupted" (exit code 128 + signal)
+        after SIGINT or SIGTERM. Everything computed up to the end is written.
 
     Raises:
-        ConfigError, MeshError, DensityError: invalid input, before anything is written.
+        ConfigError, MeshError, DensityError: invalid input (a folder that cannot be used
+            included), before anything is written.
     """
     wall0 = time.perf_counter()
     log = _Log(comm, verbose)
-    problem = build_problem(cfg, comm)
-    q = problem.quality
-    adapt = cfg["adapt"]["max_level"]
-    log(
-        f"{cfg['mesh']['manifold']} mesh: {q.n_cells} cells"
-        + (f" (adaptive, levels {cfg['mesh']['refinement']}..{adapt})" if adapt else "")
-        + f", h = {q.h:.4g}, area ratio "
-        f"{q.area_ratio:.3f}; scheme {cfg['time']['scheme']}, {problem.weights.n_heads} head(s), "
-        f"weights {cfg['weights']['dynamics']}, t_end = {cfg['time']['t_end']}"
+    run_id = comm.bcast(uuid.uuid4().hex if comm.rank == 0 else None, root=0)
+    folder = claim_folder(
+        out,
+        comm,
+        run_id,
+        restart=restart,
+        overwrite=overwrite,
+        need_bytes=first_outputs_bytes(cfg),
+        option="--restart" if restart else "--out",
     )
-    recorder = Recorder(problem, Path(out), log, argv=argv, restart=restart)
-    scheme = problem.scheme
-    if restart:
-        recorder.resume(scheme)
-    else:
-        recorder.start(scheme)
-    with _Interrupts(comm) as interrupts:
-        outcome = _advance(scheme, recorder, cfg, log, interrupts)
-        return recorder.finish(scheme, outcome, time.perf_counter() - wall0)
+    started = False
+    try:
+        problem = build_problem(cfg, comm)
+        later = check_start_up(cfg, comm, strict=strict_petsc)
+        q = problem.quality
+        adapt = cfg["adapt"]["max_level"]
+        log(
+            f"{cfg['mesh']['manifold']} mesh: {q.n_cells} cells"
+            + (f" (adaptive, levels {cfg['mesh']['refinement']}..{adapt})" if adapt else "")
+            + f", h = {q.h:.4g}, area ratio {q.area_ratio:.3f}; scheme {cfg['time']['scheme']}, "
+            f"{problem.weights.n_heads} head(s), weights {cfg['weights']['dynamics']}, "
+            f"t_end = {cfg['time']['t_end']}"
+        )
+        recorder = Recorder(
+            problem, Path(out), log, argv=argv, restart=restart, folder=folder, run_id=run_id
+        )
+        scheme = problem.scheme
+        with _Interrupts(comm) as interrupts:
+            try:
+                if restart:
+                    recorder.resume(scheme)
+                else:
+                    recorder.start(scheme)
+                started = True
+                outcome = _advance(
+                    scheme,
+                    recorder,
+                    cfg,
+                    log,
+                    interrupts,
+                    lambda: check_after_first_step(later, cfg, comm),
+                )
+            except OutputError as exc:
+                started = True
+                outcome = _stopped(
+                    f"{exc} (t = {scheme.t:.6g}, step {scheme.steps}); the run stopped, the "
+                    "outputs written so far are kept",
+                    log,
+                )
+            except RunFailure as exc:
+                outcome = _stopped(f"{exc}; the outputs up to there are written", log)
+            return recorder.finish(scheme, outcome, time.perf_counter() - wall0)
+    except BaseException:
+        folder.release(failed_before_output=not started)
+        raise
+    finally:
+        folder.release()
+
+
+def _stopped(message: str, log: _Log) -> Outcome:
+    log(message)
+    return Outcome("failed", message, 3)
 
 
 def _advance(
-    scheme: TokenScheme, recorder: Recorder, cfg: dict[str, Any], log: _Log, interrupts: _Interrupts
+    scheme: TokenScheme,
+    recorder: Recorder,
+    cfg: dict[str, Any],
+    log: _Log,
+    interrupts: _Interrupts,
+    after_first_step: Callable[[], None] | None = None,
 ) -> Outcome:
-    """Step until t_end, recording after every step; a SolverError or a signal ends it."""
-    t_end, every_s = cfg["time"]["t_end"], cfg["output"]["progress"]
-    start, t_start = time.perf_counter(), scheme.t
-    last_progress = start
+    """Step until t_end, recording after every step; a SolverError or a signal ends it
+    (OutputError and RunFailure from the recorder go to the caller)."""
+    t_end = cfg["time"]["t_end"]
+    progress = _Progress(scheme.t, t_end, cfg["output"]["progress"])
     try:
         while scheme.t < t_end:
             result = scheme.step(t_end)
-            recorder.record(scheme, result)
-            signum = interrupts.agreed()
+            signum, due = interrupts.agreed(recorder.checkpoint_due())
+            recorder.record(scheme, result, checkpoint_due=due)
+            if after_first_step is not None:
+                after_first_step()
+                after_first_step = None
             if signum and scheme.t < t_end:  # a signal during the last step changes nothing
                 return recorder.interrupt(scheme, signum)
-            now = time.perf_counter()
-            if now - last_progress > every_s:
-                last_progress = now
-                log(_progress(scheme, result.dt, t_start, t_end, now - start))
+            line = progress.line(scheme, result.dt)
+            if line:
+                log(line)
     except SolverError as exc:
         message = f"run stopped at t = {scheme.t:.6g} (step {scheme.steps}): {exc}"
         log(message)
@@ -117,16 +192,31 @@ def _advance(
     return Outcome("ok", "completed", 0)
 
 
-def _progress(scheme: TokenScheme, dt: float, t_start: float, t_end: float, elapsed: float) -> str:
-    """A progress line: time, percentage, step, dt, elapsed wall time and an estimate of the
-    time left (linear in simulated time since the loop started)."""
-    done = (scheme.t - t_start) / (t_end - t_start) if t_end > t_start else 1.0
-    left = elapsed * (1.0 - done) / done if done > 0 else float("inf")
-    cells = f", {scheme.cv.n_global} cells" if hasattr(scheme, "mesh_version") else ""
-    return (
-        f"t = {scheme.t:.4g} / {t_end:g} ({100 * scheme.t / t_end:.0f}%), step {scheme.steps}, "
-        f"dt = {dt:.3g}{cells}, elapsed {_duration(elapsed)}, about {_duration(left)} left"
-    )
+class _Progress:
+    """Progress lines every ``every_s`` seconds: time, percentage, step, dt, elapsed wall
+    time and an estimate of the time left from the simulated time per wall time of the last
+    interval (a run whose steps shrink, e.g. while tokens cluster, slows down: the average
+    since the start would promise too little)."""
+
+    def __init__(self, t: float, t_end: float, every_s: float) -> None:
+        self.t_end, self.every_s = t_end, every_s
+        self.start = time.perf_counter()
+        self.mark = (self.start, t)
+
+    def line(self, scheme: TokenScheme, dt: float) -> str | None:
+        now = time.perf_counter()
+        wall0, t0 = self.mark
+        if now - wall0 <= self.every_s:
+            return None
+        self.mark = (now, scheme.t)
+        rate = (scheme.t - t0) / (now - wall0)
+        left = (self.t_end - scheme.t) / rate if rate > 0 else float("inf")
+        cells = f", {scheme.cv.n_global} cells" if hasattr(scheme, "mesh_version") else ""
+        return (
+            f"t = {scheme.t:.4g} / {self.t_end:g} ({100 * scheme.t / self.t_end:.0f}%), step "
+            f"{scheme.steps}, dt = {dt:.3g}{cells}, elapsed {_duration(now - self.start)}, "
+            f"about {_duration(left)} left"
+        )
 
 
 def _duration(seconds: float) -> str:
@@ -141,7 +231,8 @@ def _duration(seconds: float) -> str:
 
 class _Interrupts:
     """SIGINT/SIGTERM raise a flag while the loop runs (module docstring); collective
-    :meth:`agreed` returns the signal that any rank received (0: none)."""
+    :meth:`agreed` returns the signal that any rank received (0: none) and whether any rank
+    found a wall-time checkpoint due."""
 
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm, self.signum, self._previous = comm, 0, {}
@@ -159,8 +250,11 @@ class _Interrupts:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-    def agreed(self) -> int:
-        return self.comm.allreduce(self.signum, op=MPI.MAX)
+    def agreed(self, due: bool = False) -> tuple[int, bool]:
+        flags = np.array([self.signum, int(due)], dtype=np.int64)
+        if self.comm.size > 1:
+            self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+        return int(flags[0]), bool(flags[1])
 
 
 class _Log:

@@ -170,7 +170,11 @@ KEYS: tuple[Key, ...] = (
         "write density.xdmf and a metrics row every k-th step (t = 0 and t_end always), >= 1"),
     Key("output", "progress", "number", 5.0, "seconds between progress lines on rank 0"),
     Key("output", "checkpoint_every", "integer", 0,
-        "checkpoint every k-th step for --restart (0: off)"),
+        "also checkpoint every k-th step for --restart (0: off; a checkpoint is always written "
+        "on SIGINT/SIGTERM and every checkpoint_minutes)"),
+    Key("output", "checkpoint_minutes", "number", 10.0,
+        "checkpoint for --restart every this many minutes of wall time, so that a killed run "
+        "loses at most that much (0: off; >= 0)"),
     Key("output", "edi", "boolean", True,
         "the energy-dissipation budget: its columns in metrics.csv and edi.png (kernel sums "
         "by the attention backend; the bound of low-rank sums in summary.json)"),

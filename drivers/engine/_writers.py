@@ -4,6 +4,14 @@ Only drivers and the engine call these (solvers never write files); pictures are
 ``_plots``. Every function is collective
 where it gathers data; files other than the XDMF series are written by rank 0 only, and each
 row or file is flushed when written so that a run that dies keeps everything written so far.
+
+Failed writes (a full disk, a quota): the constructors raise the same error on every rank; a
+failed :meth:`DensityWriter.write` or :meth:`MetricsWriter.write` raises on rank 0 and leaves
+the writer failed (later writes do their collective part and write nothing), so that the
+caller can make the ranks agree (:class:`drivers.engine._folder.OutputGuard`). Atomic writes
+(final.npz, summary.json, the XDMF file) remove their temporary file when they fail. Before
+each HDF5 step the free space is checked (the HDF5 library cannot recover from a write that
+fails half-way): too little is an ``OSError`` ENOSPC naming the file.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
+from drivers.engine._folder import ensure_space
 from drivers.engine._xdmf import MeshShape, mesh_group, mesh_number, series_xml
 
 __all__ = [
@@ -161,22 +170,39 @@ class DensityWriter:
         self._shapes: dict[int, MeshShape] = {}
         self._mesh: int | None = 0  # the group of the current mesh (None: not stored yet)
         self._points, self._cells = points, cells
-        if cv.comm.rank != 0:
-            return
-        if keep is not None and self.h5path.is_file():
-            self._file = h5py.File(self.h5path, "a")
-            self._reopen(keep)
-        else:
-            self._file = h5py.File(self.h5path, "w")
-            self._store_mesh(0)
-            self._file.require_group(f"/Function/{name}")
-        self._file.flush()
-        self._write_xml()
+        #: a write failed on rank 0: later writes only do their collective part
+        self.failed = False
+        error = None
+        if cv.comm.rank == 0:
+            try:
+                if keep is not None:
+                    if not self.h5path.is_file():
+                        raise ValueError(f"{self.h5path} is missing")
+                    self._file = h5py.File(self.h5path, "a")
+                    self._reopen(keep)
+                else:
+                    ensure_space(self.h5path, points.nbytes + cells.nbytes)
+                    self._file = h5py.File(self.h5path, "w")
+                    self._store_mesh(0)
+                    self._file.require_group(f"/Function/{name}")
+                self._file.flush()
+                self._write_xml()
+            except (OSError, RuntimeError, ValueError) as exc:
+                error, self.failed = exc, True
+            except KeyError as exc:  # h5py: a group or dataset is missing
+                error, self.failed = ValueError(f"{self.h5path}: {exc}"), True
+        if cv.comm.size > 1:
+            error = cv.comm.bcast(error, root=0)
+        if error is not None:
+            self.close()
+            raise error
 
     def _reopen(self, keep: int) -> None:
         """Restart: drop the steps from ``keep`` on and the meshes no kept step is on."""
         f = self._file
         group = f.require_group(f"/Function/{self.name}")
+        if len(group) < keep:
+            raise ValueError(f"{self.h5path} has {len(group)} steps, the checkpoint expects {keep}")
         for key in list(group.keys()):
             if int(key) >= keep:
                 del group[key]
@@ -235,30 +261,44 @@ class DensityWriter:
         if cv is not None and cv is not self.cv:
             self._switch(cv)
         values = self._gathered.gather(np.asarray(density_owned, dtype=np.float64))
-        if self._file is None:
+        if self._file is None or self.failed:
             return
-        if self._mesh is None:
-            self._store_mesh(max(self._shapes) + 1)
-        k = len(self.times)
-        ds = self._file.create_dataset(f"/Function/{self.name}/{k}", data=values.reshape(-1, 1))
-        ds.attrs["t"] = float(t)
-        if self._mesh:
-            ds.attrs["mesh"] = np.int64(self._mesh)
-        self._file.flush()
-        self.times.append(float(t))
-        self.step_mesh.append(self._mesh)
-        self._write_xml()
+        try:
+            new_mesh = self._points.nbytes + self._cells.nbytes if self._mesh is None else 0
+            ensure_space(self.h5path, values.nbytes + new_mesh)
+            if self._mesh is None:
+                self._store_mesh(max(self._shapes) + 1)
+            k = len(self.times)
+            ds = self._file.create_dataset(f"/Function/{self.name}/{k}", data=values.reshape(-1, 1))
+            ds.attrs["t"] = float(t)
+            if self._mesh:
+                ds.attrs["mesh"] = np.int64(self._mesh)
+            self._file.flush()
+            self.times.append(float(t))
+            self.step_mesh.append(self._mesh)
+            self._write_xml()
+        except BaseException:
+            self.failed = True
+            raise
 
     def _write_xml(self) -> None:
         xml = series_xml(self.h5path.name, self.name, self.times, self.step_mesh, self._shapes)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(xml)
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(xml)
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def close(self) -> None:
+        """Close the HDF5 file (rank 0); a failure to flush it is not raised again."""
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except (OSError, RuntimeError):
+                if not self.failed:
+                    raise
 
 
 class MetricsWriter:
@@ -267,37 +307,72 @@ class MetricsWriter:
     def __init__(
         self, comm: MPI.Comm, path: str | Path, columns: Sequence[str], keep: int | None = None
     ) -> None:
-        """``keep``: on restart, the number of existing rows to keep (None: a new file)."""
+        """``keep``: on restart, the number of existing rows to keep (None: a new file).
+
+        Raises (on every rank): ValueError when the file to continue is missing, is not a
+        table of these columns or has fewer than ``keep`` rows; OSError when it cannot be
+        written."""
         self.columns = list(columns)
         self.rows: list[dict[str, float]] = []
         self._root = comm.rank == 0
         self._fh = None
+        #: a write failed on rank 0: later rows are kept in memory only
+        self.failed = False
         raw: list[dict[str, str]] = []
-        if keep is not None:
-            if self._root:
-                with open(path, newline="") as fh:
-                    raw = list(csv.DictReader(fh))[:keep]
-            raw = comm.bcast(raw, root=0)
-            self.rows = [{k: float(v) for k, v in r.items()} for r in raw]
+        error: Exception | None = None
         if self._root:
-            self._fh = open(path, "w", newline="")  # noqa: SIM115 (kept open for the run)
-            self._writer = csv.DictWriter(self._fh, fieldnames=self.columns)
-            self._writer.writeheader()
-            for row in raw:  # the kept rows, byte for byte
-                self._writer.writerow(row)
-            self._fh.flush()
+            try:
+                if keep is not None:
+                    raw = self._kept(Path(path), keep)
+                self._fh = open(path, "w", newline="")  # noqa: SIM115 (kept open for the run)
+                self._writer = csv.DictWriter(self._fh, fieldnames=self.columns)
+                self._writer.writeheader()
+                for row in raw:  # the kept rows, byte for byte
+                    self._writer.writerow(row)
+                self._fh.flush()
+            except (OSError, ValueError) as exc:
+                error = exc
+                self.failed = True
+        if comm.size > 1:
+            error, raw = comm.bcast((error, raw), root=0)
+        if error is not None:
+            self.close()
+            raise error
+        self.rows = [{k: float(v) for k, v in r.items()} for r in raw]
+
+    def _kept(self, path: Path, keep: int) -> list[dict[str, str]]:
+        if not path.is_file():
+            raise ValueError(f"{path} is missing")
+        with open(path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            raw = list(reader)
+        if reader.fieldnames is None or list(reader.fieldnames) != self.columns:
+            raise ValueError(f"{path} does not have the columns of this run")
+        if len(raw) < keep:
+            raise ValueError(f"{path} has {len(raw)} rows, the checkpoint expects {keep}")
+        return raw[:keep]
 
     def write(self, row: dict[str, float]) -> None:
+        """Append a row (in memory on every rank, to the file on rank 0)."""
         self.rows.append(dict(row))
-        if self._fh is not None:
-            self._writer.writerow({k: _fmt(row.get(k, "")) for k in self.columns})
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+        if self._fh is not None and not self.failed:
+            try:
+                self._writer.writerow({k: _fmt(row.get(k, "")) for k in self.columns})
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            except BaseException:
+                self.failed = True
+                raise
 
     def close(self) -> None:
+        """Close the file; a failure to flush it is not raised again after a failed write."""
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None
+            try:
+                fh.close()
+            except OSError:
+                if not self.failed:
+                    raise
 
 
 def _fmt(v: Any) -> Any:
@@ -309,15 +384,22 @@ def write_final(
 ) -> None:
     """final.npz: points (n, d), weights (n,), density (n,), t (scalar); rank 0 only."""
     tmp = Path(str(path) + ".tmp.npz")
-    np.savez(tmp, points=points, weights=weights, density=density, t=np.float64(t), **extra)
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, points=points, weights=weights, density=density, t=np.float64(t), **extra)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    """Write JSON atomically (rank 0 only)."""
+    """Write JSON atomically (rank 0 only; no temporary file is left when it fails)."""
     tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=json_default) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2, default=json_default) + "\n"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def json_default(o: Any) -> Any:

@@ -459,15 +459,17 @@ class Attention:
         heads: Sequence[Head],
         head_weights: np.ndarray | None = None,
         reuse: bool = False,
+        log_scale: float = 0.0,
     ) -> EnergyGradient:
         r""":math:`\nabla_S\, \delta E/\delta\mu`, :math:`b` and both velocities at the targets.
 
         Arguments as :meth:`evaluate`; formulas in :mod:`solvers.attention._gradient` (one more
         kernel sum, with :math:`\beta M_h^T`, for heads whose :math:`Q_h^T K_h` is not symmetric).
         ``reuse``: keep repeated evaluations of one state (distributed sources only, see
-        :meth:`sums`).
+        :meth:`sums`). ``log_scale`` :math:`\Lambda`: the gradient and the mobility in units
+        of :math:`e^{\Lambda}` (:func:`~solvers.attention.energy_gradient_from_sums`).
         """
         X, log_Z, mean, _ = self.head_outputs(targets, sources, masses, heads, reuse)
         sums = lambda B: self.sums(X, sources, masses, B, reuse)[:2]  # noqa: E731
         hw = _head_weights(head_weights, len(heads))
-        return heads_energy_gradient(self, X, log_Z, mean, sums, heads, hw)
+        return heads_energy_gradient(self, X, log_Z, mean, sums, heads, hw, log_scale)

@@ -113,6 +113,7 @@ def energy_gradient_from_sums(
     sign: int,
     manifold: bool,
     head_weights: np.ndarray | None = None,
+    log_scale: float = 0.0,
 ) -> EnergyGradient:
     r""":class:`EnergyGradient` from the kernel sums of the attention (module docstring).
 
@@ -128,6 +129,10 @@ def energy_gradient_from_sums(
         sign: :math:`s`.
         manifold: project onto the tangent plane at :math:`\hat x` (sphere) or not.
         head_weights: (H,) :math:`w_h \ge 0` summing to 1, or None (:math:`1/H`).
+        log_scale: :math:`\Lambda`: ``gradient`` and ``mobility`` in units of
+            :math:`e^{\Lambda}` (formed as :math:`e^{\text{top} - \Lambda}` times the
+            stabilised parts, finite for any :math:`\beta` when :math:`\Lambda` bounds
+            :math:`\log Z_h`); 0 (default): unscaled. The velocities do not depend on it.
 
     Returns:
         The :class:`EnergyGradient` at the points.
@@ -155,7 +160,7 @@ def energy_gradient_from_sums(
     if skew:
         g_scaled += np.einsum("h,hi,hik->ik", 0.5 * hw[skew], np.exp(logs[1] - top), terms[1])
     inv_b_scaled = np.einsum("h,hi->i", hw, np.exp(top - log_Z))  # e^{top} / b
-    scale = np.exp(top)
+    scale = np.exp(top - log_scale)  # e^{top} in units of e^{log_scale}
     gradient = scale[:, None] * g_scaled
     mobility = scale / inv_b_scaled
     gradient_velocity = sign * g_scaled * inv_b_scaled[:, None]
@@ -177,6 +182,7 @@ def heads_energy_gradient(
     kernel_sums_of: KernelSums,
     heads: Sequence[Any],
     head_weights: np.ndarray | None,
+    log_scale: float = 0.0,
 ) -> EnergyGradient:
     """:func:`energy_gradient_from_sums` for heads (Q, K, V) and an attention's beta, sign and
     manifold (the body of :meth:`solvers.attention.Attention.energy_gradient`)."""
@@ -191,6 +197,7 @@ def heads_energy_gradient(
         sign=attention.sign,
         manifold=attention.manifold,
         head_weights=head_weights,
+        log_scale=log_scale,
     )
 
 

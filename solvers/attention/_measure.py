@@ -108,6 +108,7 @@ def measure_diagnostics(
     sources: np.ndarray | None = None,
     masses_all: np.ndarray | None = None,
     head_weights: np.ndarray | None = None,
+    log_scale: float = 0.0,
 ) -> MeasureDiagnostics:
     r"""Energy, :math:`G^2`, dissipation and mass of :math:`\mu = \sum_i m_i \delta_{x_i}`.
 
@@ -122,21 +123,32 @@ def measure_diagnostics(
     Formulas in the module docstring; with ``head_weights`` (H,) (normalised to sum 1) the
     weights :math:`w_h` replace :math:`1/H` in :math:`X`, :math:`E`, :math:`b` and
     :math:`\mathcal{D}`. Collective: call it on every rank of ``comm``.
+
+    ``log_scale`` :math:`\Lambda` (default 0: unscaled): the energy, :math:`G^2` and
+    :math:`\mathcal{D}` are returned in units of :math:`e^{\Lambda}` (all three are linear in
+    the :math:`Z_h`, through :math:`E`, :math:`b` and the drift), computed from
+    :math:`Z_h e^{-\Lambda} = \exp(\log Z_h - \Lambda)`, so they stay finite for any
+    :math:`\beta` when :math:`\Lambda \ge \max \log Z_h` (e.g. :math:`\Lambda = \beta
+    \max_h \|Q_h^T K_h\|_2` on the sphere: the normalised energy of the metastability
+    literature for identity heads). The velocity and the mass do not depend on it.
     """
     sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
     X, log_Z, _, Pa = attention.head_outputs(points_local, sources, masses_all, heads, True)
     w = _as_masses("masses_local", masses_local, X.shape[0])
     H = len(heads)
     hw = _head_weights(head_weights, H)
+    log_Z = log_Z - log_scale  # units of e^Lambda (bitwise unchanged for log_scale = 0)
     Z = np.exp(log_Z)
     if hw is None:
         velocity = (attention.sign / H) * Pa.sum(axis=0)
-        b = 1.0 / np.mean(np.exp(-log_Z), axis=0)
+        with np.errstate(over="ignore"):  # a vanishing Z_h: b = 0 (the harmonic mean)
+            b = 1.0 / np.mean(np.exp(-log_Z), axis=0)
         drift = np.einsum("hi,hik->ik", Z, Pa) / H  # (1/H) sum_h Z_h P a_h
         energy = np.sum(w * Z.sum(axis=0)) / (2.0 * attention.beta * H)
     else:
         velocity = attention.sign * np.einsum("h,hik->ik", hw, Pa)
-        b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
+        with np.errstate(over="ignore"):
+            b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
         drift = np.einsum("h,hi,hik->ik", hw, Z, Pa)  # sum_h w_h Z_h P a_h
         energy = np.sum(w * (hw @ Z)) / (2.0 * attention.beta)
     if attention.velocity_model == "gradient":  # the drift keeps V_h (= M_h: the gradient)

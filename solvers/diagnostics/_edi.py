@@ -283,10 +283,15 @@ class EnergyBudget:
             the attention's fast path (per head the low-rank expansion when its a-priori bound
             meets ``attention.tolerance``; a record then costs about one velocity evaluation).
             :attr:`bound` is the largest bound used so far (0.0: all brute force).
+        log_scale: :math:`\Lambda`: every column in units of :math:`e^{\Lambda}` (all are
+            linear in the partition functions; :func:`energy_derivatives`), so that no term
+            overflows for any :math:`\beta` when :math:`\Lambda \ge \max \log Z_h`;
+            0 (default): unscaled. Keep it fixed along a trajectory (and across a restart).
     """
 
-    def __init__(self, backend: str | None = None) -> None:
+    def __init__(self, backend: str | None = None, log_scale: float = 0.0) -> None:
         self.backend = brute_force_backend(backend)
+        self.log_scale = float(log_scale)
         self.bound = 0.0
         self._anchor: np.ndarray | None = None
         self._state: _State | None = None
@@ -304,6 +309,14 @@ class EnergyBudget:
     def point(self) -> BudgetPoint | None:
         """Diagnostics of the latest record (None before the first)."""
         return None if self._state is None else self._state.point
+
+    def latest_measure(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """This rank's part of the measure of the latest record, ``(points, masses)`` (copies;
+        None before the first record): what :meth:`resume` needs when a checkpoint is taken
+        at a later time than the latest record."""
+        if self._state is None:
+            return None
+        return self._state.points.copy(), self._state.masses.copy()
 
     def _evaluate(
         self,
@@ -331,6 +344,7 @@ class EnergyBudget:
             second=ou,
             backend=self.backend,
             head_weights=hw,
+            log_scale=self.log_scale,
         )
         self.bound = max(self.bound, der.bound)
         drift_rate = 0.0 if rate is None else float(np.sum(der.gradient * rate))
@@ -390,6 +404,7 @@ class EnergyBudget:
                 sources=prev.sources,
                 backend=self.backend,
                 head_weights=state.hw,
+                log_scale=self.log_scale,
             )
             e_ba = interaction_energy(
                 attention,
@@ -400,6 +415,7 @@ class EnergyBudget:
                 sources=state.sources,
                 backend=self.backend,
                 head_weights=prev.hw,
+                log_scale=self.log_scale,
             )
             int_dtE = 0.5 * ((e_ab - a.energy) + (b.energy - e_ba))
         ou = _is_ou(weights) and float(weights.sigma) > 0.0
@@ -438,6 +454,7 @@ class EnergyBudget:
             "edi_n_intervals": np.int64(self.n_intervals),
             "edi_anchor": np.array(self._anchor, dtype=np.float64),
             "edi_bound": np.float64(self.bound),
+            "edi_log_scale": np.float64(self.log_scale),
         }
 
     def resume(
@@ -450,8 +467,16 @@ class EnergyBudget:
         comm: Any,
     ) -> None:
         """Continue from :meth:`checkpoint_state` (collective); the measure is the one at
-        ``saved["edi_t"]`` (the latest record before the checkpoint was taken)."""
+        ``saved["edi_t"]`` (the latest record before the checkpoint was taken: the solver
+        state when the checkpoint is at that time, else :meth:`latest_measure` saved with it).
+        On the same number of ranks, with the same per-rank arrays, the continued budget is
+        bitwise that of an uninterrupted run."""
         t = float(saved["edi_t"])
+        scale = float(saved.get("edi_log_scale", self.log_scale))
+        if scale != self.log_scale:
+            raise ValueError(
+                f"the saved budget is in units of e^{scale!r}, this budget in e^{self.log_scale!r}"
+            )
         self._state = self._evaluate(t, points_local, masses_local, weights, attention, comm)
         self.bound = max(self.bound, float(saved.get("edi_bound", 0.0)))
         self._t0, self._energy0 = float(saved["edi_t0"]), float(saved["edi_energy0"])

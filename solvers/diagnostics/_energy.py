@@ -54,6 +54,13 @@ a-priori bound meets ``attention.tolerance`` and it is cheaper) and
 :math:`Z_h` is at most half of it, so :math:`|\tilde E - E| \le` ``bound`` :math:`\cdot E`,
 and the softmax means are within ``bound`` :math:`\cdot \max |y|`.
 
+Scale. With ``log_scale`` :math:`\Lambda` every energy-type value (:math:`E`, :math:`G^2`,
+:math:`\mathcal{D}`, :math:`e_h`, the weight derivatives) is returned in units of
+:math:`e^{\Lambda}`: the kernel sums give :math:`\log Z_h` and only
+:math:`\exp(\log Z_h - \Lambda)` is formed, never :math:`Z_h` itself, so nothing overflows
+for any :math:`\beta` when :math:`\Lambda \ge \max \log Z_h` (``transformer-pde run``
+takes :math:`\Lambda = \beta \max_h \|Q_h^T K_h\|_2` at :math:`t = 0`). Default 0: unscaled.
+
 Parallel. Every function here is collective. The measure is never gathered unless the caller
 passes gathered arrays: the sums are evaluated at the local points by
 :class:`~solvers.attention.DistributedSources` (low-rank moments reduced with one
@@ -208,6 +215,7 @@ def energy_derivatives(
     second: bool = True,
     backend: str | None = None,
     head_weights: np.ndarray | None = None,
+    log_scale: float = 0.0,
 ) -> EnergyDerivatives:
     r"""Energy, :math:`G^2`, dissipation, :math:`\partial_M E` and :math:`\partial^2_M E` (module doc).
 
@@ -229,6 +237,11 @@ def energy_derivatives(
         head_weights: (H,) weights :math:`w_h` (sum 1) replacing :math:`1/H` in
             :math:`E, X, b, \mathcal D` and the derivatives (None: uniform), as in
             ``measure_diagnostics``.
+        log_scale: :math:`\Lambda`: every energy-type result (energy, :math:`G^2`,
+            dissipation, head energies, gradient, Hessian: all linear in the :math:`Z_h`) in
+            units of :math:`e^{\Lambda}`, from :math:`\exp(\log Z_h - \Lambda)` (no
+            overflow for any :math:`\beta` when :math:`\Lambda \ge \max \log Z_h`); 0
+            (default): unscaled.
 
     Returns:
         The :class:`EnergyDerivatives`, identical on every rank.
@@ -243,7 +256,7 @@ def energy_derivatives(
     H, d = M.shape[0], M.shape[1]
     beta = attention.beta
     log_Z, ybar, S, bound = _moments(attention, M, X, sources, masses_all, second, backend)
-    Z = np.exp(log_Z)
+    Z = np.exp(log_Z - log_scale)
     a = np.einsum("hkl,hil->hik", V, ybar)
     if attention.manifold:
         norm = np.linalg.norm(X, axis=1, keepdims=True)
@@ -268,7 +281,8 @@ def energy_derivatives(
             manifold=attention.manifold,
             head_weights=hw,
         ).gradient_velocity
-    b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-log_Z))
+    with np.errstate(over="ignore"):  # a vanishing Z_h: b = 0 (the harmonic mean)
+        b = 1.0 / np.einsum("h,hi->i", hw, np.exp(-(log_Z - log_scale)))
     drift = np.einsum("h,hi,hik->ik", hw, Z, a)  # sum_h w_h Z_h P a_h
     wZ = w[None, :] * Z  # (H, m)
     head_energies = wZ.sum(axis=1) / (2.0 * beta)
@@ -307,16 +321,18 @@ def interaction_energy(
     masses_all: np.ndarray | None = None,
     backend: str | None = None,
     head_weights: np.ndarray | None = None,
+    log_scale: float = 0.0,
 ) -> float:
     r""":math:`E(\mu, M) = (2\beta)^{-1} \sum_h w_h \sum_i m_i Z_h(x_i)`, :math:`w_h = 1/H` by
-    default (collective)."""
+    default (collective); in units of :math:`e^{\Lambda}`, :math:`\Lambda` = ``log_scale``
+    (as :func:`energy_derivatives`)."""
     sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
     M = np.asarray(matrices, dtype=np.float64)
     X = np.asarray(points_local, dtype=np.float64).reshape(-1, M.shape[1])
     log_Z = _moments(attention, M, X, sources, masses_all, False, backend)[0]
     H = M.shape[0]
     hw = np.full(H, 1.0 / H) if head_weights is None else np.asarray(head_weights, float)
-    local = np.exp(log_Z) @ np.asarray(masses_local, dtype=np.float64)
+    local = np.exp(log_Z - log_scale) @ np.asarray(masses_local, dtype=np.float64)
     return float(hw @ _ordered_sum(comm, local)) / (2.0 * attention.beta)
 
 

@@ -144,6 +144,7 @@ def metric_diagnostics(
     sources: np.ndarray | None = None,
     masses_all: np.ndarray | None = None,
     head_weights: np.ndarray | None = None,
+    log_scale: float = 0.0,
 ) -> MetricDiagnostics:
     r""":math:`G^2`, slope, maximal-slope defect and uphill mass of a distributed measure.
 
@@ -157,6 +158,10 @@ def metric_diagnostics(
             None (the default: distributed sources of the local points, nothing gathered).
         head_weights: (H,) weights :math:`w_h` (None: :math:`1/H`), as in
             :func:`~solvers.attention.measure_diagnostics`.
+        log_scale: :math:`\Lambda`: :math:`G^2`, slope2, dissipation and the defect (linear
+            in the :math:`Z_h` through :math:`b` and :math:`g`) in units of
+            :math:`e^{\Lambda}`, as in :func:`~solvers.attention.measure_diagnostics`; the
+            uphill mass and the cosine do not depend on it. 0 (default): unscaled.
 
     Returns:
         The :class:`MetricDiagnostics`, identical on every rank.
@@ -164,7 +169,7 @@ def metric_diagnostics(
     sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
     m = np.asarray(masses_local, dtype=np.float64)
     grad = attention.energy_gradient(
-        points_local, sources, masses_all, heads, head_weights, reuse=True
+        points_local, sources, masses_all, heads, head_weights, reuse=True, log_scale=log_scale
     )
     X_grad = grad.gradient_velocity
     X = X_grad if attention.velocity_model == "gradient" else grad.attention_velocity
