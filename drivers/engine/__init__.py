@@ -3,7 +3,8 @@
 Public face of the engine. :func:`main` is the command line (``run``, ``gaussian``, ``view``,
 ``paraview``, ``keys``);
 :func:`run` runs a validated config (:func:`load_config`) and writes the results folder;
-:class:`Recorder` owns every output of a run (density series, metrics, energy budget,
+:func:`advance` is the time loop (a scheme and a recorder to a time: what every experiment
+calls); :class:`Recorder` owns every output of a run (density series, metrics, energy budget,
 checkpoints, final files, pictures); :func:`build_problem` turns a config into mesh, model and
 scheme (through the scheme registry of :mod:`solvers.transport`).
 
@@ -51,6 +52,8 @@ _HOME = {
     "METRIC_COLUMNS": "_recorder",
     "Recorder": "_recorder",
     "RunResult": "_run",
+    "advance": "_advance",
+    "Cadence": "_cadence",
     "run": "_run",
     "DensityWriter": "_writers",
     "GatheredCells": "_writers",

@@ -112,6 +112,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 RESTART_KEYS = (
     ("time", "t_end"),
     ("output", "every"),
+    ("output", "dt"),
+    ("output", "log_start"),
+    ("output", "per_decade"),
     ("output", "progress"),
     ("output", "checkpoint_every"),
     ("output", "checkpoint_minutes"),
@@ -280,6 +283,18 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
                     'and Q^T K = V (or set weights.init = "random")',
                 ) from None
 
+    ini = cfg["initial"]
+    ini["noise"] = as_float(ini["noise"], "initial.noise")
+    if not (math.isfinite(ini["noise"]) and ini["noise"] >= 0):
+        raise ConfigError("initial.noise", f"must be finite and >= 0, got {ini['noise']}")
+    ini["noise_degree"] = as_int(ini["noise_degree"], "initial.noise_degree")
+    if not 1 <= ini["noise_degree"] <= 256:
+        raise ConfigError("initial.noise_degree", f"must be in 1..256, got {ini['noise_degree']}")
+    ini["seed"] = as_int(ini["seed"], "initial.seed")
+    if ini["seed"] < 0:
+        raise ConfigError("initial.seed", f"must be >= 0, got {ini['seed']}")
+    if ini["noise"] > 0 and cfg["mesh"]["manifold"] not in ("S1", "S2"):
+        raise ConfigError("initial.noise", "a random perturbation needs S1 or S2")
     if not isinstance(cfg["initial"]["density"], str) or not cfg["initial"]["density"].strip():
         raise ConfigError("initial.density", "must be a non-empty numpy expression string")
 
@@ -333,6 +348,7 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     o["every"] = as_int(o["every"], "output.every")
     if o["every"] < 1:
         raise ConfigError("output.every", f"must be >= 1, got {o['every']}")
+    _cadence(cfg)
     o["progress"] = as_float(o["progress"], "output.progress")
     o["checkpoint_every"] = as_int(o["checkpoint_every"], "output.checkpoint_every")
     if o["checkpoint_every"] < 0:
@@ -354,6 +370,24 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     o["edi_every"] = o["edi_every"] or o["every"]
     _adapt(cfg)
     return cfg
+
+
+def _cadence(cfg: dict[str, Any]) -> None:
+    """Check the output times in simulated time (in place)."""
+    o, t_end = cfg["output"], cfg["time"]["t_end"]
+    for key in ("dt", "log_start"):
+        o[key] = as_float(o[key], f"output.{key}")
+        if not (math.isfinite(o[key]) and o[key] >= 0):
+            raise ConfigError(f"output.{key}", f"must be finite and >= 0 (0: off), got {o[key]}")
+    if o["log_start"] >= t_end:
+        raise ConfigError(
+            "output.log_start", f"must be below time.t_end = {t_end}, got {o['log_start']}"
+        )
+    o["per_decade"] = as_int(o["per_decade"], "output.per_decade")
+    if o["per_decade"] < 1:
+        raise ConfigError("output.per_decade", f"must be >= 1, got {o['per_decade']}")
+    if not isinstance(o["clusters"], bool):
+        raise ConfigError("output.clusters", f"must be true or false, got {o['clusters']!r}")
 
 
 def _adapt(cfg: dict[str, Any]) -> None:

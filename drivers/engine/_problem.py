@@ -203,7 +203,8 @@ def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
         cv, density0 = scheme.cv, scheme.density
     else:
         cv = build_mesh(cfg, comm)
-        density0 = initial_density(cv, expression)
+        ini = cfg["initial"]
+        density0 = initial_density(cv, expression, ini["noise"], ini["noise_degree"], ini["seed"])
         scheme = build(cv, density0)
     quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
     return Problem(cfg, cv, quality, attention, weights, density0, scheme)
@@ -222,7 +223,13 @@ def adaptive_scheme(cfg: dict[str, Any], comm: MPI.Comm, build: Any) -> Adaptive
         comm,
         forest_type(m["refinement"], ad["max_level"]),
         build,
-        lambda cv: initial_density(cv, expression),
+        lambda cv: initial_density(
+            cv,
+            expression,
+            cfg["initial"]["noise"],
+            cfg["initial"]["noise_degree"],
+            cfg["initial"]["seed"],
+        ),
         options,
     )
 

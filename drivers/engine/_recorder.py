@@ -57,6 +57,7 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
+from drivers.engine._cadence import Cadence
 from drivers.engine._checkpoint import (
     CheckpointError,
     budget_measure,
@@ -66,6 +67,7 @@ from drivers.engine._checkpoint import (
     save_checkpoint,
 )
 from drivers.engine._config import ConfigError
+from drivers.engine._extras import ClusterOutput, Extras
 from drivers.engine._folder import (
     OutputError,
     OutputGuard,
@@ -172,6 +174,7 @@ class Recorder:
         self.restart = restart
         self.interrupted: dict[str, Any] | None = None
         self._last_checkpoint = -1
+        self._kept_snapshots: dict[str, int] | None = None
         self._checkpoint_wall = time.perf_counter()
         o = cfg["output"]
         self.every, self.checkpoint_every, self.edi_every = (
@@ -181,6 +184,10 @@ class Recorder:
         )
         self.checkpoint_seconds = 60.0 * o["checkpoint_minutes"]
         self.t_end = cfg["time"]["t_end"]
+        self.cadence = output_cadence(cfg)
+        self.extras = Extras(comm, self.out)
+        if cluster_output_applies(cfg):
+            ClusterOutput(problem.cv.d, problem.quality.h).attach(self.extras)
         self.weights, self.attention = problem.weights, problem.attention
         self.velocity = velocity_record(cfg, self.weights)
         if self.velocity["notice"] and comm.rank == 0:  # one line, whatever the verbosity
@@ -192,7 +199,7 @@ class Recorder:
         # adaptive meshes: the energy jumps of the adaptations so far (they are in dE and so in
         # edi_residual; edi_residual - adapt_energy_jump is the scheme's own budget error)
         adapt_columns = ["adapt_energy_jump"] if self.adaptive and o["edi"] else []
-        self.columns = (
+        self._base_columns = (
             METRIC_COLUMNS
             + (list(EDI_COLUMNS) if o["edi"] else [])
             + adapt_columns
@@ -212,12 +219,33 @@ class Recorder:
                 self.out.mkdir(parents=True, exist_ok=True)
         self.guard.agree()
 
+    @property
+    def columns(self) -> list[str]:
+        """The columns of metrics.csv: the run's, then those added by :meth:`add_column`."""
+        return self._base_columns + list(self.extras.columns)
+
+    def add_column(self, name: str, fn: Any) -> None:
+        """Add a column ``name`` to metrics.csv: ``fn(scheme) -> float``, collective, the same
+        on every rank, evaluated at every output row. Before :meth:`start`/:meth:`resume`."""
+        if name in self._base_columns:
+            raise ValueError(f"metrics.csv already has a column {name!r}")
+        self.extras.add_column(name, fn)
+
+    def add_snapshot(self, name: str, columns: list[str], fn: Any) -> None:
+        """Add the table ``<name>.csv`` with ``columns``: ``fn(scheme)`` (collective) returns
+        the rows (dicts) appended at every output. Before :meth:`start`/:meth:`resume`."""
+        self.extras.add_snapshot(name, columns, fn)
+
+    def next_stop(self, t: float) -> float:
+        """Where the next step must stop: the next output time of the cadence, or t_end."""
+        return self.cadence.next_time(t)
+
     def _make_budget(self) -> None:
         if self.problem.cfg["output"]["edi"]:
             # the attention's own path: brute force stays brute force, "auto"/"lowrank" give
             # budget records at about the cost of one velocity evaluation (with a bound)
             chosen = self.problem.cfg["attention"]["backend"]
-            backend = chosen if chosen in ("numpy", "auto", "lowrank") else None
+            backend = chosen if chosen in ("numpy", "auto", "lowrank", "spectral") else None
             self.budget = EnergyBudget(backend, log_scale=self.log_scale)
 
     def _open(self, cv: ControlVolumes, outputs: int | None, rows: int | None) -> None:
@@ -234,6 +262,8 @@ class Recorder:
             self.metrics = MetricsWriter(
                 self.comm, self.out / "metrics.csv", self.columns, keep=rows
             )
+        with self.guard.writing(self.out / "clusters.csv"):
+            self.extras.open(self._kept_snapshots)
         mesh = self.weights.parameter_mesh
         if mesh is not None and mesh.topology.dim <= 2 and self.comm.rank == 0:
             with self.guard.writing(self.out / "theta.h5"):
@@ -297,6 +327,8 @@ class Recorder:
         if self.budget is not None:
             self._resume_budget(saved, scheme)
         self.last = StepResult(t=scheme.t, dt=float(saved["dt"]))
+        self._kept_snapshots = Extras.kept_rows(saved)
+        self.extras.restore(saved)
         try:
             self._open(cv, int(saved["n_outputs"]), int(saved["n_rows"]))
         except ValueError as exc:  # the outputs do not go with the checkpoint
@@ -386,7 +418,7 @@ class Recorder:
         self.last = result
         self._follow(scheme)
         k = scheme.steps
-        write = k % self.every == 0 or scheme.t >= self.t_end
+        write = self.cadence.due(k, scheme.t)
         periodic = bool(self.checkpoint_every) and k % self.checkpoint_every == 0
         save = (periodic or checkpoint_due) and scheme.t < self.t_end
         if write or periodic or k % self.edi_every == 0:
@@ -465,8 +497,10 @@ class Recorder:
                     scaled(j, self.log_scale) for j in scheme.energy_jumps()
                 )
         row.update(self.weights.diagnostics(t))
+        row.update(self.extras.row(scheme))
         with self.guard.writing(self.out / "metrics.csv"):
             self.metrics.write(row)
+        self.extras.write(scheme, self.guard)
         self.density, self.t = density, t
         self.written = self.gathered
         return next((k for k, v in row.items() if not math.isfinite(float(v))), None)
@@ -480,6 +514,7 @@ class Recorder:
         if self.budget is not None:  # between records also the measure of the latest one
             budget = self.budget.checkpoint_state()
             budget.update(gather_budget_measure(self.budget, scheme.t, self.comm))
+        extras = self.extras.checkpoint_state()
         self._last_checkpoint = state.steps
         self._checkpoint_wall = time.perf_counter()
         if self.comm.rank == 0:
@@ -503,6 +538,7 @@ class Recorder:
                         "log_scale": np.float64(self.log_scale),
                         **budget,
                         **mesh,
+                        **extras,
                     },
                 )
 
@@ -557,7 +593,7 @@ class Recorder:
             with guard.writing(self.out / "summary.json"):
                 write_json(self.out / "summary.json", run_summary(self, scheme, outcome, wall))
         outcome = self._agreed(outcome, already)
-        for writer in (self.writer, self.metrics, self.theta_writer):
+        for writer in (self.writer, self.metrics, self.theta_writer, *self.extras.writers.values()):
             if writer is not None:
                 try:
                     writer.close()
@@ -608,3 +644,22 @@ class Recorder:
                 title=f"energy budget: {cfg['time']['scheme']}, "
                 f"{self.weights.n_heads} head(s), {cfg['weights']['dynamics']} weights",
             )
+
+
+def output_cadence(cfg: dict[str, Any]) -> Cadence:
+    """The output cadence of a config: every ``[output] every`` steps, or, when ``dt`` or
+    ``log_start`` is set, at those simulated times (the step cadence is then off)."""
+    o = cfg["output"]
+    timed = o["dt"] > 0 or o["log_start"] > 0
+    return Cadence(
+        cfg["time"]["t_end"],
+        every=0 if timed else o["every"],
+        dt=o["dt"],
+        log_start=o["log_start"],
+        per_decade=o["per_decade"] if o["log_start"] > 0 else 0,
+    )
+
+
+def cluster_output_applies(cfg: dict[str, Any]) -> bool:
+    """Cluster statistics at every output: ``[output] clusters`` on S^1/S^2 (not on boxes)."""
+    return bool(cfg["output"]["clusters"]) and cfg["mesh"]["manifold"] in ("S1", "S2")

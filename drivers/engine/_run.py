@@ -31,30 +31,21 @@ Outputs (docs/interface.md) and their cadence: see :mod:`drivers.engine._recorde
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 
-import numpy as np
-
+from drivers.engine._advance import Interrupts, Log, advance
 from drivers.engine._folder import OutputError, claim_folder, first_outputs_bytes
 from drivers.engine._petsc_options import check_after_first_step, check_start_up
 from drivers.engine._problem import build_problem
 from drivers.engine._recorder import METRIC_COLUMNS, Outcome, Recorder, RunFailure, RunResult
-from solvers.errors import SolverError
-from solvers.stepping import TokenScheme
 
 __all__ = ["METRIC_COLUMNS", "RunResult", "run"]
-
-#: the signals that stop a run cleanly
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def run(
@@ -95,7 +86,7 @@ def run(
             included), before anything is written.
     """
     wall0 = time.perf_counter()
-    log = _Log(comm, verbose)
+    log = Log(comm, verbose)
     run_id = comm.bcast(uuid.uuid4().hex if comm.rank == 0 else None, root=0)
     folder = claim_folder(
         out,
@@ -123,20 +114,21 @@ def run(
             problem, Path(out), log, argv=argv, restart=restart, folder=folder, run_id=run_id
         )
         scheme = problem.scheme
-        with _Interrupts(comm) as interrupts:
+        with Interrupts(comm) as interrupts:
             try:
                 if restart:
                     recorder.resume(scheme)
                 else:
                     recorder.start(scheme)
                 started = True
-                outcome = _advance(
+                outcome = advance(
                     scheme,
                     recorder,
-                    cfg,
-                    log,
-                    interrupts,
-                    lambda: check_after_first_step(later, cfg, comm),
+                    cfg["time"]["t_end"],
+                    log=log,
+                    progress=cfg["output"]["progress"],
+                    interrupts=interrupts,
+                    after_first_step=lambda: check_after_first_step(later, cfg, comm),
                 )
             except OutputError as exc:
                 started = True
@@ -155,115 +147,6 @@ def run(
         folder.release()
 
 
-def _stopped(message: str, log: _Log) -> Outcome:
+def _stopped(message: str, log: Log) -> Outcome:
     log(message)
     return Outcome("failed", message, 3)
-
-
-def _advance(
-    scheme: TokenScheme,
-    recorder: Recorder,
-    cfg: dict[str, Any],
-    log: _Log,
-    interrupts: _Interrupts,
-    after_first_step: Callable[[], None] | None = None,
-) -> Outcome:
-    """Step until t_end, recording after every step; a SolverError or a signal ends it
-    (OutputError and RunFailure from the recorder go to the caller)."""
-    t_end = cfg["time"]["t_end"]
-    progress = _Progress(scheme.t, t_end, cfg["output"]["progress"])
-    try:
-        while scheme.t < t_end:
-            result = scheme.step(t_end)
-            signum, due = interrupts.agreed(recorder.checkpoint_due())
-            recorder.record(scheme, result, checkpoint_due=due)
-            if after_first_step is not None:
-                after_first_step()
-                after_first_step = None
-            if signum and scheme.t < t_end:  # a signal during the last step changes nothing
-                return recorder.interrupt(scheme, signum)
-            line = progress.line(scheme, result.dt)
-            if line:
-                log(line)
-    except SolverError as exc:
-        message = f"run stopped at t = {scheme.t:.6g} (step {scheme.steps}): {exc}"
-        log(message)
-        return Outcome("failed", message, 3)
-    return Outcome("ok", "completed", 0)
-
-
-class _Progress:
-    """Progress lines every ``every_s`` seconds: time, percentage, step, dt, elapsed wall
-    time and an estimate of the time left from the simulated time per wall time of the last
-    interval (a run whose steps shrink, e.g. while tokens cluster, slows down: the average
-    since the start would promise too little)."""
-
-    def __init__(self, t: float, t_end: float, every_s: float) -> None:
-        self.t_end, self.every_s = t_end, every_s
-        self.start = time.perf_counter()
-        self.mark = (self.start, t)
-
-    def line(self, scheme: TokenScheme, dt: float) -> str | None:
-        now = time.perf_counter()
-        wall0, t0 = self.mark
-        if now - wall0 <= self.every_s:
-            return None
-        self.mark = (now, scheme.t)
-        rate = (scheme.t - t0) / (now - wall0)
-        left = (self.t_end - scheme.t) / rate if rate > 0 else float("inf")
-        cells = f", {scheme.cv.n_global} cells" if hasattr(scheme, "mesh_version") else ""
-        return (
-            f"t = {scheme.t:.4g} / {self.t_end:g} ({100 * scheme.t / self.t_end:.0f}%), step "
-            f"{scheme.steps}, dt = {dt:.3g}{cells}, elapsed {_duration(now - self.start)}, "
-            f"about {_duration(left)} left"
-        )
-
-
-def _duration(seconds: float) -> str:
-    if not seconds < 1e9:
-        return "?"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
-    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"
-
-
-class _Interrupts:
-    """SIGINT/SIGTERM raise a flag while the loop runs (module docstring); collective
-    :meth:`agreed` returns the signal that any rank received (0: none) and whether any rank
-    found a wall-time checkpoint due."""
-
-    def __init__(self, comm: MPI.Comm) -> None:
-        self.comm, self.signum, self._previous = comm, 0, {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.signum = self.signum or signum
-
-    def __enter__(self) -> _Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def agreed(self, due: bool = False) -> tuple[int, bool]:
-        flags = np.array([self.signum, int(due)], dtype=np.int64)
-        if self.comm.size > 1:
-            self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
-        return int(flags[0]), bool(flags[1])
-
-
-class _Log:
-    """Progress lines on rank 0 only, with the rank/size in the format."""
-
-    def __init__(self, comm: MPI.Comm, verbose: bool) -> None:
-        self.on = verbose and comm.rank == 0
-        self.prefix = f"[transformer-pde {comm.rank}/{comm.size}]"
-
-    def __call__(self, message: str) -> None:
-        if self.on:
-            print(f"{self.prefix} {message}", flush=True)

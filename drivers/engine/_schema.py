@@ -147,6 +147,13 @@ KEYS: tuple[Key, ...] = (
     Key("initial", "density", "string", "1 + 0.5 * x[0]",
         "an expression in the coordinates x[0], x[1] (, x[2]) (grammar below); normalised to "
         "mass 1; must be >= 0 with positive mass"),
+    Key("initial", "noise", "number", 0.0,
+        "relative amplitude of a seeded random perturbation: the density times 1 + noise phi, "
+        "phi a random field of unit root-mean-square with harmonics of degree 1..noise_degree "
+        "(near-uniform random data for metastability studies); >= 0, 0: none"),
+    Key("initial", "noise_degree", "integer", 8,
+        "highest degree (S2) or wave number (S1) of the random perturbation, 1..256"),
+    Key("initial", "seed", "integer", 0, "seed of the random perturbation, >= 0"),
     # [time]
     Key("time", "t_end", "number", 1.0, "final time, > 0"),
     Key("time", "scheme", "string", "fv",
@@ -167,7 +174,20 @@ KEYS: tuple[Key, ...] = (
         ("muscl", "upwind")),
     # [output]
     Key("output", "every", "integer", 10,
-        "write density.xdmf and a metrics row every k-th step (t = 0 and t_end always), >= 1"),
+        "write density.xdmf and a metrics row every k-th step (t = 0 and t_end always), >= 1; "
+        "off when dt or log_start is set"),
+    Key("output", "dt", "number", 0.0,
+        "write at the times j dt of simulated time instead of every k-th step (the steps "
+        "stop on them; >= 0, 0: off)"),
+    Key("output", "log_start", "number", 0.0,
+        "write at log-spaced times log_start 10^(j / per_decade) instead of every k-th step "
+        "(for metastable plateaus; >= 0, < t_end, 0: off); together with dt: both"),
+    Key("output", "per_decade", "integer", 10,
+        "log-spaced outputs per decade of time (with log_start), >= 1"),
+    Key("output", "clusters", "boolean", True,
+        "cluster statistics at every output on S1/S2: n_clusters in metrics.csv, "
+        "clusters.csv (mass, centre, angular radius of each cluster, with identities) and "
+        "cluster_events.csv (births, deaths, merges, splits); docs/model.md, M1c"),
     Key("output", "progress", "number", 5.0, "seconds between progress lines on rank 0"),
     Key("output", "checkpoint_every", "integer", 0,
         "also checkpoint every k-th step for --restart (0: off; a checkpoint is always written "

@@ -338,7 +338,7 @@ class MetricsWriter:
         if error is not None:
             self.close()
             raise error
-        self.rows = [{k: float(v) for k, v in r.items()} for r in raw]
+        self.rows = [{k: _parse(v) for k, v in r.items()} for r in raw]
 
     def _kept(self, path: Path, keep: int) -> list[dict[str, str]]:
         if not path.is_file():
@@ -373,6 +373,14 @@ class MetricsWriter:
             except OSError:
                 if not self.failed:
                     raise
+
+
+def _parse(v: str) -> Any:
+    """A kept cell: a number where it is one (metrics), else the text (event lists)."""
+    try:
+        return float(v)
+    except ValueError:
+        return v
 
 
 def _fmt(v: Any) -> Any:

@@ -33,6 +33,7 @@ from solvers.transport._initial import (
     cell_averages,
     density_function,
     initial_density,
+    random_field,
 )
 from solvers.transport._jko import (
     DEFAULT_OPTIONS,
@@ -78,6 +79,7 @@ __all__ = [
     "density_function",
     "deposit_to_cells",
     "initial_density",
+    "random_field",
     "make_scheme",
     "register_scheme",
     "retract",

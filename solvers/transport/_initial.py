@@ -16,6 +16,7 @@ Gauss-Legendre points in the angle. The result is normalised to total mass 1.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import dolfinx_solver  # noqa: F401
@@ -123,11 +124,48 @@ def cell_averages(cv: ControlVolumes, f: Callable[[Array], Array]) -> Array:
 SMALLEST_PEAK = 1e-280
 
 
-def initial_density(cv: ControlVolumes, expression: str) -> Array:
-    """Owned cell averages of the density expression, normalised to total mass 1.
+def random_field(points: Array, degree: int, seed: int) -> Array:
+    r"""A seeded random band-limited field of unit root-mean-square on the sphere, at points.
+
+    S^1: :math:`\varphi(\theta) = c \sum_{k=1}^{L} (a_k \cos k\theta + b_k \sin k\theta)`;
+    S^2: :math:`\varphi = c \sum_{l=1}^{L} \sum_m a_{lm} Y_{lm}` (real orthonormal
+    harmonics); the coefficients independent standard normals drawn in a fixed order from
+    ``numpy.random.default_rng(seed)`` (the same field on every rank and rank count), c such
+    that the mean of :math:`\varphi^2` over the sphere is 1. No mean (l = 0) component."""
+    rng = np.random.default_rng(seed)
+    if points.shape[1] == 2:
+        a, b = rng.normal(size=degree), rng.normal(size=degree)
+        theta = np.arctan2(points[:, 1], points[:, 0])
+        k = np.arange(1, degree + 1)
+        field = np.cos(np.outer(theta, k)) @ a + np.sin(np.outer(theta, k)) @ b
+        return field / math.sqrt(0.5 * float(a @ a + b @ b))
+    from ducc0.sht import experimental as sht
+
+    from solvers.attention.spectral import l_index, sphere_locations
+
+    lidx = l_index(degree)
+    m_of = np.concatenate([np.full(degree + 1 - m, m) for m in range(degree + 1)])
+    coeff = rng.normal(size=len(lidx)) + 1j * rng.normal(size=len(lidx))
+    coeff[m_of == 0] = coeff[m_of == 0].real  # real field: a_l0 real
+    coeff[lidx == 0] = 0.0
+    power = np.sum(np.abs(coeff[m_of == 0]) ** 2) + 2.0 * np.sum(np.abs(coeff[m_of > 0]) ** 2)
+    if len(points) == 0:
+        return np.zeros(0)
+    field = sht.synthesis_general(
+        alm=coeff[None], spin=0, lmax=degree, loc=sphere_locations(points), epsilon=1e-12
+    )[0]
+    return field / math.sqrt(power / (4.0 * math.pi))
+
+
+def initial_density(
+    cv: ControlVolumes, expression: str, noise: float = 0.0, noise_degree: int = 8, seed: int = 0
+) -> Array:
+    """Owned cell averages of the density expression, times ``1 + noise * phi`` at the cell
+    centres (``phi`` the :func:`random_field` of ``noise_degree`` and ``seed``: near-uniform
+    seeded random data), normalised to total mass 1.
 
     Collective. Raises DensityError on every rank if the expression fails, is not finite,
-    is negative somewhere or has zero total mass.
+    is negative somewhere (the noise too large included) or has zero total mass.
     """
     comm = cv.comm
     error = None
@@ -135,6 +173,9 @@ def initial_density(cv: ControlVolumes, expression: str) -> Array:
     try:
         with np.errstate(all="ignore"):  # inf/nan are reported below, not warned about
             rho = cell_averages(cv, density_function(expression, cv.d))
+            if noise > 0:
+                centres = cv.centres[: cv.n_owned]
+                rho = rho * (1.0 + noise * random_field(centres, noise_degree, seed))
         if not np.all(np.isfinite(rho)):
             error = f"{expression!r} is not finite on the mesh (inf or nan)"
         elif np.any(rho < 0):
