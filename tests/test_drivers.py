@@ -50,6 +50,15 @@ _PAPER1_FILES = [
 
 #: driver script -> arguments of its tiny problem and the output files (relative to --out).
 REGISTRY: dict[str, dict[str, list[str]]] = {
+    "metastability.py": {
+        "args": ["--tiny"],
+        "outputs": [
+            *("growth.csv", "clusters.csv", "noise.csv", "summary.json"),
+            *("growth.png", "clusters.png", "noise.png"),
+            *("fv_S1_beta16_seed0/metrics.csv", "fv_S1_beta16_seed0/power.csv"),
+            *("fv_S2_beta16_seed0/clusters.csv", "particles_S2_beta16_seed0/final.npz"),
+        ],
+    },
     "clustering_s2.py": {
         "args": ["--tiny"],
         "outputs": [*_FILES, "metrics.png", "summary.json"],

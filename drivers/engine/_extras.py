@@ -108,17 +108,11 @@ class ClusterOutput:
 
     Args:
         d: the ambient dimension (2: S^1, 3: S^2, more for particles).
-        h: the mesh size (0 for particles): the kernel width is h clipped to [0.05, 0.2]
-            radians, so that the smoothed density does not see single cells
-            (``solvers.diagnostics`` clusters need sigma >~ h / 2; meshes coarser than 0.4 are
-            too coarse to resolve clusters anyway).
+        h: the mesh size (0 for particles): :meth:`ClusterAnalysis.for_mesh`.
     """
 
     def __init__(self, d: int, h: float = 0.0) -> None:
-        self.sigma = float(min(max(0.05, h), 0.2))
-        # reference bins about sigma / 2 apart (icosphere level 5: 0.035 rad)
-        level = 5 if self.sigma <= 0.07 else (4 if self.sigma <= 0.14 else 3)
-        self.analysis = ClusterAnalysis(d, sigma=self.sigma, level=level)
+        self.analysis = ClusterAnalysis.for_mesh(d, h)
         self.tracker = ClusterTracker()
         self.d = d
         self._stats: tuple[float, Any] | None = None

@@ -268,6 +268,16 @@ class ClusterAnalysis:
             self.bins.smoothing(self.sigma)  # built now, not at the first output
 
     # ------------------------------------------------------------------ main entry
+    @classmethod
+    def for_mesh(cls, d: int, h: float) -> ClusterAnalysis:
+        """The analysis for a mesh of size ``h`` (0 for particles): the kernel width h clipped
+        to [0.05, 0.2] radians, so that the smoothed density does not see single cells (sigma
+        must be >~ h / 2; meshes coarser than that cannot resolve clusters anyway), on
+        reference bins about sigma / 2 apart on S^2 (icosphere level 5, 4 or 3)."""
+        sigma = float(min(max(0.05, h), 0.2))
+        level = 5 if sigma <= 0.07 else (4 if sigma <= 0.14 else 3)
+        return cls(d, sigma=sigma, level=level)
+
     def statistics(self, points: Array, masses: Array, comm: Any = None) -> ClusterStatistics:
         """The clusters of :math:`\\sum_i m_i \\delta_{x_i}` over all ranks of ``comm``.
 
