@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from drivers.engine import main
-from drivers.engine._resources import estimate_memory
 from drivers.engine._advance import Progress as _Progress
+from drivers.engine._resources import estimate_memory
 from solvers.transport import DensityError, density_function
 from solvers.transport._expression import MAX_LENGTH, Expression, ExpressionError
 from tests.conftest import ROOT, run_cli
