@@ -53,6 +53,15 @@ from meshes.control_volumes import ControlVolumes
 from solvers.attention import Attention, GlobalSources, MeasureDiagnostics, measure_diagnostics
 from solvers.errors import BlowUpError
 from solvers.stepping import SchemeState, StepResult, step_towards
+from solvers.transport._diffusion import TwoPointDiffusion
+from solvers.transport._fv_kernels import (
+    cell_facets,
+    dot_rows,
+    limited_gradient_numba,
+    outflow_rate_numba,
+    rate_of_change_numba,
+    resolve_flux_backend,
+)
 from solvers.weights import WeightDynamics, head_weights_at
 
 __all__ = ["TransportSolver", "TransportStep", "POSITIVITY_LIMIT"]
@@ -104,6 +113,10 @@ class TransportSolver:
         dt_max: the largest step (a cap on the CFL step; default none).
         background: an extra local velocity v(x (n, d), t) -> (n, d) added to the attention
             velocity (the affine feed-forward layer A x + b of docs/model.md, M3 on boxes).
+        diffusion: the noise nu >= 0 of the tokens: adds nu Delta_S rho (two-point fluxes,
+            :class:`~solvers.transport._diffusion.TwoPointDiffusion`; S^1 and S^2 only).
+        flux_backend: the rate of change compiled ("numba"), in numpy ("numpy", the
+            reference; bitwise the same results) or "auto" (numba when importable).
 
     On box meshes (``cv.curved`` False) mass leaves through the boundary where the velocity
     points outward (upwind outflow, no inflow); ``outflow`` accumulates the mass that left.
@@ -123,6 +136,8 @@ class TransportSolver:
         dt_min: float = 1e-12,
         dt_max: float = math.inf,
         background: Callable[[Array, float], Array] | None = None,
+        diffusion: float = 0.0,
+        flux_backend: str = "auto",
     ) -> None:
         if reconstruction not in POSITIVITY_LIMIT:
             raise ValueError(f"reconstruction must be 'upwind' or 'muscl', got {reconstruction!r}")
@@ -147,6 +162,11 @@ class TransportSolver:
             raise ValueError(f"dt_max must be > 0, got {dt_max}")
         self.reconstruction, self.rk, self.cfl, self.dt_min = reconstruction, rk, cfl, dt_min
         self.dt_max = float(dt_max)
+        if not (math.isfinite(diffusion) and diffusion >= 0):
+            raise ValueError(f"diffusion must be finite and >= 0, got {diffusion}")
+        self.diffusion = float(diffusion)
+        self._diffusion = TwoPointDiffusion(cv, diffusion) if diffusion > 0 else None
+        self.flux_backend = resolve_flux_backend(flux_backend)
         self.t = float(t0)
         self.steps = 0
         self._comm = cv.comm
@@ -159,11 +179,13 @@ class TransportSolver:
             self._comm, cv.centres[: cv.n_owned], cv.original_index[: cv.n_owned]
         )
         self._prepare_geometry()
+        self._no_grad = np.zeros((cv.n_local, cv.d))
 
     # ------------------------------------------------------------------ geometry
     def _prepare_geometry(self) -> None:
         cv = self.cv
-        L, R = cv.facet_cells[:, 0], cv.facet_cells[:, 1]
+        L = np.ascontiguousarray(cv.facet_cells[:, 0], dtype=np.int64)
+        R = np.ascontiguousarray(cv.facet_cells[:, 1], dtype=np.int64)
         c = cv.centres
         self._L, self._R = L, R
         self._owned_L = L < cv.n_owned
@@ -182,15 +204,24 @@ class TransportSolver:
         np.add.at(M, L, np.einsum("fi,fj->fij", dLR, dLR))
         np.add.at(M, R, np.einsum("fi,fj->fij", dRL, dRL))
         self._Minv = np.linalg.inv(M[: cv.n_owned])
-        self._flux_len = cv.facet_measure
+        self._flux_len = np.ascontiguousarray(cv.facet_measure, dtype=np.float64)
         self._inv_measure = 1.0 / cv.measures
         self._n_local = n
         # boundary facets of a box (outflow only); empty on the spheres
-        self._B = cv.boundary_cells
+        self._B = np.ascontiguousarray(cv.boundary_cells, dtype=np.int64)
         self._rB = cv.boundary_midpoint - c[self._B] if len(self._B) else np.zeros((0, cv.d))
+        self._b_measure = np.ascontiguousarray(cv.boundary_measure, dtype=np.float64)
         self._targets = np.concatenate([cv.facet_midpoint, cv.boundary_midpoint.reshape(-1, cv.d)])
         self._normals = np.concatenate([cv.facet_normal, cv.boundary_normal.reshape(-1, cv.d)])
         self._n_f = len(L)
+        self._adj = cell_facets(L, R, self._B, cv.n_owned) if self.flux_backend == "numba" else None
+        # the diffusion's share of the Courant number: ell nu sum_f a_f per cell (module doc)
+        self._diff_out = (
+            POSITIVITY_LIMIT[self.reconstruction] * self._diffusion.cell_rate
+            if self._diffusion is not None
+            else np.zeros(0)
+        )
+        self._nu_a = self._diffusion.nu_a if self._diffusion is not None else np.zeros(0)
 
     # ------------------------------------------------------------------ state
     @property
@@ -256,30 +287,52 @@ class TransportSolver:
         return u
 
     def cfl_rate(self, u: Array) -> float:
-        """max_i sum_f |f| u_f^+ / |K_i| over owned cells (allreduced): CFL = dt * rate."""
-        out = np.zeros(self._n_local)
-        ui, ub = u[: self._n_f], u[self._n_f :]
-        np.add.at(out, self._L, self._flux_len * np.maximum(ui, 0.0))
-        np.add.at(out, self._R, self._flux_len * np.maximum(-ui, 0.0))
-        np.add.at(out, self._B, self.cv.boundary_measure * np.maximum(ub, 0.0))
-        rate = float(
-            (out[: self.cv.n_owned] * self._inv_measure[: self.cv.n_owned]).max(initial=0.0)
-        )
+        """The rate r with CFL number = dt r (allreduced over the owned cells):
+        max_i (sum_f |f| u_f^+ + ell nu sum_f a_f) / |K_i|, ell the positivity limit of the
+        reconstruction; without diffusion max_i sum_f |f| u_f^+ / |K_i| (module docstring)."""
+        n = self.cv.n_owned
+        if self._adj is not None:
+            rate = outflow_rate_numba(
+                u, self._flux_len, self._b_measure, self._inv_measure, self._adj, self._diff_out
+            )
+        else:
+            out = np.zeros(self._n_local)
+            ui, ub = u[: self._n_f], u[self._n_f :]
+            np.add.at(out, self._L, self._flux_len * np.maximum(ui, 0.0))
+            np.add.at(out, self._R, self._flux_len * np.maximum(-ui, 0.0))
+            np.add.at(out, self._B, self._b_measure * np.maximum(ub, 0.0))
+            if len(self._diff_out):
+                out += self._diff_out
+            rate = float((out[:n] * self._inv_measure[:n]).max(initial=0.0))
         return self._comm.allreduce(rate, op=MPI.MAX)
 
     # ------------------------------------------------------------------ fluxes
-    def _face_values(self, rho: Array) -> tuple[Array, Array, Array]:
-        """Upwind candidates rho_{L,f}, rho_{R,f} (interior) and rho_{B,f} (boundary)."""
-        L, R = self._L, self._R
-        if self.reconstruction == "upwind":
-            return rho[L], rho[R], rho[self._B]
+    def _limited_gradient(self, rho: Array) -> Array:
+        """Limited least-squares gradients on all local cells (ghosts by a scatter)."""
         cv = self.cv
         n_owned = cv.n_owned
+        grad = self._grad.array.reshape(-1, cv.d)
+        if self._adj is not None:
+            grad[:n_owned] = limited_gradient_numba(
+                rho,
+                self._L,
+                self._R,
+                self._dLR,
+                self._dRL,
+                self._Minv,
+                self._rL,
+                self._rR,
+                self._rB,
+                self._adj,
+            )
+            self._grad.scatter_forward()
+            return self._grad.array.reshape(-1, cv.d)
+        L, R = self._L, self._R
         diff = rho[R] - rho[L]
         rhs = np.zeros((self._n_local, cv.d))
         np.add.at(rhs, L, self._dLR * diff[:, None])
         np.add.at(rhs, R, self._dRL * (-diff)[:, None])
-        g = np.einsum("nij,nj->ni", self._Minv, rhs[:n_owned])
+        g = np.column_stack([dot_rows(self._Minv[:, a, :], rhs[:n_owned]) for a in range(cv.d)])
         # Barth-Jespersen limiter with the extra bound rho_{i,f} <= 2 rho_i
         lo = rho.copy()
         hi = rho.copy()
@@ -293,7 +346,7 @@ class TransportSolver:
         faces.append((self._B, self._rB, np.ones(len(self._B), dtype=bool)))
         for cells, r, own in faces:
             ci = cells[own]
-            delta = np.einsum("fd,fd->f", g[ci], r[own])
+            delta = dot_rows(g[ci], r[own])
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = np.where(
                     delta > 0,
@@ -301,25 +354,54 @@ class TransportSolver:
                     np.where(delta < 0, (lo[ci] - rho[ci]) / delta, np.inf),
                 )
             np.minimum.at(phi, ci, np.minimum(ratio, 1.0))
-        grad = self._grad.array.reshape(-1, cv.d)
         grad[:n_owned] = np.maximum(phi[:n_owned], 0.0)[:, None] * g
         self._grad.scatter_forward()
-        grad = self._grad.array.reshape(-1, cv.d)
-        rho_L = rho[L] + np.einsum("fd,fd->f", grad[L], self._rL)
-        rho_R = rho[R] + np.einsum("fd,fd->f", grad[R], self._rR)
-        rho_B = rho[self._B] + np.einsum("fd,fd->f", grad[self._B], self._rB)
+        return self._grad.array.reshape(-1, cv.d)
+
+    def _face_values(self, rho: Array) -> tuple[Array, Array, Array]:
+        """Upwind candidates rho_{L,f}, rho_{R,f} (interior) and rho_{B,f} (boundary) (numpy)."""
+        L, R = self._L, self._R
+        if self.reconstruction == "upwind":
+            return rho[L], rho[R], rho[self._B]
+        grad = self._limited_gradient(rho)
+        rho_L = rho[L] + dot_rows(grad[L], self._rL)
+        rho_R = rho[R] + dot_rows(grad[R], self._rR)
+        rho_B = rho[self._B] + dot_rows(grad[self._B], self._rB)
         return np.maximum(rho_L, 0.0), np.maximum(rho_R, 0.0), np.maximum(rho_B, 0.0)
 
     def _rate_of_change(self, m_local: Array, u: Array) -> Array:
-        """dm/dt on all local cells (only the owned entries are meaningful)."""
+        """dm/dt on all local cells (only the owned entries are meaningful): upwind transport
+        fluxes and, with diffusion, the two-point diffusion fluxes (collective: the limited
+        gradients of the ghosts come by a scatter)."""
         rho = m_local * self._inv_measure
+        if self._adj is not None:
+            muscl = self.reconstruction == "muscl"
+            grad = self._limited_gradient(rho) if muscl else self._no_grad
+            return rate_of_change_numba(
+                rho,
+                grad,
+                u,
+                self._flux_len,
+                self._L,
+                self._R,
+                self._rL,
+                self._rR,
+                self._nu_a,
+                self._B,
+                self._rB,
+                self._b_measure,
+                self._adj,
+                muscl,
+            )
         rho_L, rho_R, rho_B = self._face_values(rho)
         ui, ub = u[: self._n_f], u[self._n_f :]
         flux = self._flux_len * (np.maximum(ui, 0.0) * rho_L - np.maximum(-ui, 0.0) * rho_R)
+        if len(self._nu_a):  # two-point diffusion: nu a_f (rho_R - rho_L) flows R -> L
+            flux -= self._nu_a * (rho[self._R] - rho[self._L])
         dm = np.bincount(self._R, weights=flux, minlength=self._n_local)
         dm -= np.bincount(self._L, weights=flux, minlength=self._n_local)
         if len(self._B):  # outflow through the box boundary; nothing flows in
-            out = self.cv.boundary_measure * np.maximum(ub, 0.0) * rho_B
+            out = self._b_measure * np.maximum(ub, 0.0) * rho_B
             dm -= np.bincount(self._B, weights=out, minlength=self._n_local)
         return dm
 

@@ -1,0 +1,309 @@
+r"""Compiled (numba) kernels of the finite-volume rate of change, beside their numpy reference.
+
+The explicit scheme of :mod:`solvers.transport._finite_volume` spends its time outside the
+attention sums in three facet/cell passes: the least-squares gradient with the
+Barth-Jespersen limiter, the upwind face values and fluxes, and the sum of the fluxes into
+the cells (plus the CFL rate). numpy does them with ``np.add.at``/``np.minimum.at``/
+``np.bincount`` scatters over the facets; these kernels do the same arithmetic *gathered*
+per cell, in parallel over the cells (``prange``), from a cell -> facet adjacency
+(:class:`CellFacets`).
+
+Bitwise agreement with the numpy reference. Every floating-point operation is the one numpy
+does, in the same order: a scatter ``np.add.at(out, L, v); np.add.at(out, R, w)`` adds into
+cell i first the facets where i is the left cell, then those where it is the right cell,
+each in increasing facet order, starting from 0, and the adjacency lists are in exactly that
+order; ``np.bincount`` sums in facet order from 0 as well; minima and maxima are exact in any
+order; the 2- and 3-term dot products are summed left to right in both paths (the reference
+spells them out instead of ``einsum``, whose summation order numpy does not promise). numba
+does not contract ``a * b + c`` into a fused multiply-add without ``fastmath``. So the two
+paths agree bit for bit (asserted in ``tests/test_fv_kernels.py``), and the result does not
+depend on the number of threads (every output entry is written by one thread).
+
+Memory: O(cells + facets); no array larger than the facet arrays the reference already holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from solvers._jit import read_only
+
+try:
+    import numba
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised only without numba
+    HAVE_NUMBA = False
+
+__all__ = [
+    "FLUX_BACKENDS",
+    "HAVE_NUMBA",
+    "CellFacets",
+    "cell_facets",
+    "dot_rows",
+    "limited_gradient_numba",
+    "outflow_rate_numba",
+    "rate_of_change_numba",
+    "resolve_flux_backend",
+]
+
+Array = npt.NDArray[np.float64]
+Index = npt.NDArray[np.int64]
+
+#: the implementations of the rate of change: "auto" (numba when importable), "numba", "numpy"
+FLUX_BACKENDS = ("auto", "numba", "numpy")
+
+
+def resolve_flux_backend(backend: str) -> str:
+    """ "numba" or "numpy" for a :data:`FLUX_BACKENDS` name (ValueError otherwise)."""
+    if backend not in FLUX_BACKENDS:
+        raise ValueError(f"flux_backend must be one of {FLUX_BACKENDS}, got {backend!r}")
+    if backend == "numba" and not HAVE_NUMBA:
+        raise ValueError("flux_backend='numba' requested but numba is not importable")
+    if backend == "auto":
+        return "numba" if HAVE_NUMBA else "numpy"
+    return backend
+
+
+def dot_rows(a: Array, b: Array) -> Array:
+    """Row-wise dot products ``sum_k a[:, k] b[:, k]``, summed left to right (as the kernels)."""
+    out = a[:, 0] * b[:, 0]
+    for k in range(1, a.shape[1]):
+        out = out + a[:, k] * b[:, k]
+    return out
+
+
+@dataclass(frozen=True)
+class CellFacets:
+    """For each owned cell, the facets it is the left cell of, the right cell of, and its
+    boundary facets, each list in increasing facet order (CSR: ``ptr`` (n_owned + 1,),
+    ``idx``)."""
+
+    left_ptr: Index
+    left: Index
+    right_ptr: Index
+    right: Index
+    boundary_ptr: Index
+    boundary: Index
+
+
+def _csr(cells: npt.NDArray[np.integer], n_owned: int) -> tuple[Index, Index]:
+    owned = np.flatnonzero(cells < n_owned)
+    order = owned[np.argsort(cells[owned], kind="stable")]  # stable: facet order per cell
+    counts = np.bincount(cells[owned], minlength=n_owned)
+    ptr = np.zeros(n_owned + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr, order.astype(np.int64)
+
+
+def cell_facets(L: npt.NDArray, R: npt.NDArray, B: npt.NDArray, n_owned: int) -> CellFacets:
+    """The :class:`CellFacets` of facets (L, R) and boundary facets B for the owned cells."""
+    lp, li = _csr(np.asarray(L), n_owned)
+    rp, ri = _csr(np.asarray(R), n_owned)
+    bp, bi = _csr(np.asarray(B), n_owned)
+    return CellFacets(lp, li, rp, ri, bp, bi)
+
+
+if HAVE_NUMBA:
+
+    @numba.njit(cache=True, inline="always")
+    def _dot(a, i, b, j):  # a[i] . b[j], summed left to right
+        acc = a[i, 0] * b[j, 0]
+        for k in range(1, a.shape[1]):
+            acc += a[i, k] * b[j, k]
+        return acc
+
+    @numba.njit(cache=True, inline="always")
+    def _limit(phi, delta, hi, lo, rho):  # Barth-Jespersen: min(phi, ratio, 1)
+        if delta > 0:
+            ratio = (hi - rho) / delta
+        elif delta < 0:
+            ratio = (lo - rho) / delta
+        else:
+            ratio = np.inf
+        return min(phi, min(ratio, 1.0))
+
+    @numba.njit(parallel=True, cache=True)
+    def _limited_gradient(rho, L, R, dLR, dRL, Minv, rL, rR, rB, lp, li, rp, ri, bp, bi):
+        n_owned, d = Minv.shape[0], Minv.shape[1]
+        grad = np.empty((n_owned, d))
+        for i in numba.prange(n_owned):
+            rhs = np.zeros(d)
+            lo = rho[i]
+            hi = rho[i]
+            for p in range(lp[i], lp[i + 1]):
+                f = li[p]
+                diff = rho[R[f]] - rho[L[f]]
+                for k in range(d):
+                    rhs[k] += dLR[f, k] * diff
+                lo = min(lo, rho[R[f]])
+                hi = max(hi, rho[R[f]])
+            for p in range(rp[i], rp[i + 1]):
+                f = ri[p]
+                mdiff = -(rho[R[f]] - rho[L[f]])
+                for k in range(d):
+                    rhs[k] += dRL[f, k] * mdiff
+                lo = min(lo, rho[L[f]])
+                hi = max(hi, rho[L[f]])
+            hi = min(hi, 2.0 * rho[i])
+            g = np.empty(d)
+            for a in range(d):
+                acc = Minv[i, a, 0] * rhs[0]
+                for k in range(1, d):
+                    acc += Minv[i, a, k] * rhs[k]
+                g[a] = acc
+            phi = 1.0
+            for p in range(lp[i], lp[i + 1]):
+                f = li[p]
+                delta = g[0] * rL[f, 0]
+                for k in range(1, d):
+                    delta += g[k] * rL[f, k]
+                phi = _limit(phi, delta, hi, lo, rho[i])
+            for p in range(rp[i], rp[i + 1]):
+                f = ri[p]
+                delta = g[0] * rR[f, 0]
+                for k in range(1, d):
+                    delta += g[k] * rR[f, k]
+                phi = _limit(phi, delta, hi, lo, rho[i])
+            for p in range(bp[i], bp[i + 1]):
+                b = bi[p]
+                delta = g[0] * rB[b, 0]
+                for k in range(1, d):
+                    delta += g[k] * rB[b, k]
+                phi = _limit(phi, delta, hi, lo, rho[i])
+            scale = max(phi, 0.0)
+            for k in range(d):
+                grad[i, k] = scale * g[k]
+        return grad
+
+    @numba.njit(parallel=True, cache=True)
+    def _rate_of_change(
+        rho, grad, u, flen, L, R, rL, rR, nu_a, B, rB, bmeasure, lp, li, rp, ri, bp, bi, muscl
+    ):
+        n_f = L.shape[0]
+        n_b = B.shape[0]
+        n_owned = lp.shape[0] - 1
+        n_local = rho.shape[0]
+        flux = np.empty(n_f)
+        for f in numba.prange(n_f):
+            a, c = L[f], R[f]
+            if muscl:
+                rho_a = max(rho[a] + _dot(grad, a, rL, f), 0.0)
+                rho_c = max(rho[c] + _dot(grad, c, rR, f), 0.0)
+            else:
+                rho_a, rho_c = rho[a], rho[c]
+            flux[f] = flen[f] * (max(u[f], 0.0) * rho_a - max(-u[f], 0.0) * rho_c)
+            if nu_a.shape[0]:
+                flux[f] = flux[f] - nu_a[f] * (rho[c] - rho[a])
+        out = np.empty(n_b)
+        for b in numba.prange(n_b):
+            c = B[b]
+            rho_b = max(rho[c] + _dot(grad, c, rB, b), 0.0) if muscl else rho[c]
+            out[b] = bmeasure[b] * max(u[n_f + b], 0.0) * rho_b
+        dm = np.zeros(n_local)
+        for i in numba.prange(n_owned):
+            into = 0.0
+            for p in range(rp[i], rp[i + 1]):
+                into += flux[ri[p]]
+            away = 0.0
+            for p in range(lp[i], lp[i + 1]):
+                away += flux[li[p]]
+            acc = into - away
+            if bp[i + 1] > bp[i]:
+                lost = 0.0
+                for p in range(bp[i], bp[i + 1]):
+                    lost += out[bi[p]]
+                acc -= lost
+            dm[i] = acc
+        return dm
+
+    @numba.njit(parallel=True, cache=True)
+    def _outflow_rate(u, flen, bmeasure, inv_measure, lp, li, rp, ri, bp, bi, diffusion):
+        n_owned = lp.shape[0] - 1
+        n_f = flen.shape[0]
+        rates = np.empty(n_owned)
+        for i in numba.prange(n_owned):
+            acc = 0.0
+            for p in range(lp[i], lp[i + 1]):
+                f = li[p]
+                acc += flen[f] * max(u[f], 0.0)
+            for p in range(rp[i], rp[i + 1]):
+                f = ri[p]
+                acc += flen[f] * max(-u[f], 0.0)
+            for p in range(bp[i], bp[i + 1]):
+                b = bi[p]
+                acc += bmeasure[b] * max(u[n_f + b], 0.0)
+            if diffusion.shape[0]:
+                acc += diffusion[i]
+            rates[i] = acc * inv_measure[i]
+        return rates.max() if n_owned else 0.0
+
+
+def limited_gradient_numba(
+    rho: Array,
+    L: Index,
+    R: Index,
+    dLR: Array,
+    dRL: Array,
+    Minv: Array,
+    rL: Array,
+    rR: Array,
+    rB: Array,
+    adj: CellFacets,
+) -> Array:
+    """The limited least-squares gradients of the owned cells, (n_owned, d) (module docstring;
+    the same arithmetic as ``TransportSolver._face_values`` with ``flux_backend="numpy"``)."""
+    return _limited_gradient(
+        *read_only(rho, L, R, dLR, dRL, Minv, rL, rR, rB),
+        *read_only(adj.left_ptr, adj.left, adj.right_ptr, adj.right),
+        *read_only(adj.boundary_ptr, adj.boundary),
+    )
+
+
+def rate_of_change_numba(
+    rho: Array,
+    grad: Array,
+    u: Array,
+    flen: Array,
+    L: Index,
+    R: Index,
+    rL: Array,
+    rR: Array,
+    nu_a: Array,
+    B: Index,
+    rB: Array,
+    bmeasure: Array,
+    adj: CellFacets,
+    muscl: bool,
+) -> Array:
+    """dm/dt on the local cells (owned entries; ghosts 0): upwind fluxes of the face values
+    ``max(rho + grad . r, 0)`` (``muscl``) or ``rho``, minus the two-point diffusion fluxes
+    ``nu_a (rho_R - rho_L)`` (``nu_a`` empty: none), and the box outflow."""
+    return _rate_of_change(
+        *read_only(rho, grad, u, flen, L, R, rL, rR, nu_a, B, rB, bmeasure),
+        *read_only(adj.left_ptr, adj.left, adj.right_ptr, adj.right),
+        *read_only(adj.boundary_ptr, adj.boundary),
+        bool(muscl),
+    )
+
+
+def outflow_rate_numba(
+    u: Array,
+    flen: Array,
+    bmeasure: Array,
+    inv_measure: Array,
+    adj: CellFacets,
+    diffusion: Array,
+) -> float:
+    """max over the owned cells of (sum_f |f| u_f^+ + diffusion_i) / |K_i| (rank-local;
+    ``diffusion`` empty: none)."""
+    return float(
+        _outflow_rate(
+            *read_only(u, flen, bmeasure, inv_measure),
+            *read_only(adj.left_ptr, adj.left, adj.right_ptr, adj.right),
+            *read_only(adj.boundary_ptr, adj.boundary, diffusion),
+        )
+    )
