@@ -23,7 +23,13 @@ from solvers.diagnostics._distances import (
     quantise,
     sample_sphere_density,
 )
-from solvers.diagnostics._edi import EDI_COLUMNS, BudgetInterval, BudgetPoint, EnergyBudget
+from solvers.diagnostics._edi import (
+    EDI_COLUMNS,
+    BudgetInterval,
+    BudgetPoint,
+    EnergyBudget,
+    diffusion_power,
+)
 from solvers.diagnostics._energy import (
     EnergyDerivatives,
     energy_derivatives,
@@ -39,6 +45,7 @@ from solvers.diagnostics._metric import (
 
 __all__ = [
     "EDI_COLUMNS",
+    "diffusion_power",
     "MAXIMAL_SLOPE_COLUMNS",
     "REST_RTOL",
     "BudgetInterval",

@@ -43,8 +43,10 @@ __all__ = [
     "HAVE_NUMBA",
     "CellFacets",
     "cell_facets",
+    "diffusion_rate_numba",
     "dot_rows",
     "limited_gradient_numba",
+    "limited_gradient_numpy",
     "outflow_rate_numba",
     "rate_of_change_numba",
     "resolve_flux_backend",
@@ -74,6 +76,55 @@ def dot_rows(a: Array, b: Array) -> Array:
     for k in range(1, a.shape[1]):
         out = out + a[:, k] * b[:, k]
     return out
+
+
+def limited_gradient_numpy(
+    rho: Array,
+    L: Index,
+    R: Index,
+    dLR: Array,
+    dRL: Array,
+    Minv: Array,
+    rL: Array,
+    rR: Array,
+    B: Index,
+    rB: Array,
+) -> Array:
+    """The reference of :func:`limited_gradient_numba`: the limited least-squares gradients of
+    the owned cells (n_owned = len(Minv)), (n_owned, d), by scatters over the facets.
+
+    Least squares: g_i = M_i^{-1} sum_f d_f (rho_j - rho_i) over the neighbours' tangent
+    displacements d_f; Barth-Jespersen limiter phi_i = min over the cell's facets of
+    min(1, (hi_i - rho_i)/delta) for delta = g_i . r_f > 0 and (lo_i - rho_i)/delta for
+    delta < 0, with lo_i/hi_i the extremes over the cell and its neighbours and the extra bound
+    hi_i <= 2 rho_i (so that 0 <= rho_{i,f} <= 2 rho_i); the result is max(phi_i, 0) g_i.
+    """
+    n_local, n_owned, d = len(rho), len(Minv), Minv.shape[1]
+    diff = rho[R] - rho[L]
+    rhs = np.zeros((n_local, d))
+    np.add.at(rhs, L, dLR * diff[:, None])
+    np.add.at(rhs, R, dRL * (-diff)[:, None])
+    g = np.column_stack([dot_rows(Minv[:, a, :], rhs[:n_owned]) for a in range(d)])
+    lo = rho.copy()
+    hi = rho.copy()
+    np.minimum.at(lo, L, rho[R])
+    np.minimum.at(lo, R, rho[L])
+    np.maximum.at(hi, L, rho[R])
+    np.maximum.at(hi, R, rho[L])
+    hi = np.minimum(hi, 2.0 * rho)
+    phi = np.ones(n_local)
+    for cells, r in ((L, rL), (R, rR), (B, rB)):
+        own = cells < n_owned
+        ci = cells[own]
+        delta = dot_rows(g[ci], r[own]) if len(ci) else np.zeros(0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(
+                delta > 0,
+                (hi[ci] - rho[ci]) / delta,
+                np.where(delta < 0, (lo[ci] - rho[ci]) / delta, np.inf),
+            )
+        np.minimum.at(phi, ci, np.minimum(ratio, 1.0))
+    return np.maximum(phi[:n_owned], 0.0)[:, None] * g
 
 
 @dataclass(frozen=True)
@@ -240,6 +291,32 @@ if HAVE_NUMBA:
                 acc += diffusion[i]
             rates[i] = acc * inv_measure[i]
         return rates.max() if n_owned else 0.0
+
+    @numba.njit(parallel=True, cache=True)
+    def _diffusion_rate(rho, L, R, nu_a, lp, li, rp, ri):
+        n_f = L.shape[0]
+        n_owned = lp.shape[0] - 1
+        flux = np.empty(n_f)
+        for f in numba.prange(n_f):
+            flux[f] = nu_a[f] * (rho[R[f]] - rho[L[f]])
+        dm = np.zeros(rho.shape[0])
+        for i in numba.prange(n_owned):
+            into = 0.0
+            for p in range(lp[i], lp[i + 1]):
+                into += flux[li[p]]
+            away = 0.0
+            for p in range(rp[i], rp[i + 1]):
+                away += flux[ri[p]]
+            dm[i] = into - away
+        return dm
+
+
+def diffusion_rate_numba(rho: Array, L: Index, R: Index, nu_a: Array, adj: CellFacets) -> Array:
+    """The two-point diffusion alone, dm/dt = sum_f nu a_f (rho_j - rho_i), on the local cells
+    (owned entries; ghosts 0): ``TwoPointDiffusion.rate`` compiled, bitwise equal."""
+    return _diffusion_rate(
+        *read_only(rho, L, R, nu_a), *read_only(adj.left_ptr, adj.left, adj.right_ptr, adj.right)
+    )
 
 
 def limited_gradient_numba(
