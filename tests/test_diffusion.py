@@ -293,6 +293,51 @@ def test_parallel_equals_serial(comm, step):
     assert max(abs(par[k] - ser[k]) for k in par) < 1e-13
 
 
+@pytest.mark.parametrize("manifold,levels", [("S1", (4,)), ("S2", (3, 4))])
+def test_noise_threshold(comm, manifold, levels):
+    """One identity head, s = +1, beta = 4: the first mode of the uniform state grows at
+    sigma_1 = lam_1 (c_1/beta - nu) (docs/model.md, M1), c_1 = I_1/I_0 (S^1) or
+    coth(beta) - 1/beta (S^2), lam_1 = d - 1; it grows below nu_c = c_1/beta and decays above.
+
+    Measured (eps = 1e-3, T = 1, Strang steps capped at 0.1), relative to lam_1 c_1/beta, at
+    nu = 0.9 and 1.1 nu_c: S^1 256 cells 2.0e-5, 3.0e-5; S^2 level 3 5.5e-5, 3.2e-4, level 4
+    1.2e-5, 7.8e-5 (second order).
+    """
+    from scipy import special
+
+    beta, eps, T = 4.0, 1e-3, 1.0
+    if manifold == "S1":
+        c1, mode, lam = special.iv(1, beta) / special.iv(0, beta), S1_MODES[1], 1.0
+    else:
+        c1, mode, lam = 1 / np.tanh(beta) - 1 / beta, S2_MODES[1], 2.0
+    nu_c = c1 / beta
+    errors = []
+    for level in levels:
+        cv = control_volumes(circle(comm, level) if manifold == "S1" else icosphere(comm, level))
+        avg = cell_averages(cv, mode)
+        meas = cv.measures[: cv.n_owned]
+        for frac in (0.9, 1.1):
+            nu = frac * nu_c
+            s = TransportSolver(
+                cv,
+                Attention(beta, 1),
+                make_weights("frozen", [Head.identity(cv.d)]),
+                1 + eps * avg,
+                diffusion=nu,
+                diffusion_step="strang",
+                dt_max=0.1,
+            )
+            while s.t < T:
+                s.step(T)
+            amp = _sum(comm, ((s.density - 1) * meas) @ avg) / _sum(comm, (avg * meas) @ avg)
+            rate = np.log(amp / eps) / T
+            assert (rate > 0) == (frac < 1), (frac, rate)
+            errors.append(abs(rate - lam * (c1 / beta - nu)) / (lam * nu_c))
+    assert max(errors[-2:]) < 2e-4, errors
+    if len(levels) > 1:
+        assert errors[1] / errors[3] > 3, errors
+
+
 def test_invalid_diffusion(comm):
     cv = control_volumes(icosphere(comm, 0))
     rho = np.ones(cv.n_owned)
