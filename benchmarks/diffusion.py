@@ -5,22 +5,21 @@ CFL 0.4, density ``exp(3 z) + 0.8 exp(4 x) + 0.3``) with noise nu on S^2 levels 
 Columns, per level and nu:
 
 - ``coupled``: the diffusion fluxes in every SSP-RK3 stage, dt from the combined Courant number
-  (``diffusion_step = "coupled"``): dt, seconds a step, seconds per unit of simulated time;
+  (``diffusion_step = "coupled"``): dt and seconds per unit of simulated time (the best step
+  time over dt);
 - ``strang``: D(dt/2) A(dt) D(dt/2), dt from the transport CFL number, D by SSP-RK3 sub-steps
-  at the diffusive bound (``diffusion_step = "strang"``): the same three numbers, the sub-steps
-  per half step, and ``x``: coupled / strang cost per unit time;
-- ``implicit``: the alternative not taken, measured here: a half step of backward Euler,
-  (|K| + (dt/2) nu T) rho = m with T the two-point operator, by PETSc CG + GAMG (rtol 1e-10,
-  the matrix and preconditioner set up for each dt): seconds for the two half steps of one
-  step (assembly, set-up, solve), CG iterations, the smallest density of the solution (an
-  iterative solve gives no sign guarantee) and ``sub s``: the two sub-cycled half steps of
-  ``strang`` for the same dt.
+  at the diffusive bound (``diffusion_step = "strang"``): dt, seconds per unit of simulated
+  time, the sub-steps per half step and ``D s``, the seconds of the two half steps alone;
+- ``implicit``: the transport step, then one backward-Euler diffusion step by PETSc CG + GAMG
+  (``diffusion_step = "implicit"``): dt, seconds per unit time, CG iterations and ``D s``, the
+  seconds of the diffusion step alone (assembly, GAMG set-up: dt changes every step, solve);
+- ``x strang``, ``x impl``: the coupled cost per unit time over the split ones.
 
 Steps are timed after one warm-up step (compilation, the attention's set-up), best of
 ``--steps``; the velocity is the attention's (``backend = "auto"``). Run:
 
-    .venv/bin/python benchmarks/diffusion.py                  # levels 5 6 7, nu 0.01 0.1
-    .venv/bin/python benchmarks/diffusion.py --levels 5 --nu 0.1 1.0
+    .venv/bin/python benchmarks/diffusion.py                  # levels 5 6 7, nu 0.01 0.1 1
+    .venv/bin/python benchmarks/diffusion.py --levels 5 --nu 0.1
 
 Expected time on 2 shared cores: about 5 minutes (the coupled steps at level 7).
 """
@@ -28,6 +27,7 @@ Expected time on 2 shared cores: about 5 minutes (the coupled steps at level 7).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DENSITY = "exp(3 * x[2]) + 0.8 * exp(4 * x[0]) + 0.3"
+SUBSTEP_COURANT = 0.5  # solvers.transport._diffusion
 
 
 def timed_steps(solver, steps: int, comm) -> tuple[float, float]:
@@ -56,52 +57,6 @@ def timed_steps(solver, steps: int, comm) -> tuple[float, float]:
     return dt, best
 
 
-def implicit_half_steps(cv, diffusion, masses, dt: float) -> tuple[float, int, float]:
-    """Two backward-Euler half steps of the diffusion by CG + GAMG (module docstring):
-    (seconds, CG iterations of both, smallest density); collective."""
-    import dolfinx_solver  # noqa: F401
-    from mpi4py import MPI
-    from petsc4py import PETSc
-
-    import numpy as np
-
-    comm, n = cv.comm, cv.n_owned
-    imap = cv.mesh.topology.index_map(cv.mesh.topology.dim)
-    g = np.concatenate([imap.local_range[0] + np.arange(n), np.asarray(imap.ghosts)])
-    L, R = cv.facet_cells[:, 0], cv.facet_cells[:, 1]
-    oL, oR = L < n, R < n
-    own = np.arange(n)
-    rows = np.concatenate([g[own], g[L[oL]], g[R[oR]]])
-    cols = np.concatenate([g[own], g[R[oL]], g[L[oR]]])
-    comm.barrier()
-    t0 = time.perf_counter()
-    iterations, rho = 0, masses / cv.measures[:n]
-    for _ in range(2):
-        tau = 0.5 * dt
-        diag = cv.measures[:n] + tau * diffusion.cell_rate[:n]
-        vals = np.concatenate([diag, -tau * diffusion.nu_a[oL], -tau * diffusion.nu_a[oR]])
-        A = PETSc.Mat().create(comm)
-        A.setSizes(((n, cv.n_global), (n, cv.n_global)))
-        A.setType(PETSc.Mat.Type.AIJ)
-        A.setPreallocationCOO(rows.astype(PETSc.IntType), cols.astype(PETSc.IntType))
-        A.setValuesCOO(vals, PETSc.InsertMode.INSERT)
-        A.assemble()
-        x, b = A.createVecs()
-        b.array[:] = rho * cv.measures[:n]
-        ksp = PETSc.KSP().create(comm)
-        ksp.setOperators(A)
-        ksp.setType("cg")
-        ksp.getPC().setType("gamg")
-        ksp.setTolerances(rtol=1e-10)
-        ksp.solve(b, x)
-        iterations += ksp.getIterationNumber()
-        rho = x.array.copy()
-        for obj in (ksp, A, x, b):
-            obj.destroy()
-    wall = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    return wall, iterations, comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN)
-
-
 def run(level: int, nu: float, args: argparse.Namespace) -> dict[str, float]:
     import dolfinx_solver  # noqa: F401
     from mpi4py import MPI
@@ -116,29 +71,34 @@ def run(level: int, nu: float, args: argparse.Namespace) -> dict[str, float]:
     rho0 = initial_density(cv, DENSITY)
     weights = make_weights("frozen", [Head.identity(3)])
     row: dict[str, float] = {"cells": cv.n_global}
-    for mode in ("coupled", "strang"):
+    for mode in ("coupled", "strang", "implicit"):
         s = TransportSolver(
             cv, Attention(4.0, 1), weights, rho0, diffusion=nu, diffusion_step=mode, cfl=0.4
         )
         dt, wall = timed_steps(s, args.steps, comm)
         row[f"{mode}_dt"], row[f"{mode}_s"] = dt, wall
-        if mode == "strang":
-            row["substeps"] = max(1, -(-0.5 * dt * s._diff_rate // 0.5))
+        if mode != "coupled":  # the diffusion part of one step alone, for the same dt
             m = s._mass.array.copy()
+            split = s._split
+            if split.implicit is not None:
+                split.implicit._tau = None  # a new dt every step: assembly and GAMG set-up
             comm.barrier()
             t0 = time.perf_counter()
-            s._diffuse(s._diffuse(m, 0.5 * dt), 0.5 * dt)
-            row["sub_s"] = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            row["impl_s"], row["impl_its"], row["impl_min"] = implicit_half_steps(
-                cv, s._diffusion, s.masses.copy(), dt
-            )
+            if mode == "strang":
+                split.advance(split.advance(m, 0.5 * dt)[0], 0.5 * dt)
+            else:
+                row["its"] = split.advance(m, dt)[1]
+            row[f"{mode}_diff"] = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if mode == "strang":
+                row["substeps"] = max(1, math.ceil(0.5 * dt * split.max_rate / SUBSTEP_COURANT))
+        s.destroy()
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[5, 6, 7])
-    parser.add_argument("--nu", type=float, nargs="+", default=[0.01, 0.1])
+    parser.add_argument("--nu", type=float, nargs="+", default=[0.01, 0.1, 1.0])
     parser.add_argument("--steps", type=int, default=2, help="best of k timed steps")
     args = parser.parse_args()
 
@@ -155,21 +115,21 @@ def main() -> None:
             f"{threads}, load average {os.getloadavg()[0]:.2f}"
         )
         print(
-            f"{'level':>5} {'nu':>5} | {'coupled dt':>10} {'s/step':>7} {'s/unit':>8} | "
-            f"{'strang dt':>9} {'s/step':>7} {'s/unit':>8} {'sub':>4} {'x':>6} | "
-            f"{'impl s':>7} {'its':>4} {'min rho':>9} {'sub s':>6}"
+            f"{'level':>5} {'nu':>5} | {'coupled dt':>10} {'s/unit':>8} | {'strang dt':>9} "
+            f"{'s/unit':>8} {'sub':>4} {'D s':>6} | {'impl dt':>8} {'s/unit':>8} {'its':>4} "
+            f"{'D s':>6} | {'x strang':>8} {'x impl':>7}"
         )
     for level in args.levels:
         for nu in args.nu:
             r = run(level, nu, args)
             if comm.rank == 0:
-                cu = r["coupled_s"] / r["coupled_dt"]
-                su = r["strang_s"] / r["strang_dt"]
+                unit = {m: r[f"{m}_s"] / r[f"{m}_dt"] for m in ("coupled", "strang", "implicit")}
                 print(
-                    f"{level:>5} {nu:>5g} | {r['coupled_dt']:10.2e} {r['coupled_s']:7.3f} "
-                    f"{cu:8.1f} | {r['strang_dt']:9.2e} {r['strang_s']:7.3f} {su:8.1f} "
-                    f"{int(r['substeps']):>4} {cu / su:6.2f} | {r['impl_s']:7.3f} "
-                    f"{int(r['impl_its']):>4} {r['impl_min']:9.2e} {r['sub_s']:6.3f}",
+                    f"{level:>5} {nu:>5g} | {r['coupled_dt']:10.2e} {unit['coupled']:8.1f} | "
+                    f"{r['strang_dt']:9.2e} {unit['strang']:8.1f} {int(r['substeps']):>4} "
+                    f"{r['strang_diff']:6.3f} | {r['implicit_dt']:8.2e} {unit['implicit']:8.1f} "
+                    f"{int(r['its']):>4} {r['implicit_diff']:6.3f} | "
+                    f"{unit['coupled'] / unit['strang']:8.2f} {unit['coupled'] / unit['implicit']:7.2f}",
                     flush=True,
                 )
     if comm.rank == 0:

@@ -171,8 +171,10 @@ KEYS: tuple[Key, ...] = (
         "fv with attention.diffusion > 0: coupled: the diffusion fluxes in every Runge-Kutta "
         "stage, dt from the combined Courant number (cfl bounds transport + diffusion); "
         "strang: diffusion half steps by sub-steps around the transport step, dt from the "
-        "transport alone (cheaper on fine meshes, docs/numerics.md)",
-        ("coupled", "strang")),
+        "transport alone (cheaper on fine meshes); implicit: a backward-Euler diffusion step "
+        "(PETSc CG + GAMG, options prefix diffusion_) after the transport step, first order "
+        "in dt (strong noise on fine meshes; docs/numerics.md)",
+        ("coupled", "strang", "implicit")),
     # [output]
     Key("output", "every", "integer", 10,
         "write density.xdmf and a metrics row every k-th step (t = 0 and t_end always), >= 1"),

@@ -46,6 +46,10 @@ ranks.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from typing import Any
+
 import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 
@@ -55,10 +59,15 @@ import numpy.typing as npt
 from meshes.control_volumes import ControlVolumes, arc_length
 from solvers.transport._jko_fv import circumcentres
 
-__all__ = ["CELL_POINTS", "TwoPointDiffusion"]
+__all__ = ["CELL_POINTS", "SUBSTEP_COURANT", "DiffusionSplit", "TwoPointDiffusion"]
 
 Array = npt.NDArray[np.float64]
 
+#: Courant number nu dt max_i sum_f a_f / |K_i| of an explicit diffusion sub-step ("strang"): at
+#: most 1 keeps every Euler stage positive; 1/2 also keeps every mode's amplification factor of
+#: the Euler, SSP-RK2 and SSP-RK3 sub-steps in [0, 1] (eigenvalues of the operator within twice
+#: the largest row sum, by Gershgorin).
+SUBSTEP_COURANT = 0.5
 #: the cell points of the two-point fluxes: "circumcentres" (consistent), "centres" (the
 #: normalised vertex means; inconsistent on S^2, kept to measure it)
 CELL_POINTS = ("circumcentres", "centres")
@@ -120,3 +129,71 @@ class TwoPointDiffusion:
         n = self.cv.n_owned
         local = float((self.cell_rate[:n] / self.cv.measures[:n]).max(initial=0.0))
         return self.cv.comm.allreduce(local, op=MPI.MAX)
+
+
+class DiffusionSplit:
+    r"""The diffusion alone over a time tau, for the split steps of the transport solver.
+
+    ``implicit`` False ("strang"): sub-steps of the Shu-Osher Runge-Kutta scheme ``rk`` (rows
+    (alpha, beta, c)), as many as make every Euler stage's Courant number at most
+    :data:`SUBSTEP_COURANT` (positive and conservative). ``implicit`` True: one backward-Euler
+    step by PETSc (:class:`~solvers.transport._diffusion_implicit.BackwardEulerDiffusion`).
+
+    Args:
+        operator: the two-point diffusion.
+        masses: the solver's DOLFINx vector of cell masses (its ghosts are updated through it).
+        rk: the Runge-Kutta rows of the sub-steps.
+        rate: rho (all local cells) -> (dm/dt)_diff (owned entries), e.g. ``operator.rate``
+            or its compiled twin.
+        implicit: backward Euler instead of sub-steps.
+        petsc_options_prefix: the KSP's options prefix (implicit).
+    """
+
+    def __init__(
+        self,
+        operator: TwoPointDiffusion,
+        masses: Any,
+        rk: list[tuple[float, float, float]],
+        rate: Callable[[Array], Array],
+        *,
+        implicit: bool = False,
+        petsc_options_prefix: str = "diffusion_",
+    ) -> None:
+        self.operator, self._masses, self._rk, self._rate = operator, masses, rk, rate
+        self.max_rate = operator.max_rate()
+        self._inv_measure = 1.0 / operator.cv.measures
+        self.implicit = None
+        if implicit:
+            from solvers.transport._diffusion_implicit import BackwardEulerDiffusion
+
+            self.implicit = BackwardEulerDiffusion(
+                operator.cv, operator, petsc_options_prefix=petsc_options_prefix
+            )
+
+    def advance(self, m_local: Array, tau: float) -> tuple[Array, int]:
+        """Diffuse the local masses ``m_local`` over tau: the result is left in the solver's
+        masses (ghosts updated) and returned as a copy, with the Krylov iterations (0 for
+        sub-steps); collective."""
+        n_owned = self.operator.cv.n_owned
+        vec = self._masses
+        if self.implicit is not None:
+            new, report = self.implicit.step(m_local, tau)
+            vec.array[:n_owned] = new
+            vec.scatter_forward()
+            return vec.array.copy(), report.iterations
+        n = max(1, math.ceil(tau * self.max_rate / SUBSTEP_COURANT))
+        h = tau / n
+        m = m_local.copy()
+        for _ in range(n):
+            m0 = m
+            for alpha, beta, _c in self._rk:
+                euler = m[:n_owned] + beta * h * self._rate(m * self._inv_measure)[:n_owned]
+                vec.array[:n_owned] = alpha * m0[:n_owned] + (1.0 - alpha) * euler
+                vec.scatter_forward()
+                m = vec.array.copy()
+        return m, 0
+
+    def destroy(self) -> None:
+        """Destroy the PETSc objects of the implicit step, if any (collective)."""
+        if self.implicit is not None:
+            self.implicit.destroy()

@@ -56,7 +56,10 @@ limiter caps them at :math:`2 \rho_i`), the incoming ones are :math:`\ge 0` and 
     \ge \rho_i \Big(|K_i| - \frac{dt}{\ell} \sum_f |f| u_f^+ - dt\, \nu \sum_f a_f\Big)
     \ge \rho_i |K_i| (1 - c / \ell) \ge 0,
 
-and an SSP Runge-Kutta step is a convex combination of such stages. The diffusive part of
+and an SSP Runge-Kutta step is a convex combination of such stages. In floating point a cell
+at the bound (:math:`c = \ell`, no inflow) keeps :math:`m_i (1 - c/\ell)` up to a rounding of
+a few ulps of :math:`m_i`, which can be negative (seen with noise, where no mass is exactly 0):
+stage values below 0 are set to 0, a change of the mass at the level of the rounding. The diffusive part of
 :math:`c` grows like :math:`\nu / h^2` and the transport part like :math:`|X| / h`: on fine
 meshes the diffusion sets the step.
 
@@ -73,6 +76,13 @@ fell like dt with Euler sub-steps, like dt^2 with SSP-RK3 ones). A sub-step cost
 passes over the facets instead of velocity evaluations, so on fine meshes a step costs one
 velocity evaluation more than without noise instead of a step count multiplied by about
 :math:`\nu / (h |X|)` (docs/numerics.md has the measured costs).
+
+``diffusion_step = "implicit"``: :math:`D_{BE}(dt)\, A(dt)`, the transport step (dt from the
+transport CFL number, no extra velocity evaluation) followed by one backward-Euler step of the
+diffusion, solved by PETSc CG + GAMG (prefix ``diffusion_prefix``) and kept positive and
+conservative by a flux-form safeguard (:mod:`solvers.transport._diffusion_implicit`). First
+order in dt (Lie splitting and backward Euler; no positive linear scheme of higher order is
+unconditionally positive): for strong noise on fine meshes, where the sub-steps are many.
 
 References: LeVeque, *Finite Volume Methods for Hyperbolic Problems* (2002), ch. 6 and 10;
 Barth & Jespersen, AIAA 89-0366 (1989); Gottlieb, Shu & Tadmor, SIAM Rev. 43 (2001).
@@ -93,17 +103,18 @@ import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
 from solvers.attention import Attention, GlobalSources, MeasureDiagnostics, measure_diagnostics
-from solvers.errors import BlowUpError
+from solvers.errors import BlowUpError, SolverError
 from solvers.stepping import SchemeState, StepResult, step_towards
-from solvers.transport._diffusion import TwoPointDiffusion
+from solvers.transport._diffusion import SUBSTEP_COURANT, DiffusionSplit, TwoPointDiffusion
 from solvers.transport._fv_kernels import (
     cell_facets,
     diffusion_rate_numba,
-    dot_rows,
     limited_gradient_numba,
     limited_gradient_numpy,
     outflow_rate_numba,
+    outflow_rate_numpy,
     rate_of_change_numba,
+    rate_of_change_numpy,
     resolve_flux_backend,
 )
 from solvers.weights import WeightDynamics, head_weights_at
@@ -119,13 +130,9 @@ __all__ = [
 Array = npt.NDArray[np.float64]
 
 #: How the diffusion is stepped: "coupled" (its fluxes in every Runge-Kutta stage, dt from the
-#: combined Courant number) or "strang" (half steps of diffusion around the transport step).
-DIFFUSION_STEPS = ("coupled", "strang")
-#: Courant number nu dt max_i sum_f a_f / |K_i| of a diffusion sub-step ("strang"): at most 1
-#: keeps every Euler stage positive; 1/2 also keeps every mode's amplification factor of the
-#: Euler, SSP-RK2 and SSP-RK3 sub-steps in [0, 1] (eigenvalues of the operator within twice
-#: the largest row sum, by Gershgorin).
-SUBSTEP_COURANT = 0.5
+#: combined Courant number), "strang" (half steps of explicit sub-steps around the transport
+#: step) or "implicit" (the transport step, then a backward-Euler step; module docstring).
+DIFFUSION_STEPS = ("coupled", "strang", "implicit")
 #: Largest CFL number for which an Euler stage is positivity preserving.
 POSITIVITY_LIMIT = {"upwind": 1.0, "muscl": 0.5}
 #: SSP Runge-Kutta schemes in Shu-Osher form: rows (alpha, beta, c) meaning
@@ -174,9 +181,11 @@ class TransportSolver:
         diffusion: the noise nu >= 0 of the tokens: adds nu Delta_S rho (two-point fluxes,
             :class:`~solvers.transport._diffusion.TwoPointDiffusion`; S^1 and S^2 only).
         diffusion_step: "coupled" (the diffusion fluxes in every Runge-Kutta stage, dt from
-            the combined Courant number) or "strang" (half steps of diffusion by Runge-Kutta
-            sub-steps around the transport step, dt from the transport alone); one of
+            the combined Courant number), "strang" (half steps of diffusion by Runge-Kutta
+            sub-steps around the transport step) or "implicit" (a backward-Euler diffusion
+            step after the transport step), dt from the transport alone for both; one of
             :data:`DIFFUSION_STEPS` (module docstring).
+        diffusion_prefix: PETSc options prefix of the implicit diffusion's KSP.
         flux_backend: the rate of change compiled ("numba"), in numpy ("numpy", the
             reference; bitwise the same results) or "auto" (numba when importable).
 
@@ -200,6 +209,7 @@ class TransportSolver:
         background: Callable[[Array, float], Array] | None = None,
         diffusion: float = 0.0,
         diffusion_step: str = "coupled",
+        diffusion_prefix: str = "diffusion_",
         flux_backend: str = "auto",
     ) -> None:
         if reconstruction not in POSITIVITY_LIMIT:
@@ -233,7 +243,9 @@ class TransportSolver:
             )
         self.diffusion, self.diffusion_step = float(diffusion), diffusion_step
         self._diffusion = TwoPointDiffusion(cv, diffusion) if diffusion > 0 else None
-        self._strang = self._diffusion is not None and diffusion_step == "strang"
+        split = self._diffusion is not None and diffusion_step != "coupled"
+        self._strang = split and diffusion_step == "strang"
+        self._implicit = split and diffusion_step == "implicit"
         self.flux_backend = resolve_flux_backend(flux_backend)
         self.t = float(t0)
         self.steps = 0
@@ -248,6 +260,17 @@ class TransportSolver:
         )
         self._prepare_geometry()
         self._no_grad = np.zeros((cv.n_local, cv.d))
+        self._split = None
+        if self._strang or self._implicit:
+            self._split = DiffusionSplit(
+                self._diffusion,
+                self._mass,
+                _RK[rk],
+                self._diffusion_rate,
+                implicit=self._implicit,
+                petsc_options_prefix=diffusion_prefix,
+            )
+        self._ksp_its = 0
 
     # ------------------------------------------------------------------ geometry
     def _prepare_geometry(self) -> None:
@@ -283,11 +306,10 @@ class TransportSolver:
         self._adj = cell_facets(L, R, self._B, cv.n_owned) if self.flux_backend == "numba" else None
         # coupled diffusion: its fluxes join the transport fluxes in every stage, and its share
         # of the Courant number, ell nu sum_f a_f per cell, joins the outflow (module doc)
-        coupled = self._diffusion is not None and not self._strang
+        coupled = self._diffusion is not None and not (self._strang or self._implicit)
         ell = POSITIVITY_LIMIT[self.reconstruction]
         self._diff_out = ell * self._diffusion.cell_rate if coupled else np.zeros(0)
         self._nu_a = self._diffusion.nu_a if coupled else np.zeros(0)
-        self._diff_rate = self._diffusion.max_rate() if self._strang else 0.0
 
     # ------------------------------------------------------------------ state
     @property
@@ -356,20 +378,15 @@ class TransportSolver:
         """The rate r with CFL number = dt r (allreduced over the owned cells):
         max_i (sum_f |f| u_f^+ + ell nu sum_f a_f) / |K_i|, ell the positivity limit of the
         reconstruction; without diffusion max_i sum_f |f| u_f^+ / |K_i| (module docstring)."""
-        n = self.cv.n_owned
         if self._adj is not None:
             rate = outflow_rate_numba(
                 u, self._flux_len, self._b_measure, self._inv_measure, self._adj, self._diff_out
             )
         else:
-            out = np.zeros(self._n_local)
-            ui, ub = u[: self._n_f], u[self._n_f :]
-            np.add.at(out, self._L, self._flux_len * np.maximum(ui, 0.0))
-            np.add.at(out, self._R, self._flux_len * np.maximum(-ui, 0.0))
-            np.add.at(out, self._B, self._b_measure * np.maximum(ub, 0.0))
-            if len(self._diff_out):
-                out += self._diff_out
-            rate = float((out[:n] * self._inv_measure[:n]).max(initial=0.0))
+            rate = outflow_rate_numpy(
+                u, self._flux_len, self._b_measure, self._inv_measure, self._L, self._R, self._B,
+                self.cv.n_owned, self._diff_out,
+            )  # fmt: skip
         return self._comm.allreduce(rate, op=MPI.MAX)
 
     # ------------------------------------------------------------------ fluxes
@@ -408,52 +425,18 @@ class TransportSolver:
         self._grad.scatter_forward()
         return self._grad.array.reshape(-1, cv.d)
 
-    def _face_values(self, rho: Array) -> tuple[Array, Array, Array]:
-        """Upwind candidates rho_{L,f}, rho_{R,f} (interior) and rho_{B,f} (boundary) (numpy)."""
-        L, R = self._L, self._R
-        if self.reconstruction == "upwind":
-            return rho[L], rho[R], rho[self._B]
-        grad = self._limited_gradient(rho)
-        rho_L = rho[L] + dot_rows(grad[L], self._rL)
-        rho_R = rho[R] + dot_rows(grad[R], self._rR)
-        rho_B = rho[self._B] + dot_rows(grad[self._B], self._rB)
-        return np.maximum(rho_L, 0.0), np.maximum(rho_R, 0.0), np.maximum(rho_B, 0.0)
-
     def _rate_of_change(self, m_local: Array, u: Array) -> Array:
         """dm/dt on all local cells (only the owned entries are meaningful): upwind transport
-        fluxes and, with diffusion, the two-point diffusion fluxes (collective: the limited
-        gradients of the ghosts come by a scatter)."""
+        fluxes and, with coupled diffusion, the two-point diffusion fluxes (collective: the
+        limited gradients of the ghosts come by a scatter)."""
         rho = m_local * self._inv_measure
+        muscl = self.reconstruction == "muscl"
+        grad = self._limited_gradient(rho) if muscl else self._no_grad
+        args = (rho, grad, u, self._flux_len, self._L, self._R, self._rL, self._rR, self._nu_a)
+        args += (self._B, self._rB, self._b_measure)
         if self._adj is not None:
-            muscl = self.reconstruction == "muscl"
-            grad = self._limited_gradient(rho) if muscl else self._no_grad
-            return rate_of_change_numba(
-                rho,
-                grad,
-                u,
-                self._flux_len,
-                self._L,
-                self._R,
-                self._rL,
-                self._rR,
-                self._nu_a,
-                self._B,
-                self._rB,
-                self._b_measure,
-                self._adj,
-                muscl,
-            )
-        rho_L, rho_R, rho_B = self._face_values(rho)
-        ui, ub = u[: self._n_f], u[self._n_f :]
-        flux = self._flux_len * (np.maximum(ui, 0.0) * rho_L - np.maximum(-ui, 0.0) * rho_R)
-        if len(self._nu_a):  # two-point diffusion: nu a_f (rho_R - rho_L) flows R -> L
-            flux -= self._nu_a * (rho[self._R] - rho[self._L])
-        dm = np.bincount(self._R, weights=flux, minlength=self._n_local)
-        dm -= np.bincount(self._L, weights=flux, minlength=self._n_local)
-        if len(self._B):  # outflow through the box boundary; nothing flows in
-            out = self._b_measure * np.maximum(ub, 0.0) * rho_B
-            dm -= np.bincount(self._B, weights=out, minlength=self._n_local)
-        return dm
+            return rate_of_change_numba(*args, self._adj, muscl)
+        return rate_of_change_numpy(*args, muscl)
 
     # ------------------------------------------------------------------ stepping
     def step(self, t_stop: float = math.inf) -> TransportStep:
@@ -465,6 +448,7 @@ class TransportSolver:
 
         Raises:
             BlowUpError: non-finite velocity/density or dt below ``dt_min``.
+            SolverError: the implicit diffusion's KSP did not converge (state unchanged).
         """
         t0 = self.t
         if self.dt_max < math.inf:
@@ -509,14 +493,16 @@ class TransportSolver:
             rejected=rejected,
             mass=mass,
             min_density=self.min_density(),
+            ksp_its=self._ksp_its,
         )
 
     def _try_step(self, m0: Array, u0: Array, t0: float, dt: float, limit: float) -> float | None:
         """One SSP-RK step from m0 (with ``strang`` diffusion: between two diffusion half
         steps); returns None on success or the offending stage CFL."""
         start, u_start = m0, u0
+        self._ksp_its = 0
         if self._strang:  # D(dt/2), then the transport from there with its own velocity
-            start = self._diffuse(m0, 0.5 * dt)
+            start, _ = self._split.advance(m0, 0.5 * dt)
             u_start = self.facet_velocity(t0, start)
             stage_cfl = dt * self.cfl_rate(u_start)
             if stage_cfl > limit:
@@ -536,37 +522,29 @@ class TransportSolver:
             euler = m_prev + beta * dt * self._rate_of_change(m_prev, u)
             m_new = self._mass.array
             m_new[:n_owned] = alpha * start[:n_owned] + (1.0 - alpha) * euler[:n_owned]
+            # at the bound (c = ell) a cell keeps m_i (1 - c / ell) + inflow >= 0, which rounding
+            # can leave at -eps m_i: such round-off is set to 0 (module docstring)
+            np.maximum(m_new[:n_owned], 0.0, out=m_new[:n_owned])
             self._mass.scatter_forward()
             m_prev = m_new.copy()
-        if self._strang:
-            self._diffuse(m_prev, 0.5 * dt)
+        if self._split is not None:  # D(dt/2) (strang) or D(dt) (implicit)
+            try:
+                self._ksp_its = self._split.advance(m_prev, 0.5 * dt if self._strang else dt)[1]
+            except SolverError:
+                self._mass.array[:] = m0
+                raise
         return None
 
-    def _diffuse(self, m_local: Array, tau: float) -> Array:
-        """The diffusion alone over a time tau from the local masses ``m_local``: sub-steps of
-        the solver's SSP Runge-Kutta scheme, each Euler stage of Courant number at most
-        :data:`SUBSTEP_COURANT` (positive and conservative; module docstring). Leaves the
-        result in the solver's masses and returns a copy of them (all local cells;
-        collective)."""
-        n = max(1, math.ceil(tau * self._diff_rate / SUBSTEP_COURANT))
-        h = tau / n
-        n_owned = self.cv.n_owned
-        m = m_local.copy()
-        for _ in range(n):
-            m0 = m
-            for alpha, beta, _c in _RK[self.rk]:
-                euler = m[:n_owned] + beta * h * self._diffusion_rate(m)[:n_owned]
-                self._mass.array[:n_owned] = alpha * m0[:n_owned] + (1.0 - alpha) * euler
-                self._mass.scatter_forward()
-                m = self._mass.array.copy()
-        return m
-
-    def _diffusion_rate(self, m_local: Array) -> Array:
-        """(dm/dt)_diff on the local cells (owned entries meaningful)."""
-        rho = m_local * self._inv_measure
+    def _diffusion_rate(self, rho: Array) -> Array:
+        """(dm/dt)_diff on the local cells (owned entries meaningful) for densities rho."""
         if self._adj is not None:
             return diffusion_rate_numba(rho, self._L, self._R, self._diffusion.nu_a, self._adj)
         return self._diffusion.rate(rho)
+
+    def destroy(self) -> None:
+        """Destroy the PETSc objects of the implicit diffusion, if any (collective)."""
+        if self._split is not None:
+            self._split.destroy()
 
     # ------------------------------------------------------------------ diagnostics
     def diagnostics(self) -> MeasureDiagnostics:

@@ -48,7 +48,9 @@ __all__ = [
     "limited_gradient_numba",
     "limited_gradient_numpy",
     "outflow_rate_numba",
+    "outflow_rate_numpy",
     "rate_of_change_numba",
+    "rate_of_change_numpy",
     "resolve_flux_backend",
 ]
 
@@ -125,6 +127,63 @@ def limited_gradient_numpy(
             )
         np.minimum.at(phi, ci, np.minimum(ratio, 1.0))
     return np.maximum(phi[:n_owned], 0.0)[:, None] * g
+
+
+def rate_of_change_numpy(
+    rho: Array,
+    grad: Array,
+    u: Array,
+    flen: Array,
+    L: Index,
+    R: Index,
+    rL: Array,
+    rR: Array,
+    nu_a: Array,
+    B: Index,
+    rB: Array,
+    bmeasure: Array,
+    muscl: bool,
+) -> Array:
+    """The reference of :func:`rate_of_change_numba` (the same arguments but the adjacency):
+    dm/dt on the local cells by ``np.bincount`` over the facets."""
+    n_f, n_local = len(L), len(rho)
+    if muscl:
+        rho_L = np.maximum(rho[L] + dot_rows(grad[L], rL), 0.0)
+        rho_R = np.maximum(rho[R] + dot_rows(grad[R], rR), 0.0)
+        rho_B = np.maximum(rho[B] + dot_rows(grad[B], rB), 0.0)
+    else:
+        rho_L, rho_R, rho_B = rho[L], rho[R], rho[B]
+    ui, ub = u[:n_f], u[n_f:]
+    flux = flen * (np.maximum(ui, 0.0) * rho_L - np.maximum(-ui, 0.0) * rho_R)
+    if len(nu_a):  # two-point diffusion: nu a_f (rho_R - rho_L) flows R -> L
+        flux -= nu_a * (rho[R] - rho[L])
+    dm = np.bincount(R, weights=flux, minlength=n_local)
+    dm -= np.bincount(L, weights=flux, minlength=n_local)
+    if len(B):  # outflow through the box boundary; nothing flows in
+        dm -= np.bincount(B, weights=bmeasure * np.maximum(ub, 0.0) * rho_B, minlength=n_local)
+    return dm
+
+
+def outflow_rate_numpy(
+    u: Array,
+    flen: Array,
+    bmeasure: Array,
+    inv_measure: Array,
+    L: Index,
+    R: Index,
+    B: Index,
+    n_owned: int,
+    diffusion: Array,
+) -> float:
+    """The reference of :func:`outflow_rate_numba`, by ``np.add.at`` over the facets."""
+    out = np.zeros(len(inv_measure))
+    n_f = len(L)
+    np.add.at(out, L, flen * np.maximum(u[:n_f], 0.0))
+    np.add.at(out, R, flen * np.maximum(-u[:n_f], 0.0))
+    np.add.at(out, B, bmeasure * np.maximum(u[n_f:], 0.0))
+    if len(diffusion):
+        out += diffusion
+    return float((out[:n_owned] * inv_measure[:n_owned]).max(initial=0.0))
 
 
 @dataclass(frozen=True)

@@ -247,12 +247,17 @@ class ParticleSystem:
 
     def set_state(self, points: np.ndarray, masses: np.ndarray) -> None:
         """Replace this rank's particles by ``points`` (n_local, d) and ``masses`` (n_local,)
-        exactly as given (no retraction: a checkpoint keeps its bits)."""
+        exactly as given (no retraction: a checkpoint keeps its bits). With noise the number
+        of particles must stay (their global indices select the Brownian increments)."""
         points = np.array(points, dtype=np.float64)
         masses = np.array(masses, dtype=np.float64)
         if points.ndim != 2 or points.shape[1] != self.d or masses.shape != (len(points),):
             raise ValueError(
                 f"need points (n, {self.d}) and masses (n,), got {points.shape}, {masses.shape}"
+            )
+        if self.diffusion > 0 and len(points) != len(self._ids):
+            raise ValueError(
+                f"with noise the particle count must stay {len(self._ids)} (got {len(points)})"
             )
         points.flags.writeable = False
         masses.flags.writeable = False
