@@ -47,8 +47,9 @@ class SchemeOptions:
         diffusion: the tokens' noise nu >= 0 (``[attention] diffusion``): fv adds nu Delta_S
             by two-point fluxes, particles a Brownian motion on the sphere; jko raises
             ValueError when it is > 0 (its entropy term is not there yet).
-        diffusion_step: how fv steps the diffusion, "coupled" or "strang"
-            (:data:`solvers.transport.DIFFUSION_STEPS`).
+        diffusion_step: how fv steps the diffusion, "coupled", "strang" or "implicit"
+            (:data:`solvers.transport.DIFFUSION_STEPS`; "implicit": PETSc options prefix
+            ``diffusion_``).
         seed: the seed of the particles' Brownian increments (``[weights] seed``).
     """
 
