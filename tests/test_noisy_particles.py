@@ -242,7 +242,7 @@ BAD = [
     ("attention.diffusion=-0.5", "attention.diffusion: must be >= 0"),
     ("attention.diffusion=inf", "attention.diffusion: must be finite"),
     ('attention.diffusion="a lot"', "attention.diffusion: must be a number"),
-    ('transport.diffusion_step="implicit"', "transport.diffusion_step: must be one of"),
+    ('transport.diffusion_step="backward"', "transport.diffusion_step: must be one of"),
 ]
 
 
