@@ -59,7 +59,9 @@ def test_numba_equals_numpy_bitwise(comm, manifold, reconstruction, nu):
     # and the rate of change itself, on a state with structure
     m = b._mass.array.copy()
     u = b.facet_velocity(b.t)
-    assert np.array_equal(a._rate_of_change(m, u)[: cv.n_owned], b._rate_of_change(m, u)[: cv.n_owned])
+    assert np.array_equal(
+        a._rate_of_change(m, u)[: cv.n_owned], b._rate_of_change(m, u)[: cv.n_owned]
+    )
     assert a.cfl_rate(u) == b.cfl_rate(u)
 
 
@@ -91,7 +93,21 @@ def test_one_compiled_specialisation(comm):
     for rec in ("upwind", "muscl"):
         for nu in (0.0, 0.1):
             _trajectory(cv, "numba", rec, nu, steps=2)
-    kernels = (fv_kernels._limited_gradient, fv_kernels._rate_of_change, fv_kernels._outflow_rate)
+    s = TransportSolver(
+        cv,
+        Attention(5.0, 1),
+        make_weights("frozen", [Head.identity(3)]),
+        initial_density(cv, DENSITY),
+        diffusion=0.1,
+        diffusion_step="strang",
+    )
+    s.step()
+    kernels = (
+        fv_kernels._limited_gradient,
+        fv_kernels._rate_of_change,
+        fv_kernels._outflow_rate,
+        fv_kernels._diffusion_rate,
+    )
     assert all(len(k.signatures) == 1 for k in kernels), [k.signatures for k in kernels]
 
 

@@ -38,6 +38,11 @@ of the facet) and all face values are non-negative. :attr:`TwoPointDiffusion.cel
 :math:`\nu \sum_f a_f` per owned cell; the transport solver adds :math:`\ell` times it to the
 advective outflow rate when it chooses dt from the CFL number (docs/numerics.md).
 
+Split steps. :class:`DiffusionSplit` advances the diffusion alone over a time tau, for the
+transport solver's ``diffusion_step = "strang"`` (explicit Runge-Kutta sub-steps at the bound
+above without transport) and ``"implicit"`` (one backward-Euler step,
+:mod:`solvers.transport._diffusion_implicit`).
+
 Parallel. The facets are those of ``ControlVolumes`` (each stored with its two cells on every
 rank that owns one of them, in a rank-independent orientation), so the fluxes are bitwise
 identical on both sides of a rank boundary and the result does not depend on the number of
@@ -188,7 +193,7 @@ class DiffusionSplit:
             m0 = m
             for alpha, beta, _c in self._rk:
                 euler = m[:n_owned] + beta * h * self._rate(m * self._inv_measure)[:n_owned]
-                vec.array[:n_owned] = alpha * m0[:n_owned] + (1.0 - alpha) * euler
+                vec.array[:n_owned] = euler + alpha * (m0[:n_owned] - euler)  # no mass made
                 vec.scatter_forward()
                 m = vec.array.copy()
         return m, 0
