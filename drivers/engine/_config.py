@@ -221,6 +221,11 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     a["tolerance"] = as_float(a["tolerance"], "attention.tolerance")
     if not 0 < a["tolerance"] < 1:
         raise ConfigError("attention.tolerance", f"must be in (0, 1), got {a['tolerance']}")
+    a["diffusion"] = as_float(a["diffusion"], "attention.diffusion")
+    if not a["diffusion"] >= 0:
+        raise ConfigError(
+            "attention.diffusion", f"must be >= 0 (0: no noise), got {a['diffusion']}"
+        )
     if isinstance(a["sign"], bool) or a["sign"] not in (1, -1):
         raise ConfigError("attention.sign", f"must be +1 or -1, got {a['sign']!r}")
     a["sign"] = int(a["sign"])
@@ -369,6 +374,7 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         )
     o["edi_every"] = o["edi_every"] or o["every"]
     _adapt(cfg)
+    _diffusion(cfg)
     return cfg
 
 
@@ -388,6 +394,29 @@ def _cadence(cfg: dict[str, Any]) -> None:
         raise ConfigError("output.per_decade", f"must be >= 1, got {o['per_decade']}")
     if not isinstance(o["clusters"], bool):
         raise ConfigError("output.clusters", f"must be true or false, got {o['clusters']!r}")
+
+
+def _diffusion(cfg: dict[str, Any]) -> None:
+    """The manifolds and schemes that take ``[attention] diffusion`` > 0."""
+    if cfg["attention"]["diffusion"] == 0:
+        return
+    scheme = cfg["time"]["scheme"]
+    if cfg["mesh"]["manifold"] not in ("S1", "S2"):
+        raise ConfigError(
+            "attention.diffusion", "noisy tokens are implemented on the spheres S1 and S2"
+        )
+    if scheme == "jko":
+        raise ConfigError(
+            "attention.diffusion",
+            'the "jko" scheme has no diffusion (entropy) term yet: use time.scheme = "fv" or '
+            '"particles" for noisy tokens',
+        )
+    if cfg["adapt"]["max_level"] > 0:
+        raise ConfigError(
+            "attention.diffusion",
+            "noisy tokens need a Delaunay mesh (two-point fluxes between circumcentres), and "
+            "the green closure of adaptive meshes is not: set adapt.max_level = 0",
+        )
 
 
 def _adapt(cfg: dict[str, Any]) -> None:

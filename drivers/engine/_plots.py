@@ -305,16 +305,20 @@ def plot_budget(path: str | Path, rows: Sequence[dict[str, float]], title: str =
     else:
         fig, (ax, bx) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True, height_ratios=(3, 2))
     ax.plot(t, col("dE"), "k", lw=2.2, label=r"$\Delta E$")
+    noise = all("int_diffusion" in r for r in rows) and np.any(col("int_diffusion") != 0.0)
+    power = col("int_diffusion") if noise else np.zeros_like(t)
     ax.plot(
         t,
-        col("int_dtE") + col("int_dissipation"),
+        col("int_dtE") + col("int_dissipation") + power,
         "y--",
         lw=1.6,
-        label=r"$\int \partial_t E + \int \mathcal{D}$",
+        label=r"$\int \partial_t E + \int \mathcal{D}$" + (r" $+ \int P_\nu$" if noise else ""),
     )
     ax.plot(t, col("int_dissipation"), label=r"$\int \mathcal{D}$ (token dissipation)")
     ax.plot(t, -col("int_G2"), ":", label=r"$-\int G^2$")
     ax.plot(t, col("int_dtE"), label=r"$\int \partial_t E$")
+    if noise:
+        ax.plot(t, power, label=r"$\int P_\nu$ (noise)")
     if np.any(col("martingale") != 0.0) or np.any(col("ito_correction") != 0.0):
         ax.plot(t, col("int_dtE_drift"), lw=0.9, label="drift part")
         ax.plot(t, col("ito_correction"), lw=0.9, label="Ito correction")

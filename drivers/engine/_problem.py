@@ -176,6 +176,9 @@ def scheme_options(cfg: dict[str, Any]) -> SchemeOptions:
         reconstruction=cfg["transport"]["reconstruction"],
         background=feedforward(cfg),
         petsc_options_prefix="jko_",
+        diffusion=cfg["attention"]["diffusion"],
+        diffusion_step=cfg["transport"]["diffusion_step"],
+        seed=cfg["weights"]["seed"],
     )
 
 

@@ -60,7 +60,7 @@ SECTIONS: dict[str, str] = {
     "weights": "how the heads' matrices evolve in time (docs/model.md, M1b)",
     "initial": "the initial density of the tokens",
     "time": "the time interval and the scheme",
-    "transport": "the finite-volume reconstruction",
+    "transport": "the finite-volume reconstruction and the stepping of the diffusion",
     "output": "what is written, and how often",
     "adapt": "adaptive meshes that follow the solution (S1/S2 built-in meshes, fv and jko schemes; "
     "docs/adaptivity.md); max_level = 0 keeps the uniform mesh",
@@ -109,6 +109,10 @@ KEYS: tuple[Key, ...] = (
         "Wasserstein gradient s grad(dE/dmu) / b of the interaction energy (what the JKO "
         "scheme discretises; equal to attention for one head with V = Q^T K symmetric)",
         ("attention", "gradient")),
+    Key("attention", "diffusion", "number", 0.0,
+        "noise nu >= 0 of the tokens: the PDE gains nu Delta_S mu (fv: two-point "
+        "Laplace-Beltrami fluxes; particles: Brownian motion on the sphere, seeded by "
+        "weights.seed); S1/S2, schemes fv and particles; 0: none"),
     # [weights]
     Key("weights", "dynamics", "string", "frozen",
         "frozen heads; Ornstein-Uhlenbeck or oscillating D_h(t) (heads (I, D, D)); "
@@ -172,6 +176,14 @@ KEYS: tuple[Key, ...] = (
     Key("transport", "reconstruction", "string", "muscl",
         "fv: piecewise-linear limited (second order) or piecewise-constant (first order)",
         ("muscl", "upwind")),
+    Key("transport", "diffusion_step", "string", "coupled",
+        "fv with attention.diffusion > 0: coupled: the diffusion fluxes in every Runge-Kutta "
+        "stage, dt from the combined Courant number (cfl bounds transport + diffusion); "
+        "strang: diffusion half steps by sub-steps around the transport step, dt from the "
+        "transport alone (cheaper on fine meshes); implicit: a backward-Euler diffusion step "
+        "(PETSc CG + GAMG, options prefix diffusion_) after the transport step, first order "
+        "in dt (strong noise on fine meshes; docs/numerics.md)",
+        ("coupled", "strang", "implicit")),
     # [output]
     Key("output", "every", "integer", 10,
         "write density.xdmf and a metrics row every k-th step (t = 0 and t_end always), >= 1; "

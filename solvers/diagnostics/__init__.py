@@ -48,7 +48,13 @@ from solvers.diagnostics._distances import (
     quantise,
     sample_sphere_density,
 )
-from solvers.diagnostics._edi import EDI_COLUMNS, BudgetInterval, BudgetPoint, EnergyBudget
+from solvers.diagnostics._edi import (
+    EDI_COLUMNS,
+    BudgetInterval,
+    BudgetPoint,
+    EnergyBudget,
+    diffusion_power,
+)
 from solvers.diagnostics._energy import (
     EnergyDerivatives,
     energy_derivatives,
@@ -86,6 +92,7 @@ __all__ = [
     "CLUSTER_METHODS",
     "EDI_COLUMNS",
     "EVENT_COLUMNS",
+    "diffusion_power",
     "MAXIMAL_SLOPE_COLUMNS",
     "REST_RTOL",
     "BudgetInterval",

@@ -20,8 +20,20 @@ Along the transformer PDE with time-dependent weights
 :math:`\langle A, B \rangle = \sum_{ab} A_{ab} B_{ab}`. :math:`\mathcal{D}` is the exact token
 dissipation of ``measure_diagnostics``, signed (:math:`\mathcal{D} = s\, G^2` for :math:`H = 1`).
 Reported: :math:`\Delta E = E(T) - E(0)` and the residual
-:math:`\Delta E - \int_0^T \partial_t E\, dt - \int_0^T \mathcal{D}\, dt`, zero for the exact flow
-(docs/model.md: "E(T) - E(0) = int d_tE -/+ dissipation"; our :math:`\mathcal{D}` carries the sign).
+:math:`\Delta E - \int_0^T \partial_t E\, dt - \int_0^T \mathcal{D}\, dt - \int_0^T \mathcal{P}_\nu\, dt`,
+zero for the exact flow (docs/model.md: "E(T) - E(0) = int d_tE -/+ dissipation"; our
+:math:`\mathcal{D}` carries the sign).
+
+Noisy tokens. With :math:`\partial_t \mu + \mathrm{div}_S(\mu X) = \nu \Delta_S \mu`
+(``EnergyBudget(diffusion=nu)``) the energy also changes by the power of the noise,
+:math:`\mathcal{P}_\nu = \nu \int \Delta_S (\delta E / \delta \mu)\, d\mu` (column
+``int_diffusion``, trapezoid; :func:`diffusion_power`: a contraction of the weight derivatives,
+so a record with noise takes the second moments like the OU case), and the budget closes again
+for the finite volumes (residual -> 0 with the mesh and the step, ``tests/test_diffusion.py``).
+For particles with Brownian increments the residual also holds the martingale
+:math:`\sum_i \int \nabla_{x_i} E \cdot \sqrt{2\nu}\, dB_i` (mean zero, size
+:math:`O(\sqrt{\nu T / n})`, not computed: the budget sees states only) and an
+:math:`O(1/n)` self-interaction term of Ito's formula; it closes in expectation.
 
 The weight derivatives :math:`\partial E / \partial M_h`, :math:`\partial^2 E / \partial M_h^2`
 and the head energies :math:`e_h` at each recorded state come from :func:`energy_derivatives`
@@ -123,6 +135,7 @@ __all__ = [
     "BudgetPoint",
     "EnergyBudget",
     "EnergyDerivatives",
+    "diffusion_power",
     "energy_derivatives",
     "interaction_energy",
     "noise_contraction",
@@ -138,9 +151,19 @@ EDI_COLUMNS = (
     "dtE_remainder",
     "int_G2",
     "int_dissipation",
+    "int_diffusion",
     "edi_residual",
 )
-_SUMMED = ("int_dtE", "int_dtE_drift", "ito_correction", "martingale", "int_G2", "int_dissipation")
+#: the summed columns, in the order of a checkpoint's ``edi_sums`` (new ones at the end)
+_SUMMED = (
+    "int_dtE",
+    "int_dtE_drift",
+    "ito_correction",
+    "martingale",
+    "int_G2",
+    "int_dissipation",
+    "int_diffusion",
+)
 
 
 def _head_weights(weights: Any, t: float, H: int) -> np.ndarray | None:
@@ -201,6 +224,44 @@ def _noise_piece(weights: Any, k: int, lo: float, hi: float) -> np.ndarray:
     return D_hi - D_lo - (hi - lo) * (np.eye(D_lo.shape[-1]) - weights.grid_value(k))
 
 
+def diffusion_power(gradient: np.ndarray, hessian: np.ndarray, M: np.ndarray, nu: float) -> float:
+    r"""The power of the tokens' noise, :math:`\nu \int \Delta_S \frac{\delta E}{\delta \mu}\, d\mu`,
+    from the weight derivatives of :func:`energy_derivatives` (tokens on the unit sphere).
+
+    Along :math:`\partial_t \mu = \nu \Delta_S \mu`,
+    :math:`\frac{d}{dt} E = \nu \int \frac{\delta E}{\delta\mu} \Delta_S \mu = \nu \int \Delta_S
+    \frac{\delta E}{\delta\mu} d\mu = \nu \sum_h \frac{w_h}{2\beta} \iint (\Delta_x + \Delta_y)
+    k_h\, d\mu\, d\mu`, and on :math:`S^{d-1}`,
+    :math:`\Delta_S e^{\beta x \cdot v} = e^{\beta x \cdot v} (\beta^2 |P_x v|^2 - \beta (d-1)\,
+    x \cdot v)`. With :math:`|x| = |y| = 1` every moment of :math:`k_h` that appears is a
+    contraction of :math:`G_h = \partial E / \partial M_h` and
+    :math:`\mathcal H_h = \partial^2 E / \partial M_h^2`
+    (:math:`\iint k\, y_b y_d = \sum_a \iint k\, x_a y_b x_a y_d`, and so on):
+
+    .. math::
+        \nu \sum_h \Big[\sum_{abd} (M^T M)_{bd} \mathcal H_{ab,ad}
+          + \sum_{abc} (M M^T)_{ac} \mathcal H_{ab,cb}
+          - 2 \sum_{abcd} M_{ab} M_{cd} \mathcal H_{ab,cd}
+          - 2 (d - 1) \langle M, G \rangle \Big]_h .
+
+    Args:
+        gradient: (H, d, d) :math:`G_h`; hessian: (H, d, d, d, d) :math:`\mathcal H_h`.
+        M: (H, d, d) the kernel matrices :math:`Q_h^T K_h`.
+        nu: the diffusion coefficient.
+    """
+    G, Hs, M = (np.asarray(a, dtype=np.float64) for a in (gradient, hessian, M))
+    d = M.shape[-1]
+    MtM = np.einsum("hab,had->hbd", M, M)
+    MMt = np.einsum("hab,hcb->hac", M, M)
+    total = (
+        np.einsum("hbd,habad->", MtM, Hs)
+        + np.einsum("hac,habcb->", MMt, Hs)
+        - 2.0 * np.einsum("hab,hcd,habcd->", M, M, Hs)
+        - 2.0 * (d - 1) * np.einsum("hab,hab->", M, G)
+    )
+    return float(nu * total)
+
+
 # ------------------------------------------------------------------------------- the budget
 @dataclass(frozen=True)
 class BudgetInterval:
@@ -215,11 +276,12 @@ class BudgetInterval:
     martingale: float
     int_G2: float
     int_dissipation: float
+    int_diffusion: float = 0.0
 
     @property
     def edi_residual(self) -> float:
-        """dE - int_dtE - int_dissipation."""
-        return self.dE - self.int_dtE - self.int_dissipation
+        """dE - int_dtE - int_dissipation - int_diffusion."""
+        return self.dE - self.int_dtE - self.int_dissipation - self.int_diffusion
 
     @property
     def dtE_remainder(self) -> float:
@@ -238,6 +300,8 @@ class BudgetPoint:
         ito_rate: the Ito correction rate
             :math:`\tfrac{\sigma^2}{2} \sum_h \mathbb E\, \partial^2 E[\xi_h, \xi_h]`
             (:func:`noise_contraction`; 0 without noise).
+        diffusion_rate: the power :math:`\nu \int \Delta_S (\delta E/\delta\mu)\, d\mu` of the
+            tokens' noise (:func:`diffusion_power`; 0 without noise).
     """
 
     t: float
@@ -247,6 +311,7 @@ class BudgetPoint:
     mass: float
     drift_rate: float
     ito_rate: float
+    diffusion_rate: float = 0.0
 
 
 @dataclass
@@ -287,9 +352,16 @@ class EnergyBudget:
             linear in the partition functions; :func:`energy_derivatives`), so that no term
             overflows for any :math:`\beta` when :math:`\Lambda \ge \max \log Z_h`;
             0 (default): unscaled. Keep it fixed along a trajectory (and across a restart).
+        diffusion: the tokens' noise nu >= 0 (``[attention] diffusion``): adds the column
+            ``int_diffusion`` (module docstring); tokens on the sphere.
     """
 
-    def __init__(self, backend: str | None = None, log_scale: float = 0.0) -> None:
+    def __init__(
+        self, backend: str | None = None, log_scale: float = 0.0, diffusion: float = 0.0
+    ) -> None:
+        if not (math.isfinite(diffusion) and diffusion >= 0):
+            raise ValueError(f"diffusion must be finite and >= 0, got {diffusion}")
+        self.diffusion = float(diffusion)
         self.backend = brute_force_backend(backend)
         self.log_scale = float(log_scale)
         self.bound = 0.0
@@ -341,7 +413,7 @@ class EnergyBudget:
             comm,
             values=V,
             sources=sources,
-            second=ou,
+            second=ou or self.diffusion > 0,
             backend=self.backend,
             head_weights=hw,
             log_scale=self.log_scale,
@@ -351,7 +423,21 @@ class EnergyBudget:
         ito_rate = 0.0
         if ou:
             ito_rate = 0.5 * np.float64(weights.sigma) ** 2 * noise_contraction(der.hessian)
-        point = BudgetPoint(t, der.energy, der.G2, der.dissipation, der.mass, drift_rate, ito_rate)
+        diffusion_rate = 0.0
+        if self.diffusion > 0:
+            if not attention.manifold:
+                raise ValueError("the diffusion power is derived for tokens on the sphere")
+            diffusion_rate = diffusion_power(der.gradient, der.hessian, M, self.diffusion)
+        point = BudgetPoint(
+            t,
+            der.energy,
+            der.G2,
+            der.dissipation,
+            der.mass,
+            drift_rate,
+            ito_rate,
+            diffusion_rate,
+        )
         return _State(
             point,
             der.gradient,
@@ -430,6 +516,7 @@ class EnergyBudget:
             martingale=martingale,
             int_G2=0.5 * h * (a.G2 + b.G2),
             int_dissipation=0.5 * h * (a.dissipation + b.dissipation),
+            int_diffusion=0.5 * h * (a.diffusion_rate + b.diffusion_rate),
         )
         for key in self._sums:
             self._sums[key] += getattr(interval, key)
@@ -480,7 +567,9 @@ class EnergyBudget:
         self._state = self._evaluate(t, points_local, masses_local, weights, attention, comm)
         self.bound = max(self.bound, float(saved.get("edi_bound", 0.0)))
         self._t0, self._energy0 = float(saved["edi_t0"]), float(saved["edi_energy0"])
-        self._sums = {k: float(v) for k, v in zip(_SUMMED, saved["edi_sums"], strict=True)}
+        sums = [float(v) for v in saved["edi_sums"]]  # a checkpoint from before int_diffusion
+        sums += [0.0] * (len(_SUMMED) - len(sums))  # has one sum less
+        self._sums = dict(zip(_SUMMED, sums, strict=True))
         self.n_intervals = int(saved["edi_n_intervals"])
         self._anchor = np.array(saved["edi_anchor"], dtype=np.float64)
         self.last = None
@@ -516,5 +605,5 @@ class EnergyBudget:
         out["dtE_remainder"] = (
             s["int_dtE"] - s["int_dtE_drift"] - s["ito_correction"] - s["martingale"]
         )
-        out["edi_residual"] = dE - s["int_dtE"] - s["int_dissipation"]
+        out["edi_residual"] = dE - s["int_dtE"] - s["int_dissipation"] - s["int_diffusion"]
         return {key: float(out[key]) for key in EDI_COLUMNS}

@@ -3,10 +3,12 @@
 Public face of the transport package: every scheme that the run loop steps.
 
 - :class:`TransportSolver` ("fv"): explicit conservative finite volumes (upwind or MUSCL,
-  SSP Runge-Kutta, dt from the CFL number);
+  SSP Runge-Kutta, dt from the CFL number; the rate of change compiled, ``_fv_kernels``; noise
+  by the two-point Laplace-Beltrami operator :class:`TwoPointDiffusion`, ``_diffusion``);
 - :class:`JKOSolver` ("jko"): the minimizing-movement step, a variational finite-volume
   optimal-transport problem solved by Newton (PETSc SNES);
-- :class:`ParticleSystem`: the discrete transformer (weighted particles, RK4/Euler), and
+- :class:`ParticleSystem`: the discrete transformer (weighted particles, RK4/Euler; noise by
+  a Brownian step on the sphere, :func:`brownian_mean_factor`), and
   :class:`MeshParticles` ("particles"): particles started at the cell centres of a mesh, with
   a CFL step and densities by deposit.
 
@@ -24,10 +26,17 @@ scheme`` names to constructors, :func:`make_scheme`, :func:`register_scheme`).
 
 from solvers.transport._adaptive import AdaptiveScheme, AdaptOptions
 from solvers.transport._deposit import deposit_to_cells
+from solvers.transport._diffusion import TwoPointDiffusion
 from solvers.transport._expression import CONSTANTS as EXPRESSION_CONSTANTS
 from solvers.transport._expression import FUNCTIONS as EXPRESSION_FUNCTIONS
 from solvers.transport._expression import Expression, ExpressionError
-from solvers.transport._finite_volume import POSITIVITY_LIMIT, TransportSolver, TransportStep
+from solvers.transport._finite_volume import (
+    DIFFUSION_STEPS,
+    POSITIVITY_LIMIT,
+    TransportSolver,
+    TransportStep,
+)
+from solvers.transport._fv_kernels import FLUX_BACKENDS
 from solvers.transport._initial import (
     DensityError,
     cell_averages,
@@ -43,7 +52,13 @@ from solvers.transport._jko import (
     JKOStep,
     circumcentres,
 )
-from solvers.transport._particles import INTEGRATORS, MeshParticles, ParticleSystem, retract
+from solvers.transport._particles import (
+    INTEGRATORS,
+    MeshParticles,
+    ParticleSystem,
+    brownian_mean_factor,
+    retract,
+)
 from solvers.transport._registry import (
     SCHEMES,
     SchemeFactory,
@@ -56,10 +71,12 @@ __all__ = [
     "AdaptOptions",
     "AdaptiveScheme",
     "DEFAULT_OPTIONS",
+    "DIFFUSION_STEPS",
     "EXPRESSION_CONSTANTS",
     "EXPRESSION_FUNCTIONS",
     "Expression",
     "ExpressionError",
+    "FLUX_BACKENDS",
     "HESSIANS",
     "INTEGRATORS",
     "POSITIVITY_LIMIT",
@@ -74,6 +91,8 @@ __all__ = [
     "SchemeOptions",
     "TransportSolver",
     "TransportStep",
+    "TwoPointDiffusion",
+    "brownian_mean_factor",
     "cell_averages",
     "circumcentres",
     "density_function",

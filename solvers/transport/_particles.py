@@ -20,6 +20,38 @@ by no more than the local error O(dt^{p+1}), so the scheme keeps its order p (me
 for RK4, 1.0 for Euler). With ``on_sphere=False`` the particles live in R^d: no projection
 (Attention(manifold=False)) and no retraction.
 
+Noise (docs/model.md, M1 with noise). With ``diffusion`` nu > 0 every token also performs a
+Brownian motion on the sphere, :math:`dx = X\,dt + \sqrt{2\nu}\, dB_S` with generator
+:math:`\nu \Delta_S` (the particle picture of :math:`\partial_t \mu + \mathrm{div}_S(\mu X) =
+\nu \Delta_S \mu`). Integrator (Lie splitting, weak order 1): the deterministic step above,
+then the Brownian step in the tangent space followed by the retraction,
+
+.. math::  x \leftarrow \frac{x + s P_x \xi}{|x + s P_x \xi|}, \qquad s = \sqrt{2 \nu\, dt},
+           \quad \xi \sim N(0, I_d).
+
+Since :math:`P_x \xi \perp x`, :math:`|x + s P_x\xi|^2 = 1 + s^2 |P_x\xi|^2` and
+:math:`|P_x \xi|^2 \sim \chi^2_{d-1}`; for a first spherical harmonic :math:`\ell(x) = e \cdot
+x` the odd part drops out of the mean and
+
+.. math::  \mathbb E[\ell(x') \mid x] = \ell(x)\, r(s), \qquad
+           r(s) = \mathbb E\big[(1 + s^2 \chi^2_{d-1})^{-1/2}\big]
+           = 1 - \nu (d-1)\, dt + O(dt^2),
+
+against :math:`e^{-\nu (d-1) dt}` for the exact Brownian motion (:func:`brownian_mean_factor`
+computes r): the mean of every first harmonic decays at the exact rate up to O(dt), and the
+expected drift of the increment, :math:`-\tfrac{s^2}{2} |P_x\xi|^2 x`, is the Ito drift
+:math:`-\nu (d-1) x\, dt` of the Brownian motion on :math:`S^{d-1}` embedded in
+:math:`\mathbb R^d`.
+
+Random numbers: the increments of step k are the rows, at the particles' global indices, of a
+standard normal (n_global, d) array drawn from ``numpy.random.default_rng([seed, NOISE_STREAM,
+k])`` (:data:`NOISE_STREAM`): they depend on (seed, k, particle) only, never on the number of
+ranks or on what happened before step k, so a run restarted from a checkpoint at step k
+continues with exactly the increments of an uninterrupted run (``MeshParticles``: the step
+count of the checkpoint; the global index of a particle is the original index of its
+starting cell). Every rank draws the whole (n_global, d) array of a step: O(n d) work and
+memory, like the gathered velocity evaluation.
+
 Parallel: every rank owns a block of particles. One velocity evaluation gathers all
 (point, mass) pairs once (Allgatherv, O(n) memory) and evaluates the field at the local
 particles; the result is independent of the number of ranks.
@@ -46,9 +78,38 @@ from solvers.stepping import SchemeState, StepResult, step_towards
 from solvers.transport._deposit import deposit_to_cells
 from solvers.weights import WeightDynamics, head_weights_at
 
-__all__ = ["INTEGRATORS", "MeshParticles", "ParticleSystem", "retract"]
+__all__ = [
+    "INTEGRATORS",
+    "NOISE_STREAM",
+    "MeshParticles",
+    "ParticleSystem",
+    "brownian_mean_factor",
+    "retract",
+]
 
 INTEGRATORS = ("rk4", "euler")
+#: the second entry of the seed of the tokens' Brownian increments (the weights' noise uses
+#: other streams of the same ``[weights] seed``)
+NOISE_STREAM = 0x6E6F697365  # "noise"
+
+
+def brownian_mean_factor(nu: float, dt: float, d: int) -> float:
+    """r = E[(1 + 2 nu dt chi_{d-1}^2)^{-1/2}]: one Brownian step of the integrator multiplies
+    the mean of every first spherical harmonic by r (module docstring); by adaptive quadrature
+    against the chi density with d - 1 degrees of freedom (smooth on [0, inf))."""
+    from scipy import integrate, stats
+
+    if nu == 0 or dt == 0:
+        return 1.0
+    s2 = 2.0 * nu * dt
+    value, _ = integrate.quad(
+        lambda q: (1.0 + s2 * q * q) ** -0.5 * stats.chi.pdf(q, d - 1),
+        0.0,
+        np.inf,
+        epsabs=1e-15,
+        epsrel=1e-13,
+    )
+    return float(value)
 
 
 def retract(points: np.ndarray) -> np.ndarray:
@@ -74,6 +135,16 @@ class ParticleSystem:
         integrator: "rk4" or "euler".
         on_sphere: True: tokens on S^{d-1} (tangent projection and retraction); False: tokens
             in R^d.
+        diffusion: the noise nu >= 0: each step ends with the Brownian step of the module
+            docstring (on the sphere only).
+        seed: the seed of the Brownian increments (``[weights] seed`` in a run).
+        ids: (n_local,) distinct global indices in [0, n_global) of this rank's particles,
+            which select their increments (default: the ranks' blocks in rank order, so a
+            system split into consecutive blocks draws the same increments on any number of
+            ranks).
+
+    Attributes:
+        draws: the number of Brownian steps taken (the index k of the next one's stream).
     """
 
     def __init__(
@@ -86,6 +157,9 @@ class ParticleSystem:
         comm=None,
         integrator: str = "rk4",
         on_sphere: bool = True,
+        diffusion: float = 0.0,
+        seed: int = 0,
+        ids: np.ndarray | None = None,
     ) -> None:
         if integrator not in INTEGRATORS:
             raise ValueError(f"unknown integrator {integrator!r}; expected one of {INTEGRATORS}")
@@ -116,6 +190,12 @@ class ParticleSystem:
             if off > 1e-8:
                 raise ValueError(f"points must lie on the unit sphere (max ||x| - 1| = {off:.3e})")
             points = retract(points)
+        if not (math.isfinite(diffusion) and diffusion >= 0):
+            raise ValueError(f"diffusion must be finite and >= 0, got {diffusion}")
+        if diffusion > 0 and not on_sphere:
+            raise ValueError("Brownian tokens are implemented on the sphere (on_sphere=True)")
+        self.diffusion, self.seed, self.draws = float(diffusion), int(seed), 0
+        self._ids, self._n_global = self._global_ids(comm, points.shape[0], ids)
         self.attention = attention
         self.weights = weights
         self.comm = comm
@@ -125,6 +205,30 @@ class ParticleSystem:
         self._masses = masses
         self._points.flags.writeable = False
         self._masses.flags.writeable = False
+
+    @staticmethod
+    def _global_ids(comm, n_local: int, ids: np.ndarray | None) -> tuple[np.ndarray, int]:
+        """(this rank's global indices, the global count): ``ids`` checked, or rank blocks."""
+        if comm is None or comm.Get_size() == 1:
+            n_global, offset = n_local, 0
+        else:
+            n_global = comm.allreduce(n_local)
+            offset = comm.exscan(n_local) or 0
+        if ids is None:
+            return np.arange(offset, offset + n_local, dtype=np.int64), n_global
+        ids = np.asarray(ids, dtype=np.int64)
+        bad = ids.shape != (n_local,) or bool(np.any((ids < 0) | (ids >= n_global)))
+        if comm is not None and comm.Get_size() > 1:
+            bad = comm.allreduce(int(bad)) > 0
+        if bad:
+            raise ValueError(f"ids must be (n_local,) = ({n_local},) indices in [0, {n_global})")
+        return ids, n_global
+
+    def brownian_increments(self, k: int) -> np.ndarray:
+        """The standard normal increments xi (n_local, d) of Brownian step k of this rank's
+        particles (module docstring: rows of one (n_global, d) draw per step)."""
+        rng = np.random.default_rng([self.seed, NOISE_STREAM, int(k)])
+        return rng.standard_normal((self._n_global, self.d))[self._ids]
 
     @property
     def points(self) -> np.ndarray:
@@ -143,12 +247,17 @@ class ParticleSystem:
 
     def set_state(self, points: np.ndarray, masses: np.ndarray) -> None:
         """Replace this rank's particles by ``points`` (n_local, d) and ``masses`` (n_local,)
-        exactly as given (no retraction: a checkpoint keeps its bits)."""
+        exactly as given (no retraction: a checkpoint keeps its bits). With noise the number
+        of particles must stay (their global indices select the Brownian increments)."""
         points = np.array(points, dtype=np.float64)
         masses = np.array(masses, dtype=np.float64)
         if points.ndim != 2 or points.shape[1] != self.d or masses.shape != (len(points),):
             raise ValueError(
                 f"need points (n, {self.d}) and masses (n,), got {points.shape}, {masses.shape}"
+            )
+        if self.diffusion > 0 and len(points) != len(self._ids):
+            raise ValueError(
+                f"with noise the particle count must stay {len(self._ids)} (got {len(points)})"
             )
         points.flags.writeable = False
         masses.flags.writeable = False
@@ -173,12 +282,14 @@ class ParticleSystem:
             points, sources, self._masses, heads, head_weights_at(self.weights, t)
         )
 
-    def step(self, t: float, dt: float) -> None:
+    def step(self, t: float, dt: float, draw: int | None = None) -> None:
         """Advance the particles from t to t + dt (collective), retracting onto the sphere.
 
         RK4: k1 = X(t, x), k2 = X(t + dt/2, x + dt/2 k1), k3 = X(t + dt/2, x + dt/2 k2),
         k4 = X(t + dt, x + dt k3), x <- x + dt (k1 + 2 k2 + 2 k3 + k4)/6. Euler: x <- x + dt k1.
-        Then x <- x/|x| when on the sphere.
+        Then x <- x/|x| when on the sphere. With diffusion, then the Brownian step with the
+        increments of stream ``draw`` (default :attr:`draws`); :attr:`draws` becomes
+        ``draw + 1``.
         """
         t, dt = float(t), float(dt)
         if not (np.isfinite(t) and np.isfinite(dt) and dt > 0.0):
@@ -199,6 +310,14 @@ class ParticleSystem:
             raise FloatingPointError(f"non-finite particle positions after the step at t = {t}")
         if self.on_sphere and new.shape[0] > 0:
             new = retract(new)
+        if self.diffusion > 0:
+            k = self.draws if draw is None else int(draw)
+            xi = self.brownian_increments(k)
+            tangent = xi - np.einsum("ij,ij->i", xi, new)[:, None] * new
+            new = new + math.sqrt(2.0 * self.diffusion * dt) * tangent
+            if new.shape[0] > 0:
+                new = retract(new)
+            self.draws = k + 1
         new.flags.writeable = False
         self._points = new
 
@@ -227,9 +346,13 @@ class MeshParticles:
     """The particle scheme on a mesh: one weighted particle per cell, densities by deposit.
 
     The particles start at the owned cell centres with the cell masses of ``density`` and
-    move by :class:`ParticleSystem` (RK4 or Euler, retraction onto the sphere). A step is
-    ``dt`` when ``dt > 0``, else chosen from the CFL number, ``cfl h_min / max |X|`` (h_min
-    the smallest cell diameter); it never passes the stop time and lands on it exactly
+    move by :class:`ParticleSystem` (RK4 or Euler, retraction onto the sphere; with noise the
+    Brownian step, its increments indexed by the step count and the particles' starting
+    cells, so that a restart continues the same random stream). A step is ``dt`` when
+    ``dt > 0``, else chosen from the CFL number, ``cfl h_min / max |X|`` (h_min the smallest
+    cell diameter), and with noise at most ``(cfl h_min)^2 / (2 nu (d - 1))`` (the root mean
+    square Brownian displacement sqrt(2 nu (d - 1) dt) of a step at most ``cfl h_min``, the
+    mesh's resolution); it never passes the stop time and lands on it exactly
     (:func:`solvers.stepping.step_towards`). Implements :class:`solvers.stepping.TokenScheme`;
     the density on the cells is the deposit of the particle masses
     (:func:`solvers.transport.deposit_to_cells`).
@@ -243,6 +366,8 @@ class MeshParticles:
         dt: the fixed step (> 0), or 0 for a CFL step.
         cfl: the CFL number of the CFL step.
         dt_min: a CFL step below this (short of the stop time) is a collapse (BlowUpError).
+        diffusion: the noise nu >= 0 of the tokens (Brownian motion on the sphere).
+        seed: the seed of the Brownian increments.
     """
 
     def __init__(
@@ -256,6 +381,8 @@ class MeshParticles:
         dt: float = 0.0,
         cfl: float = 0.4,
         dt_min: float = 1e-12,
+        diffusion: float = 0.0,
+        seed: int = 0,
     ) -> None:
         if not (math.isfinite(dt) and dt >= 0):
             raise ValueError(f"dt must be finite and >= 0 (0: from the CFL number), got {dt}")
@@ -272,6 +399,9 @@ class MeshParticles:
             np.asarray(density, dtype=np.float64) * cv.measures[:n],
             comm=cv.comm,
             integrator=integrator,
+            diffusion=diffusion,
+            seed=seed,
+            ids=cv.original_index[:n],
         )
         self.t = 0.0
         self.steps = 0
@@ -288,7 +418,7 @@ class MeshParticles:
         dt = self.dt if self.dt > 0 else self._cfl_step(t_stop)
         dt, t_new = step_towards(self.t, dt, t_stop)
         try:
-            self.system.step(self.t, dt)
+            self.system.step(self.t, dt, draw=self.steps)
         except FloatingPointError:
             msg = f"non-finite particle positions at t = {self.t + dt:.6g}"
             raise SolverError(msg, t=self.t) from None
@@ -302,6 +432,9 @@ class MeshParticles:
         if not math.isfinite(vmax):
             raise SolverError(f"non-finite particle velocity at t = {self.t:.6g}", t=self.t)
         dt = self.cfl * self.h / vmax if vmax > 0 else t_stop - self.t
+        nu = self.system.diffusion
+        if nu > 0:
+            dt = min(dt, (self.cfl * self.h) ** 2 / (2.0 * nu * (self.cv.d - 1)))
         if dt < self.dt_min and dt < t_stop - self.t:
             raise BlowUpError(
                 f"time step collapsed to {dt:.3e} at t = {self.t:.6g} (max |X| = {vmax:.3e}, "
@@ -329,6 +462,8 @@ class MeshParticles:
         return SchemeState(self.t, self.steps, cells)
 
     def restore(self, state: SchemeState) -> None:
-        """Continue from :meth:`state` (the saved positions bit for bit)."""
+        """Continue from :meth:`state` (the saved positions bit for bit; the Brownian stream
+        continues at the step count, module docstring)."""
         self.system.set_state(state.cells["points"], state.cells["masses"])
         self.t, self.steps = float(state.t), int(state.steps)
+        self.system.draws = self.steps

@@ -44,6 +44,13 @@ class SchemeOptions:
         background: an extra local velocity v(x, t) (the feed-forward layer on boxes), or
             None; fv applies it, particles and jko raise ValueError when it is set.
         petsc_options_prefix: the options prefix of the PETSc objects (jko).
+        diffusion: the tokens' noise nu >= 0 (``[attention] diffusion``): fv adds nu Delta_S
+            by two-point fluxes, particles a Brownian motion on the sphere; jko raises
+            ValueError when it is > 0 (its entropy term is not there yet).
+        diffusion_step: how fv steps the diffusion, "coupled", "strang" or "implicit"
+            (:data:`solvers.transport.DIFFUSION_STEPS`; "implicit": PETSc options prefix
+            ``diffusion_``).
+        seed: the seed of the particles' Brownian increments (``[weights] seed``).
     """
 
     dt: float = 0.0
@@ -52,6 +59,9 @@ class SchemeOptions:
     reconstruction: str = "muscl"
     background: Callable[[Array, float], Array] | None = None
     petsc_options_prefix: str = "jko_"
+    diffusion: float = 0.0
+    diffusion_step: str = "coupled"
+    seed: int = 0
 
 
 SchemeFactory = Callable[
@@ -105,6 +115,8 @@ def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> 
         rk=options.rk or "ssp3",
         cfl=options.cfl,
         dt_max=options.dt if options.dt > 0 else math.inf,
+        diffusion=options.diffusion,
+        diffusion_step=options.diffusion_step,
     )
 
 
@@ -128,12 +140,19 @@ def _particles(cv, attention, weights, density, options: SchemeOptions) -> Token
         integrator=options.rk or "rk4",
         dt=options.dt,
         cfl=options.cfl,
+        diffusion=options.diffusion,
+        seed=options.seed,
     )
 
 
 @register_scheme("jko")
 def _jko(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
     _no_background("jko", options)
+    if options.diffusion > 0:
+        raise ValueError(
+            "the 'jko' scheme has no diffusion (entropy) term yet: use 'fv' or 'particles' "
+            "for noisy tokens, or set the diffusion to 0"
+        )
     return JKOSolver(
         cv,
         attention,
