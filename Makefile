@@ -36,7 +36,7 @@ paraview:
 # thread), -n 1 to run it in one process
 XDIST ?= 2
 test-serial:
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -n $(XDIST) tests
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -n $(XDIST) --dist loadgroup tests
 
 test-mpi:
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -q -m "not serial" tests

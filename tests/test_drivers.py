@@ -234,9 +234,15 @@ def test_driver_shape(name: str):
     assert order == sorted(set(order)), f"{name}: sections {titles} not in the order {SECTIONS}"
 
 
+def _grouped(names):
+    """One pytest-xdist group per driver: its runs and their comparison share a worker
+    (``make test`` runs ``pytest -n 2 --dist loadgroup``)."""
+    return [pytest.param(n, marks=pytest.mark.xdist_group(f"driver-{n}")) for n in names]
+
+
 @pytest.mark.serial
 @pytest.mark.parametrize("nprocs", [1, 2], ids=["serial", "mpi2"])
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", _grouped(sorted(REGISTRY)))
 def test_driver_runs(name: str, nprocs: int, tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp(f"{Path(name).stem}-np{nprocs}")
     cmd = [PYTHON, str(DRIVERS / name), *REGISTRY[name]["args"], "--out", str(out)]
@@ -276,7 +282,7 @@ def test_driver_runs(name: str, nprocs: int, tmp_path_factory: pytest.TempPathFa
 
 
 @pytest.mark.serial
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", _grouped(sorted(REGISTRY)))
 def test_driver_independent_of_ranks(name: str):
     if (name, 1) not in _RUNS or (name, 2) not in _RUNS:
         pytest.skip("needs the serial and the mpiexec -n 2 run of test_driver_runs")

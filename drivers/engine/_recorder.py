@@ -246,7 +246,11 @@ class Recorder:
             # budget records at about the cost of one velocity evaluation (with a bound)
             chosen = self.problem.cfg["attention"]["backend"]
             backend = chosen if chosen in ("numpy", "auto", "lowrank", "spectral") else None
-            self.budget = EnergyBudget(backend, log_scale=self.log_scale)
+            self.budget = EnergyBudget(
+                backend,
+                log_scale=self.log_scale,
+                diffusion=self.problem.cfg["attention"]["diffusion"],
+            )
 
     def _open(self, cv: ControlVolumes, outputs: int | None, rows: int | None) -> None:
         """The writers, new or continued with ``outputs`` steps and ``rows`` rows kept
