@@ -15,7 +15,8 @@ Public face of the transport package: every scheme that the run loop steps.
 
 Initial data (:func:`initial_density`) and the particle deposit (:func:`deposit_to_cells`)
 live here too. Modules: ``_finite_volume``, ``_jko`` (with ``_jko_fv``: the two-point operator,
-``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_result``: the
+``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_entropy``: the entropy term of noisy tokens,
+``_jko_result``: the
 step's result and the PETSc defaults),
 ``_particles``, ``_initial``, ``_deposit``, ``_expression`` (the safe grammar of density
 expressions: :class:`Expression`, :data:`EXPRESSION_FUNCTIONS`), ``_registry`` (the scheme registry: ``[time]
@@ -36,6 +37,7 @@ from solvers.transport._initial import (
 )
 from solvers.transport._jko import (
     DEFAULT_OPTIONS,
+    DIFFUSION_OPTIONS,
     HESSIANS,
     VARIANTS,
     JKOSolver,
@@ -55,6 +57,7 @@ __all__ = [
     "AdaptOptions",
     "AdaptiveScheme",
     "DEFAULT_OPTIONS",
+    "DIFFUSION_OPTIONS",
     "EXPRESSION_CONSTANTS",
     "EXPRESSION_FUNCTIONS",
     "Expression",

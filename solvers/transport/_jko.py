@@ -138,13 +138,33 @@ from solvers.attention import (
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
 from solvers.transport._jko_energy import InteractionEnergy
+from solvers.transport._jko_entropy import (
+    check_diffusion,
+    entropy,
+    entropy_gradient,
+    uniform_mobility,
+)
 from solvers.transport._jko_fv import TwoPointOperator, circumcentres
 from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian, make_hessian
-from solvers.transport._jko_result import DEFAULT_OPTIONS, HESSIANS, VARIANTS, JKOStep
+from solvers.transport._jko_result import (
+    DEFAULT_OPTIONS,
+    DIFFUSION_OPTIONS,
+    HESSIANS,
+    VARIANTS,
+    JKOStep,
+)
 from solvers.transport._jko_solver import BlockPreconditioner, set_up_nested
 from solvers.weights import WeightDynamics, head_weights_at
 
-__all__ = ["DEFAULT_OPTIONS", "HESSIANS", "JKOSolver", "JKOStep", "VARIANTS", "circumcentres"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "DIFFUSION_OPTIONS",
+    "HESSIANS",
+    "JKOSolver",
+    "JKOStep",
+    "VARIANTS",
+    "circumcentres",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -174,6 +194,10 @@ class JKOSolver:
             "expansion" (checked harmonic expansion, error <= 1e-12, in the Jacobian and for
             the residual increments) or "auto" (expansion when the check passes, else kernel).
         max_halvings: retries with tau / 2 after a failed attempt before SolverError.
+        diffusion: nu >= 0, the weight of the entropy term nu c int rho log rho of the free
+            energy (noisy tokens; ``solvers._jko_entropy``: the scheme then discretises
+            d/dt rho + div(rho v) = nu div((c / b) grad rho), which is nu Delta rho at the
+            uniform state).
     """
 
     def __init__(
@@ -190,6 +214,7 @@ class JKOSolver:
         t0: float = 0.0,
         hessian: str = "auto",
         max_halvings: int = 4,
+        diffusion: float = 0.0,
     ) -> None:
         self._prefix = _petsc.validate_prefix(petsc_options_prefix)
         if variant not in VARIANTS:
@@ -215,6 +240,9 @@ class JKOSolver:
         self.cv, self.attention, self.weights = cv, attention, weights
         self.variant, self.tau, self.t = variant, float(tau), float(t0)
         self.max_halvings = int(max_halvings)
+        self.diffusion = check_diffusion(diffusion)
+        self._mobility_scale: float | None = None  # c of the entropy term, per set of heads
+        self._mobility_key: bytes | None = None
         self.steps = 0
         self._comm = cv.comm
         self._sprime = -attention.sign
@@ -244,7 +272,7 @@ class JKOSolver:
         self._P = PETSc.Mat().create(comm=comm)
         self._P.setSizes(sizes)
         self._P.setType(PETSc.Mat.Type.AIJ)
-        rows, cols = self._op.coo_pattern()
+        rows, cols = self._op.coo_pattern(entropy=self.diffusion > 0)
         self._P.setPreallocationCOO(rows.astype(PETSc.IntType), cols.astype(PETSc.IntType))
         self._J = PETSc.Mat().createPython(sizes, context=_JacobianShell(self), comm=comm)
         self._J.setUp()
@@ -260,8 +288,9 @@ class JKOSolver:
         pc = snes.getKSP().getPC()
         pc.setType(PETSc.PC.Type.FIELDSPLIT)  # the ISs must exist before setFromOptions
         pc.setFieldSplitIS(("psi", self._is_psi), ("rho", self._is_rho))
+        defaults = DEFAULT_OPTIONS | (DIFFUSION_OPTIONS if self.diffusion > 0 else {})
         self._blocks = BlockPreconditioner.configure(
-            snes, self._prefix, DEFAULT_OPTIONS, petsc_options, self._set_up_ksp
+            snes, self._prefix, defaults, petsc_options, self._set_up_ksp
         )
 
     def _set_up_ksp(self) -> None:
@@ -273,7 +302,8 @@ class JKOSolver:
         xa = self._x.getArray()
         xa[:n], xa[n:] = self._rho, 0.0
         rho, psi = self._local_state(self._x)
-        self._P.setValuesCOO(self._op.coo_values(rho, psi, self.tau, self._op.a))
+        weight = self.diffusion if self.diffusion > 0 else None
+        self._P.setValuesCOO(self._op.coo_values(rho, psi, self.tau, self._op.a, weight))
         self._P.assemble()
         self.ksp.setOperators(self.jacobian, self._P)
         set_up_nested(self.ksp)
@@ -399,6 +429,46 @@ class JKOSolver:
             return ctx["dE_old"] + h.apply((rho_owned - ctx["rho_old"]) * self._meas)
         return self.first_variation(rho_owned * self._meas, ctx["A"], ctx["coef"])[0]
 
+    @property
+    def mobility_scale(self) -> float | None:
+        """c of the entropy term (``solvers._jko_entropy``) for the heads of the last step
+        (None without diffusion or before the first step)."""
+        return self._mobility_scale
+
+    def entropy(self, density: Array | None = None) -> float:
+        """H(rho) = sum_K |K| rho_K log rho_K of owned densities (default: the current
+        state); collective."""
+        rho = self._rho if density is None else np.asarray(density, dtype=np.float64)
+        return self._fsum(entropy(rho, self._meas))
+
+    def free_energy(self, density: Array | None = None, t: float | None = None) -> float:
+        """F = s'E + nu c H of owned densities (default: the current state and time), the
+        functional whose minimizing movement the scheme is; collective."""
+        t = self.t if t is None else t
+        F = self._sprime * self.energy(density, t)
+        weight = self._entropy_weight(*self._energy.matrices(t))
+        return F if weight is None else F + weight * self.entropy(density)
+
+    def _entropy_weight(self, A: Array, coef: float, H: int) -> float | None:
+        """nu c for the heads A (None without diffusion); c recomputed when they change."""
+        if self.diffusion == 0.0:
+            return None
+        key = A.tobytes() + np.float64(coef).tobytes()
+        if key != self._mobility_key:
+            self._mobility_scale = uniform_mobility(
+                self._sources,
+                self._points[: self.cv.n_owned],
+                self._meas,
+                A,
+                H,
+                self.attention.backend,
+                self.attention.tolerance,
+                self._total_measure,
+                self.total_mass(),
+            )
+            self._mobility_key = key
+        return self.diffusion * self._mobility_scale
+
     # ------------------------------------------------------------------ SNES callbacks
     def _local_state(self, x: PETSc.Vec) -> tuple[Array, Array]:
         """(rho, psi) on all local cells (owned from x, ghosts scattered)."""
@@ -415,6 +485,8 @@ class JKOSolver:
         n, ctx = self.cv.n_owned, self._ctx
         rho, psi = self._local_state(x)
         dE = ctx["dE_old"] if self.variant == "semi-implicit" else self._dE_at(rho[:n])
+        if ctx["entropy_weight"] is not None:  # s' (s' dE + nu c dH) = dE + s' nu c dH
+            dE = dE + self._sprime * ctx["entropy_weight"] * entropy_gradient(rho[:n])
         f_rho, f_psi = self._op.residual(
             rho, psi, ctx["rho_old"], dE, self._sprime, ctx["tau"], ctx["w"]
         )
@@ -423,7 +495,8 @@ class JKOSolver:
 
     def _jacobian(self, snes: PETSc.SNES, x: PETSc.Vec, J: PETSc.Mat, P: PETSc.Mat) -> None:
         rho, psi = self._local_state(x)
-        P.setValuesCOO(self._op.coo_values(rho, psi, self._ctx["tau"], self._ctx["w"]))
+        ctx = self._ctx
+        P.setValuesCOO(self._op.coo_values(rho, psi, ctx["tau"], ctx["w"], ctx["entropy_weight"]))
         P.assemble()
         if J.handle != P.handle:
             J.assemble()
@@ -456,6 +529,10 @@ class JKOSolver:
         self._invb.scatter_forward()
         invb = self._invb.array
         factor = 0.5 if self.variant == "implicit" else 1.0  # E(rho^k), or <dE(rho^k), m^k>
+        weight = self._entropy_weight(A, coef, H)
+        reference = self._sprime * self._fsum(factor * _dot(m_old, dE_old))
+        if weight is not None:
+            reference += weight * self._fsum(entropy(self._rho, self._meas))
         self._ctx = {
             "tau": tau,
             "t": t_new,
@@ -466,7 +543,8 @@ class JKOSolver:
             "dE_old": dE_old,
             "mass": self.total_mass(),
             "damped": 0,
-            "reference": self._sprime * self._fsum(factor * _dot(m_old, dE_old)),
+            "reference": reference,
+            "entropy_weight": weight,
         }
         key = A.tobytes() + np.float64(coef).tobytes()
         if self.variant == "implicit" and key != self._hessian_key:
@@ -486,7 +564,11 @@ class JKOSolver:
         """One SNES solve of the step of size tau; returns (reason, rho, psi)."""
         n = self.cv.n_owned
         self._prepare_step(tau)
-        psi0 = self._psi if self._psi is not None else -self._sprime * self._ctx["dE_old"]
+        psi0 = self._psi
+        if psi0 is None:  # -(s' dE/dmu + nu c dH/dm) at rho^k
+            psi0 = -self._sprime * self._ctx["dE_old"]
+            if self._ctx["entropy_weight"] is not None:
+                psi0 = psi0 - self._ctx["entropy_weight"] * entropy_gradient(self._rho)
         xa = self._x.getArray()
         xa[:n], xa[n:] = self._rho, psi0
         _, psi_local = self._local_state(self._x)
@@ -556,10 +638,13 @@ class JKOSolver:
         energy = self._fsum(0.5 * _dot(m, self._dE_at(rho)))
         rho_l, psi_l = self._local_state(self._x)
         cost = tau**2 * self._fsum(self._op.action(rho_l, psi_l, ctx["w"]))
+        weight = ctx["entropy_weight"]
+        H = self._fsum(entropy(rho, self._meas)) if weight is not None else 0.0
+        nu_H = weight * H if weight is not None else 0.0
         if self.variant == "implicit":
-            functional = cost / (2 * tau) + self._sprime * energy
+            functional = cost / (2 * tau) + self._sprime * energy + nu_H
         else:  # with the linearised energy <dE/dmu(mu^k), mu>
-            functional = cost / (2 * tau) + self._sprime * self._fsum(_dot(m, ctx["dE_old"]))
+            functional = cost / (2 * tau) + self._sprime * self._fsum(_dot(m, ctx["dE_old"])) + nu_H
         result = JKOStep(
             t=ctx["t"],
             dt=tau,
@@ -567,7 +652,9 @@ class JKOSolver:
             potential=psi.copy(),
             transport_cost=cost,
             energy=energy,
-            objective=cost / (2 * tau) + self._sprime * energy,
+            objective=cost / (2 * tau) + self._sprime * energy + nu_H,
+            entropy=H,
+            free_energy=self._sprime * energy + nu_H,
             newton_its=self._snes.getIterationNumber(),
             ksp_its=self._snes.getLinearSolveIterations(),
             failed_newton_its=failed_its,

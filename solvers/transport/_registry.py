@@ -44,6 +44,8 @@ class SchemeOptions:
         background: an extra local velocity v(x, t) (the feed-forward layer on boxes), or
             None; fv applies it, particles and jko raise ValueError when it is set.
         petsc_options_prefix: the options prefix of the PETSc objects (jko).
+        diffusion: nu >= 0 of ``[attention] diffusion`` (noisy tokens). "jko": the entropy
+            term nu c int rho log rho (``solvers.transport._jko_entropy``).
     """
 
     dt: float = 0.0
@@ -52,6 +54,7 @@ class SchemeOptions:
     reconstruction: str = "muscl"
     background: Callable[[Array, float], Array] | None = None
     petsc_options_prefix: str = "jko_"
+    diffusion: float = 0.0
 
 
 SchemeFactory = Callable[
@@ -141,4 +144,5 @@ def _jko(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme
         density,
         tau=options.dt,
         petsc_options_prefix=options.petsc_options_prefix,
+        diffusion=options.diffusion,
     )
