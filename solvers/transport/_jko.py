@@ -138,12 +138,7 @@ from solvers.attention import (
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
 from solvers.transport._jko_energy import InteractionEnergy
-from solvers.transport._jko_entropy import (
-    check_diffusion,
-    entropy,
-    entropy_gradient,
-    uniform_mobility,
-)
+from solvers.transport._jko_entropy import check_diffusion, entropy, entropy_gradient
 from solvers.transport._jko_fv import TwoPointOperator, circumcentres
 from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian, make_hessian
 from solvers.transport._jko_result import (
@@ -241,8 +236,8 @@ class JKOSolver:
         self.variant, self.tau, self.t = variant, float(tau), float(t0)
         self.max_halvings = int(max_halvings)
         self.diffusion = check_diffusion(diffusion)
-        self._mobility_scale: float | None = None  # c of the entropy term, per set of heads
-        self._mobility_key: bytes | None = None
+        self._log_scale: float | None = None  # log c, the normalisation (per set of heads)
+        self._scale_key: bytes | None = None
         self.steps = 0
         self._comm = cv.comm
         self._sprime = -attention.sign
@@ -422,18 +417,30 @@ class JKOSolver:
         return self._fsum(0.5 * _dot(rho * self._meas, dE))
 
     def _dE_at(self, rho_owned: Array) -> Array:
-        """dE/dmu(rho) at the owned points with the heads of the step (module docstring:
+        """dE/dmu(rho) / c at the owned points with the heads of the step (module docstring:
         an increment through the expansion, or an exact kernel sum)."""
         h, ctx = self._hessian, self._ctx
         if self.variant == "implicit" and isinstance(h, ExpansionHessian):
             return ctx["dE_old"] + h.apply((rho_owned - ctx["rho_old"]) * self._meas)
-        return self.first_variation(rho_owned * self._meas, ctx["A"], ctx["coef"])[0]
+        masses = rho_owned * self._meas
+        return self._energy.first_variation(masses, ctx["A"], ctx["coef"], ctx["log_c"])[0]
+
+    def _log_scale_for(self, A: Array, coef: float, H: int) -> float:
+        """log c for the heads A (``solvers._jko_energy``: the normalisation, and the scale
+        of the entropy term); recomputed when the heads change. Collective."""
+        key = A.tobytes() + np.float64(coef).tobytes()
+        if key != self._scale_key:
+            self._log_scale = self._energy.log_mobility_scale(
+                self._meas, A, H, self._total_measure, self.total_mass()
+            )
+            self._scale_key = key
+        return self._log_scale
 
     @property
     def mobility_scale(self) -> float | None:
-        """c of the entropy term (``solvers._jko_entropy``) for the heads of the last step
-        (None without diffusion or before the first step)."""
-        return self._mobility_scale
+        """c, the mobility of the uniform measure (``solvers._jko_energy``; the scale of
+        the entropy term) for the heads of the last step (None before the first step)."""
+        return None if self._log_scale is None else math.exp(self._log_scale)
 
     def entropy(self, density: Array | None = None) -> float:
         """H(rho) = sum_K |K| rho_K log rho_K of owned densities (default: the current
@@ -446,28 +453,10 @@ class JKOSolver:
         functional whose minimizing movement the scheme is; collective."""
         t = self.t if t is None else t
         F = self._sprime * self.energy(density, t)
-        weight = self._entropy_weight(*self._energy.matrices(t))
-        return F if weight is None else F + weight * self.entropy(density)
-
-    def _entropy_weight(self, A: Array, coef: float, H: int) -> float | None:
-        """nu c for the heads A (None without diffusion); c recomputed when they change."""
         if self.diffusion == 0.0:
-            return None
-        key = A.tobytes() + np.float64(coef).tobytes()
-        if key != self._mobility_key:
-            self._mobility_scale = uniform_mobility(
-                self._sources,
-                self._points[: self.cv.n_owned],
-                self._meas,
-                A,
-                H,
-                self.attention.backend,
-                self.attention.tolerance,
-                self._total_measure,
-                self.total_mass(),
-            )
-            self._mobility_key = key
-        return self.diffusion * self._mobility_scale
+            return F
+        c = math.exp(self._log_scale_for(*self._energy.matrices(t)))
+        return F + self.diffusion * c * self.entropy(density)
 
     # ------------------------------------------------------------------ SNES callbacks
     def _local_state(self, x: PETSc.Vec) -> tuple[Array, Array]:
@@ -523,13 +512,14 @@ class JKOSolver:
         n = self.cv.n_owned
         t_new = self.t + tau
         A, coef, H = self._energy.matrices(t_new)
+        log_c = self._log_scale_for(A, coef, H)
         m_old = self._rho * self._meas
-        dE_old, log_Z = self.first_variation(m_old, A, coef)
-        self._invb.array[:n] = np.mean(np.exp(-log_Z[:H]), axis=0)
+        dE_old, log_Z = self._energy.first_variation(m_old, A, coef, log_c)  # dE / c
+        self._invb.array[:n] = np.mean(np.exp(log_c - log_Z[:H]), axis=0)  # c / b
         self._invb.scatter_forward()
         invb = self._invb.array
         factor = 0.5 if self.variant == "implicit" else 1.0  # E(rho^k), or <dE(rho^k), m^k>
-        weight = self._entropy_weight(A, coef, H)
+        weight = self.diffusion if self.diffusion > 0 else None  # nu c H / c = nu H
         reference = self._sprime * self._fsum(factor * _dot(m_old, dE_old))
         if weight is not None:
             reference += weight * self._fsum(entropy(self._rho, self._meas))
@@ -538,6 +528,7 @@ class JKOSolver:
             "t": t_new,
             "A": A,
             "coef": coef,
+            "log_c": log_c,
             "rho_old": self._rho.copy(),
             "w": self._op.a * 0.5 * (invb[self._op.L] + invb[self._op.R]),
             "dE_old": dE_old,
@@ -554,7 +545,7 @@ class JKOSolver:
                 self._points,
                 self._sources,
                 A,
-                coef,
+                coef * math.exp(-log_c),
                 self.attention.backend,
                 previous=self._hessian,
             )
@@ -632,29 +623,31 @@ class JKOSolver:
     def _evaluate(
         self, tau: float, rho: Array, psi: Array, reason: int, halvings: int, failed_its: int
     ) -> tuple[JKOStep, float]:
-        """The attempt's result and the functional that the variant minimises (collective)."""
+        """The attempt's result and the functional that the variant minimises, in the
+        normalised units of ``solvers._jko_energy`` (divided by c; collective)."""
         ctx = self._ctx
         m = rho * self._meas
-        energy = self._fsum(0.5 * _dot(m, self._dE_at(rho)))
+        energy = self._fsum(0.5 * _dot(m, self._dE_at(rho)))  # E / c
         rho_l, psi_l = self._local_state(self._x)
-        cost = tau**2 * self._fsum(self._op.action(rho_l, psi_l, ctx["w"]))
-        weight = ctx["entropy_weight"]
-        H = self._fsum(entropy(rho, self._meas)) if weight is not None else 0.0
-        nu_H = weight * H if weight is not None else 0.0
+        cost = tau**2 * self._fsum(self._op.action(rho_l, psi_l, ctx["w"]))  # W_b^2 / c
+        H = self._fsum(entropy(rho, self._meas))
+        nu_H = self.diffusion * H
         if self.variant == "implicit":
             functional = cost / (2 * tau) + self._sprime * energy + nu_H
         else:  # with the linearised energy <dE/dmu(mu^k), mu>
-            functional = cost / (2 * tau) + self._sprime * self._fsum(_dot(m, ctx["dE_old"])) + nu_H
+            linear = self._fsum(_dot(m, ctx["dE_old"]))
+            functional = cost / (2 * tau) + self._sprime * linear + nu_H
+        c = math.exp(ctx["log_c"])
         result = JKOStep(
             t=ctx["t"],
             dt=tau,
             density=rho.copy(),
-            potential=psi.copy(),
-            transport_cost=cost,
-            energy=energy,
-            objective=cost / (2 * tau) + self._sprime * energy + nu_H,
+            potential=c * psi,
+            transport_cost=c * cost,
+            energy=c * energy,
+            objective=c * (cost / (2 * tau) + self._sprime * energy + nu_H),
             entropy=H,
-            free_energy=self._sprime * energy + nu_H,
+            free_energy=c * (self._sprime * energy + nu_H),
             newton_its=self._snes.getIterationNumber(),
             ksp_its=self._snes.getLinearSolveIterations(),
             failed_newton_its=failed_its,

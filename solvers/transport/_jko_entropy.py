@@ -46,7 +46,8 @@ scaled by :math:`|K|^{1/2}`):
     |K|^{1/2} \big(\psi_K + s' \delta E / \delta\mu (x_K) + \nu c (\log \rho_K + 1)\big)
     - \frac{\tau}{2 |K|^{1/2}} \sum_{\sigma \ni K} w_\sigma (\psi_L - \psi_K)_+^2 = 0,
 
-and the Hessian is the diagonal :math:`|K|^{1/2} \nu c / \rho_K` of the
+(the solver divides the whole system by :math:`c`, ``solvers._jko_energy``, so that its
+weight is :math:`\nu` itself) and the Hessian is the diagonal :math:`|K|^{1/2} \nu c / \rho_K` of the
 :math:`(\psi, \rho)` block of the sparse Jacobian (with respect to the density unknowns:
 :math:`|K|^{1/2} \nu c |K| / m_K`). At the solution the density flux of a facet is
 :math:`\tau w_\sigma \rho_\sigma (\psi_L - \psi_K)` with upwind :math:`\rho_\sigma`, and
@@ -64,9 +65,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from solvers.attention import DistributedSources
-
-__all__ = ["check_diffusion", "entropy", "entropy_gradient", "uniform_mobility"]
+__all__ = ["check_diffusion", "entropy", "entropy_gradient"]
 
 Array = npt.NDArray[np.float64]
 
@@ -90,27 +89,3 @@ def entropy(rho: Array, meas: Array) -> float:
 def entropy_gradient(rho: Array) -> Array:
     """dH/dm_K = log rho_K + 1 (owned cells)."""
     return np.log(rho) + 1.0
-
-
-def uniform_mobility(
-    sources: DistributedSources,
-    points: Array,
-    meas: Array,
-    A: Array,
-    heads: int,
-    backend: str,
-    tolerance: float,
-    total_measure: float,
-    total_mass: float,
-) -> float:
-    r"""The constant c (module docstring): the area mean of the mobility b_0 of the uniform
-    measure of mass ``total_mass`` for the heads ``A[:heads]``, at the owned cell ``points``
-    with measures ``meas``. One distributed kernel sum; identical on every rank (a
-    rank-ordered exact sum). Collective."""
-    masses = (total_mass / total_measure) * meas
-    out = sources.kernel_sums(points, masses, A[:heads], backend, tolerance)
-    b0 = 1.0 / np.mean(np.exp(-out.log_Z), axis=0)
-    comm = sources.comm
-    local = float(np.sum(meas * b0))
-    parts = [local] if comm is None or comm.Get_size() == 1 else comm.allgather(local)
-    return math.fsum(parts) / total_measure
