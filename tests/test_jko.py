@@ -208,7 +208,8 @@ def test_step_minimises_the_discrete_functional(sign):
     s = _jko(cv, Attention(beta, sign), S2_DENSITY, tau, prefix="jko_min_")
     r = s.step()
     # the solver works with E / c and b / c (solvers._jko_energy): w in the units of b
-    op, w, rho_old = s._op, s._ctx["w"] / s.mobility_scale, s._ctx["rho_old"]
+    ctx = s._system.ctx
+    op, w, rho_old = s._op, ctx["w"] / s.mobility_scale, ctx["rho_old"]
     p = s.points
     K = np.exp(beta * p @ p.T)
 

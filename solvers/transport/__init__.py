@@ -16,6 +16,7 @@ Public face of the transport package: every scheme that the run loop steps.
 Initial data (:func:`initial_density`) and the particle deposit (:func:`deposit_to_cells`)
 live here too. Modules: ``_finite_volume``, ``_jko`` (with ``_jko_fv``: the two-point operator,
 ``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_entropy``: the entropy term of noisy tokens,
+``_jko_newton``: the nonlinear system of a step and its SNES callbacks,
 ``_jko_result``: the
 step's result and the PETSc defaults),
 ``_particles``, ``_initial``, ``_deposit``, ``_expression`` (the safe grammar of density

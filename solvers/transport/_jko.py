@@ -123,7 +123,6 @@ import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 from petsc4py import PETSc
 
-import dolfinx.la
 import numpy as np
 import numpy.typing as npt
 
@@ -138,9 +137,10 @@ from solvers.attention import (
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
 from solvers.transport._jko_energy import InteractionEnergy
-from solvers.transport._jko_entropy import check_diffusion, entropy, entropy_gradient
+from solvers.transport._jko_entropy import check_diffusion, entropy
 from solvers.transport._jko_fv import TwoPointOperator, circumcentres
-from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian, make_hessian
+from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian
+from solvers.transport._jko_newton import StepSystem, dot
 from solvers.transport._jko_result import (
     DEFAULT_OPTIONS,
     DIFFUSION_OPTIONS,
@@ -162,13 +162,6 @@ __all__ = [
 ]
 
 Array = npt.NDArray[np.float64]
-
-_FRACTION = 0.9  # fraction to the boundary: rho_new >= (1 - _FRACTION) rho_old
-
-
-def _dot(a: Array, b: Array) -> float:
-    """Local dot product without BLAS (threaded BLAS on vectors thrashes shared cores)."""
-    return float(np.sum(a * b))
 
 
 class JKOSolver:
@@ -236,8 +229,6 @@ class JKOSolver:
         self.variant, self.tau, self.t = variant, float(tau), float(t0)
         self.max_halvings = int(max_halvings)
         self.diffusion = check_diffusion(diffusion)
-        self._log_scale: float | None = None  # log c, the normalisation (per set of heads)
-        self._scale_key: bytes | None = None
         self.steps = 0
         self._comm = cv.comm
         self._sprime = -attention.sign
@@ -246,16 +237,20 @@ class JKOSolver:
         self._points = circumcentres(cv)
         self._op = TwoPointOperator(cv, self._points)
         self._meas = self._op.meas
-        self._total_measure = self._comm.allreduce(float(self._meas.sum()), op=MPI.SUM)
-        imap = cv.mesh.topology.index_map(cv.mesh.topology.dim)
-        self._state = dolfinx.la.vector(imap, 2)  # (rho, psi) with ghosts
-        self._invb = dolfinx.la.vector(imap, 1)  # 1 / b at the cell points, with ghosts
         self._sources = GlobalSources(self._comm, self._points[:n], cv.original_index[:n])
         self._energy = InteractionEnergy(attention, weights, self._points[:n], self._sources)
-        self._hessian_kind = hessian
-        self._hessian: KernelHessian | ExpansionHessian | None = None
-        self._hessian_key: bytes | None = None
-        self._ctx: dict[str, Any] = {}
+        self._system = StepSystem(
+            cv,
+            self._points,
+            self._op,
+            self._energy,
+            self._sources,
+            self._sprime,
+            variant,
+            self.diffusion,
+            hessian,
+            attention.backend,
+        )
         self._create_petsc_objects(petsc_options)
 
     # ------------------------------------------------------------------ PETSc set-up
@@ -269,13 +264,14 @@ class JKOSolver:
         self._P.setType(PETSc.Mat.Type.AIJ)
         rows, cols = self._op.coo_pattern(entropy=self.diffusion > 0)
         self._P.setPreallocationCOO(rows.astype(PETSc.IntType), cols.astype(PETSc.IntType))
-        self._J = PETSc.Mat().createPython(sizes, context=_JacobianShell(self), comm=comm)
+        self._system.P = self._P
+        self._J = PETSc.Mat().createPython(sizes, context=self._system, comm=comm)
         self._J.setUp()
         snes = PETSc.SNES().create(comm=comm)
         snes.setOptionsPrefix(self._prefix)
-        snes.setFunction(self._residual, self._f)
-        snes.setJacobian(self._jacobian, self.jacobian, self._P)
-        snes.setLineSearchPreCheck(self._precheck)
+        snes.setFunction(self._system.residual, self._f)
+        snes.setJacobian(self._system.jacobian, self.jacobian, self._P)
+        snes.setLineSearchPreCheck(self._system.precheck)
         first = self._op.first_row
         self._is_psi = PETSc.IS().createStride(n, first=first + n, step=1, comm=comm)
         self._is_rho = PETSc.IS().createStride(n, first=first, step=1, comm=comm)
@@ -296,8 +292,8 @@ class JKOSolver:
         n = self.cv.n_owned
         xa = self._x.getArray()
         xa[:n], xa[n:] = self._rho, 0.0
-        rho, psi = self._local_state(self._x)
-        weight = self.diffusion if self.diffusion > 0 else None
+        rho, psi = self._system.local_state(self._x)
+        weight = self._system.entropy_weight
         self._P.setValuesCOO(self._op.coo_values(rho, psi, self.tau, self._op.a, weight))
         self._P.assemble()
         self.ksp.setOperators(self.jacobian, self._P)
@@ -340,7 +336,7 @@ class JKOSolver:
     @property
     def hessian(self) -> KernelHessian | ExpansionHessian | None:
         """The dense-block operator of the last step (None before the first implicit step)."""
-        return self._hessian
+        return self._system.hessian
 
     def set_state(self, t: float, density: Array) -> None:
         """Restart from owned densities (> 0) at time t; the potential guess is dropped."""
@@ -388,7 +384,7 @@ class JKOSolver:
 
     def total_mass_of(self, rho: Array) -> float:
         """sum_K rho_K |K| over all ranks for owned densities rho (collective)."""
-        return self._comm.allreduce(_dot(rho, self._meas), op=MPI.SUM)
+        return self._system.total_mass_of(rho)
 
     def destroy(self) -> None:
         """Destroy the PETSc objects (collective)."""
@@ -405,48 +401,25 @@ class JKOSolver:
         (:class:`~solvers.transport._jko_energy.InteractionEnergy`; collective)."""
         return self._energy.first_variation(masses, A, coef)
 
-    def _fsum(self, local: float) -> float:
-        """Rank-ordered exact sum of one float per rank (identical on every rank)."""
-        return math.fsum(self._comm.allgather(float(local)))
-
     def energy(self, density: Array | None = None, t: float | None = None) -> float:
         """E(mu, t) of owned densities (default: the current state and time); collective."""
         rho = self._rho if density is None else np.asarray(density, dtype=np.float64)
         A, coef, _ = self._energy.matrices(self.t if t is None else t)
         dE, _ = self.first_variation(rho * self._meas, A, coef)
-        return self._fsum(0.5 * _dot(rho * self._meas, dE))
-
-    def _dE_at(self, rho_owned: Array) -> Array:
-        """dE/dmu(rho) / c at the owned points with the heads of the step (module docstring:
-        an increment through the expansion, or an exact kernel sum)."""
-        h, ctx = self._hessian, self._ctx
-        if self.variant == "implicit" and isinstance(h, ExpansionHessian):
-            return ctx["dE_old"] + h.apply((rho_owned - ctx["rho_old"]) * self._meas)
-        masses = rho_owned * self._meas
-        return self._energy.first_variation(masses, ctx["A"], ctx["coef"], ctx["log_c"])[0]
-
-    def _log_scale_for(self, A: Array, coef: float, H: int) -> float:
-        """log c for the heads A (``solvers._jko_energy``: the normalisation, and the scale
-        of the entropy term); recomputed when the heads change. Collective."""
-        key = A.tobytes() + np.float64(coef).tobytes()
-        if key != self._scale_key:
-            self._log_scale = self._energy.log_mobility_scale(
-                self._meas, A, H, self._total_measure, self.total_mass()
-            )
-            self._scale_key = key
-        return self._log_scale
+        return self._system.fsum(0.5 * dot(rho * self._meas, dE))
 
     @property
     def mobility_scale(self) -> float | None:
         """c, the mobility of the uniform measure (``solvers._jko_energy``; the scale of
         the entropy term) for the heads of the last step (None before the first step)."""
-        return None if self._log_scale is None else math.exp(self._log_scale)
+        log_c = self._system.log_scale
+        return None if log_c is None else math.exp(log_c)
 
     def entropy(self, density: Array | None = None) -> float:
         """H(rho) = sum_K |K| rho_K log rho_K of owned densities (default: the current
         state); collective."""
         rho = self._rho if density is None else np.asarray(density, dtype=np.float64)
-        return self._fsum(entropy(rho, self._meas))
+        return self._system.fsum(entropy(rho, self._meas))
 
     def free_energy(self, density: Array | None = None, t: float | None = None) -> float:
         """F = s'E + nu c H of owned densities (default: the current state and time), the
@@ -455,115 +428,19 @@ class JKOSolver:
         F = self._sprime * self.energy(density, t)
         if self.diffusion == 0.0:
             return F
-        c = math.exp(self._log_scale_for(*self._energy.matrices(t)))
-        return F + self.diffusion * c * self.entropy(density)
-
-    # ------------------------------------------------------------------ SNES callbacks
-    def _local_state(self, x: PETSc.Vec) -> tuple[Array, Array]:
-        """(rho, psi) on all local cells (owned from x, ghosts scattered)."""
-        n = self.cv.n_owned
-        xa = x.getArray(readonly=True)
-        s = self._state.array.reshape(-1, 2)
-        s[:n, 0] = xa[:n]
-        s[:n, 1] = xa[n:]
-        self._state.scatter_forward()
-        s = self._state.array.reshape(-1, 2)
-        return s[:, 0].copy(), s[:, 1].copy()
-
-    def _residual(self, snes: PETSc.SNES, x: PETSc.Vec, f: PETSc.Vec) -> None:
-        n, ctx = self.cv.n_owned, self._ctx
-        rho, psi = self._local_state(x)
-        dE = ctx["dE_old"] if self.variant == "semi-implicit" else self._dE_at(rho[:n])
-        if ctx["entropy_weight"] is not None:  # s' (s' dE + nu c dH) = dE + s' nu c dH
-            dE = dE + self._sprime * ctx["entropy_weight"] * entropy_gradient(rho[:n])
-        f_rho, f_psi = self._op.residual(
-            rho, psi, ctx["rho_old"], dE, self._sprime, ctx["tau"], ctx["w"]
-        )
-        fa = f.getArray()
-        fa[:n], fa[n:] = f_rho, f_psi
-
-    def _jacobian(self, snes: PETSc.SNES, x: PETSc.Vec, J: PETSc.Mat, P: PETSc.Mat) -> None:
-        rho, psi = self._local_state(x)
-        ctx = self._ctx
-        P.setValuesCOO(self._op.coo_values(rho, psi, ctx["tau"], ctx["w"], ctx["entropy_weight"]))
-        P.assemble()
-        if J.handle != P.handle:
-            J.assemble()
-
-    def _precheck(self, x: PETSc.Vec, y: PETSc.Vec) -> None:
-        """Exact mass and positivity of x - y (PETSc updates x <- x - lambda y)."""
-        n = self.cv.n_owned
-        rho = x.getArray(readonly=True)[:n]
-        ya = y.getArray()
-        dy = ya[:n]
-        mass, ymass = self._comm.allreduce(
-            np.array([_dot(rho, self._meas), _dot(dy, self._meas)]), op=MPI.SUM
-        )
-        dy += (mass - ymass - self._ctx["mass"]) / self._total_measure
-        shrink = dy > 0
-        alpha = float(np.min(_FRACTION * rho[shrink] / dy[shrink], initial=1.0))
-        alpha = self._comm.allreduce(min(alpha, 1.0), op=MPI.MIN)
-        if alpha < 1.0:
-            ya *= alpha
-            self._ctx["damped"] += 1
+        log_c = self._system.log_scale_for(*self._energy.matrices(t), self.total_mass())
+        return F + self.diffusion * math.exp(log_c) * self.entropy(density)
 
     # ------------------------------------------------------------------ stepping
-    def _prepare_step(self, tau: float) -> None:
-        n = self.cv.n_owned
-        t_new = self.t + tau
-        A, coef, H = self._energy.matrices(t_new)
-        log_c = self._log_scale_for(A, coef, H)
-        m_old = self._rho * self._meas
-        dE_old, log_Z = self._energy.first_variation(m_old, A, coef, log_c)  # dE / c
-        self._invb.array[:n] = np.mean(np.exp(log_c - log_Z[:H]), axis=0)  # c / b
-        self._invb.scatter_forward()
-        invb = self._invb.array
-        factor = 0.5 if self.variant == "implicit" else 1.0  # E(rho^k), or <dE(rho^k), m^k>
-        weight = self.diffusion if self.diffusion > 0 else None  # nu c H / c = nu H
-        reference = self._sprime * self._fsum(factor * _dot(m_old, dE_old))
-        if weight is not None:
-            reference += weight * self._fsum(entropy(self._rho, self._meas))
-        self._ctx = {
-            "tau": tau,
-            "t": t_new,
-            "A": A,
-            "coef": coef,
-            "log_c": log_c,
-            "rho_old": self._rho.copy(),
-            "w": self._op.a * 0.5 * (invb[self._op.L] + invb[self._op.R]),
-            "dE_old": dE_old,
-            "mass": self.total_mass(),
-            "damped": 0,
-            "reference": reference,
-            "entropy_weight": weight,
-        }
-        key = A.tobytes() + np.float64(coef).tobytes()
-        if self.variant == "implicit" and key != self._hessian_key:
-            self._hessian = make_hessian(
-                self._hessian_kind,
-                self.cv,
-                self._points,
-                self._sources,
-                A,
-                coef * math.exp(-log_c),
-                self.attention.backend,
-                previous=self._hessian,
-            )
-            self._hessian_key = key
-
     def _attempt(self, tau: float) -> tuple[int, Array, Array]:
         """One SNES solve of the step of size tau; returns (reason, rho, psi)."""
-        n = self.cv.n_owned
-        self._prepare_step(tau)
-        psi0 = self._psi
-        if psi0 is None:  # -(s' dE/dmu + nu c dH/dm) at rho^k
-            psi0 = -self._sprime * self._ctx["dE_old"]
-            if self._ctx["entropy_weight"] is not None:
-                psi0 = psi0 - self._ctx["entropy_weight"] * entropy_gradient(self._rho)
+        n, system = self.cv.n_owned, self._system
+        system.prepare(self._rho, self.t + tau, tau)
+        psi0 = self._psi if self._psi is not None else system.initial_potential(self._rho)
         xa = self._x.getArray()
         xa[:n], xa[n:] = self._rho, psi0
-        _, psi_local = self._local_state(self._x)
-        courant = self._op.courant(psi_local, tau, self._ctx["w"])
+        _, psi_local = system.local_state(self._x)
+        courant = self._op.courant(psi_local, tau, system.ctx["w"])
         self._blocks.update(self._comm.allreduce(courant, op=MPI.MAX))
         self._snes.solve(None, self._x)
         xa = self._x.getArray(readonly=True)
@@ -598,10 +475,10 @@ class JKOSolver:
                 failure = f"{what}: a density is not positive"
             else:
                 result, functional = self._evaluate(tau, rho, psi, reason, halvings, failed_its)
-                reference = self._ctx["reference"]
+                reference = self._system.ctx["reference"]
                 if functional <= reference + 1e-10 * max(1.0, abs(reference)):
                     self._rho, self._psi = rho, psi
-                    self.t = self._ctx["t"]
+                    self.t = self._system.ctx["t"]
                     if math.isfinite(t_stop) and abs(self.t - t_stop) <= 1e-12 * max(
                         1.0, abs(t_stop)
                     ):
@@ -623,20 +500,11 @@ class JKOSolver:
     def _evaluate(
         self, tau: float, rho: Array, psi: Array, reason: int, halvings: int, failed_its: int
     ) -> tuple[JKOStep, float]:
-        """The attempt's result and the functional that the variant minimises, in the
-        normalised units of ``solvers._jko_energy`` (divided by c; collective)."""
-        ctx = self._ctx
-        m = rho * self._meas
-        energy = self._fsum(0.5 * _dot(m, self._dE_at(rho)))  # E / c
-        rho_l, psi_l = self._local_state(self._x)
-        cost = tau**2 * self._fsum(self._op.action(rho_l, psi_l, ctx["w"]))  # W_b^2 / c
-        H = self._fsum(entropy(rho, self._meas))
+        """The attempt's result and the functional that the variant minimises (in the
+        normalised units of ``solvers._jko_newton``; collective)."""
+        ctx = self._system.ctx
+        energy, cost, H, functional = self._system.functionals(rho, self._x)
         nu_H = self.diffusion * H
-        if self.variant == "implicit":
-            functional = cost / (2 * tau) + self._sprime * energy + nu_H
-        else:  # with the linearised energy <dE/dmu(mu^k), mu>
-            linear = self._fsum(_dot(m, ctx["dE_old"]))
-            functional = cost / (2 * tau) + self._sprime * linear + nu_H
         c = math.exp(ctx["log_c"])
         result = JKOStep(
             t=ctx["t"],
@@ -660,17 +528,3 @@ class JKOSolver:
             halvings=halvings,
         )
         return result, functional
-
-
-class _JacobianShell:
-    """mult: the sparse AIJ part plus the dense block s' |K|^{1/2} d(dE/dmu)/d rho."""
-
-    def __init__(self, solver: JKOSolver) -> None:
-        self.solver = solver
-
-    def mult(self, mat: PETSc.Mat, x: PETSc.Vec, y: PETSc.Vec) -> None:
-        s = self.solver
-        n = s.cv.n_owned
-        s._P.mult(x, y)
-        dm = x.getArray(readonly=True)[:n] * s._meas
-        y.getArray()[n:] += s._sprime * s._op.sqrt * s._hessian.apply(dm)
