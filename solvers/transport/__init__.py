@@ -16,7 +16,8 @@ Public face of the transport package: every scheme that the run loop steps.
 Initial data (:func:`initial_density`) and the particle deposit (:func:`deposit_to_cells`)
 live here too. Modules: ``_finite_volume``, ``_jko`` (with ``_jko_fv``: the two-point operator,
 ``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_entropy``: the entropy term of noisy tokens,
-``_jko_newton``: the nonlinear system of a step and its SNES callbacks,
+``_jko_newton``: the nonlinear system of a step and its SNES callbacks, ``_jko_adaptive``:
+the adaptive step (:class:`StepControl`),
 ``_jko_result``: the
 step's result and the PETSc defaults),
 ``_particles``, ``_initial``, ``_deposit``, ``_expression`` (the safe grammar of density
@@ -45,6 +46,7 @@ from solvers.transport._jko import (
     JKOStep,
     circumcentres,
 )
+from solvers.transport._jko_adaptive import StepControl
 from solvers.transport._particles import INTEGRATORS, MeshParticles, ParticleSystem, retract
 from solvers.transport._registry import (
     SCHEMES,
@@ -75,6 +77,7 @@ __all__ = [
     "SCHEMES",
     "SchemeFactory",
     "SchemeOptions",
+    "StepControl",
     "TransportSolver",
     "TransportStep",
     "cell_averages",

@@ -67,8 +67,9 @@ blocks are sparse.
 Solver. Newton (PETSc SNES ``newtonls``, backtracking line search) on the system above. A
 line-search pre-check (i) shifts the density update uniformly so that every iterate has
 exactly the mass of :math:`\rho^k` (mass to round-off, whatever the Krylov tolerance) and
-(ii) damps the step so that :math:`\rho \ge (1 - \theta) \rho_{\mathrm{old}} > 0`
-(fraction to the boundary, :math:`\theta = 0.9`). The Jacobian is a shell matrix: the sparse
+(ii) limits the density update cell by cell so that
+:math:`\rho \ge (1 - \theta) \rho_{\mathrm{old}} > 0` (fraction to the boundary,
+:math:`\theta = 0.99`, then the mass restored by a scaling; ``solvers._jko_newton``). The Jacobian is a shell matrix: the sparse
 two-point blocks (AIJ, assembled by COO each Newton iteration) plus the dense block
 :math:`s' |K|^{1/2} \partial (\delta E/\delta\mu) / \partial \rho`, applied matrix-free
 (``solvers._jko_hessian``: direct kernel sums, or a harmonic expansion whose truncation error
@@ -104,7 +105,14 @@ Adaptive step. An attempt is rejected and retried with :math:`\tau/2` (at most
 ``max_halvings`` times, counted in :class:`JKOStep`) when SNES does not converge, a density is
 not positive, or the Newton limit violates :math:`W^2/(2\tau) + s'E^{k+1} \le s'E^k` (the
 minimiser's defining property; for the semi-implicit variant with its linearised energy).
-Then :class:`SolverError` is raised, naming the PETSc converged reason.
+Then :class:`SolverError` is raised, naming the PETSc converged reason. With ``step_control``
+the step also adapts to the solution (``solvers._jko_adaptive``: the mass moved per step and
+the growth rate of the motion, up to ``tau_max``): long times through metastable plateaus.
+
+Further terms and scales: the entropy :math:`\nu c \int \rho \log \rho` of noisy tokens
+(``diffusion``; ``solvers._jko_entropy``), and the normalisation of :math:`E` and :math:`b` by
+the uniform state's mobility :math:`c` that keeps sharp attention (:math:`\beta = 32`)
+well conditioned (``solvers._jko_energy``).
 
 References: [CGT20] C. Cancès, T. O. Gallouët, G. Todeschi, *A variational finite volume scheme
 for Wasserstein gradient flows*, Numer. Math. 146 (2020) 437-480; R. Jordan, D. Kinderlehrer,
@@ -136,6 +144,7 @@ from solvers.attention import (
 )
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
+from solvers.transport._jko_adaptive import StepControl, StepController
 from solvers.transport._jko_energy import InteractionEnergy
 from solvers.transport._jko_entropy import check_diffusion, entropy
 from solvers.transport._jko_fv import TwoPointOperator, circumcentres
@@ -186,6 +195,8 @@ class JKOSolver:
             energy (noisy tokens; ``solvers._jko_entropy``: the scheme then discretises
             d/dt rho + div(rho v) = nu div((c / b) grad rho), which is nu Delta rho at the
             uniform state).
+        step_control: adaptive tau (``solvers._jko_adaptive``: local error control up to
+            ``tau_max``), or None for the fixed step tau (halved only after a failed solve).
     """
 
     def __init__(
@@ -203,6 +214,7 @@ class JKOSolver:
         hessian: str = "auto",
         max_halvings: int = 4,
         diffusion: float = 0.0,
+        step_control: StepControl | None = None,
     ) -> None:
         self._prefix = _petsc.validate_prefix(petsc_options_prefix)
         if variant not in VARIANTS:
@@ -229,6 +241,8 @@ class JKOSolver:
         self.variant, self.tau, self.t = variant, float(tau), float(t0)
         self.max_halvings = int(max_halvings)
         self.diffusion = check_diffusion(diffusion)
+        if step_control is not None and not isinstance(step_control, StepControl):
+            raise ValueError(f"step_control must be a StepControl or None, got {step_control!r}")
         self.steps = 0
         self._comm = cv.comm
         self._sprime = -attention.sign
@@ -239,6 +253,9 @@ class JKOSolver:
         self._meas = self._op.meas
         self._sources = GlobalSources(self._comm, self._points[:n], cv.original_index[:n])
         self._energy = InteractionEnergy(attention, weights, self._points[:n], self._sources)
+        self._controller = (
+            None if step_control is None else StepController(step_control, self._fsum_total)
+        )
         self._system = StepSystem(
             cv,
             self._points,
@@ -369,7 +386,9 @@ class JKOSolver:
         cells = {"density": self._rho.copy()}
         if self._psi is not None:
             cells["potential"] = self._psi.copy()
-        return SchemeState(self.t, self.steps, cells)
+        if self._controller is None:
+            return SchemeState(self.t, self.steps, cells)
+        return SchemeState(self.t, self.steps, cells, self._controller.state() | {"tau": self.tau})
 
     def restore(self, state: SchemeState) -> None:
         """Continue from :meth:`state` (collective): with its potential as the next Newton
@@ -378,6 +397,18 @@ class JKOSolver:
         self.steps = int(state.steps)
         if "potential" in state.cells:
             self._psi = np.array(state.cells["potential"], dtype=np.float64)
+        if self._controller is not None:
+            self._controller.restore(dict(state.scalars))
+            if "tau" in state.scalars:
+                self.tau = float(state.scalars["tau"])
+
+    def _fsum_total(self, local: float) -> float:
+        return self._system.fsum(local)
+
+    @property
+    def step_control(self) -> StepControl | None:
+        """The adaptive step's parameters (None: fixed tau)."""
+        return None if self._controller is None else self._controller.control
 
     def total_mass(self) -> float:
         return self.total_mass_of(self._rho)
@@ -455,13 +486,16 @@ class JKOSolver:
         when SNES does not converge, a density is not positive, or the Newton limit does not
         decrease the step's functional, ``W^2/(2 tau) + s' E(mu) <= s' E(mu^k)`` (the
         minimiser's defining property: a limit that violates it is a non-minimising critical
-        point of the non-convex problem, s = +1 with large tau).
+        point of the non-convex problem, s = +1 with large tau). With ``step_control`` the
+        activity rule of ``solvers._jko_adaptive`` may reject an accepted solve too (retried
+        with the controller's smaller step, counted in ``halvings``) and sets the next tau.
 
         Raises:
             SolverError: every attempt failed; the message names the PETSc converged reason
                 (or the violated property).
         """
-        tau = min(self.tau, float(t_stop) - self.t)
+        base = self.tau
+        tau = min(base, float(t_stop) - self.t)
         if not (math.isfinite(tau) and tau > 0):
             raise ValueError(f"the step must be finite and > 0, got tau = {tau!r}")
         halvings, failed_its = 0, 0
@@ -477,6 +511,12 @@ class JKOSolver:
                 result, functional = self._evaluate(tau, rho, psi, reason, halvings, failed_its)
                 reference = self._system.ctx["reference"]
                 if functional <= reference + 1e-10 * max(1.0, abs(reference)):
+                    retry, delta = self._control(result, rho, base, halvings)
+                    if retry is not None:  # the error estimate rejects the step
+                        failed_its += self._snes.getIterationNumber()
+                        tau, halvings = retry, halvings + 1
+                        continue
+                    result = dataclasses.replace(result, activity=delta)
                     self._rho, self._psi = rho, psi
                     self.t = self._system.ctx["t"]
                     if math.isfinite(t_stop) and abs(self.t - t_stop) <= 1e-12 * max(
@@ -496,6 +536,24 @@ class JKOSolver:
                 raise SolverError(f"{failure} (after {halvings} halvings of tau)", t=self.t)
             tau *= 0.5
             halvings += 1
+
+    def _control(
+        self, result: JKOStep, rho: Array, base: float, halvings: int
+    ) -> tuple[float | None, float]:
+        """Adaptive tau (``solvers._jko_adaptive``): (None, delta_k) to accept the attempt
+        (and set the next tau), or (the smaller step to retry it with, delta_k). Collective."""
+        if self._controller is None:
+            return None, math.nan
+        ctrl, dt = self._controller, result.dt
+        increment = (rho - self._rho) * self._meas
+        delta, proposal = ctrl.assess(
+            increment, dt, base, result.mass, result.newton_its, retried=halvings > 0
+        )
+        if ctrl.reject(delta) and halvings < self.max_halvings and proposal < dt:
+            return proposal, delta
+        ctrl.accept(delta, dt)
+        self.tau = proposal
+        return None, delta
 
     def _evaluate(
         self, tau: float, rho: Array, psi: Array, reason: int, halvings: int, failed_its: int

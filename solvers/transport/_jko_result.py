@@ -25,6 +25,7 @@ ILU(0) are not mesh independent on these advection blocks. Overrides, e.g.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +101,9 @@ class JKOStep(StepResult):
         entropy: H(rho^{k+1}) = sum_K |K| rho_K log rho_K (0.0 without diffusion).
         free_energy: F(mu^{k+1}) = s' E + nu c H (``solvers._jko_entropy``; s' E without
             diffusion).
+        activity: the mass the step moved relative to the total mass, delta_k, with which
+            the adaptive step chooses the next (``solvers._jko_adaptive``; nan for a fixed
+            step).
         failed_newton_its: Newton iterations spent in rejected attempts.
         damped_its: Newton steps shortened by the positivity pre-check.
         reason: SNES converged reason (> 0).
@@ -127,6 +131,7 @@ class JKOStep(StepResult):
     min_density: float
     entropy: float = 0.0
     free_energy: float = 0.0
+    activity: float = math.nan
 
     @property
     def tau(self) -> float:

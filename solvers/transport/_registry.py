@@ -20,6 +20,7 @@ from solvers.attention import Attention
 from solvers.stepping import TokenScheme
 from solvers.transport._finite_volume import TransportSolver
 from solvers.transport._jko import JKOSolver
+from solvers.transport._jko_adaptive import StepControl
 from solvers.transport._particles import MeshParticles
 from solvers.weights import WeightDynamics
 
@@ -46,6 +47,8 @@ class SchemeOptions:
         petsc_options_prefix: the options prefix of the PETSc objects (jko).
         diffusion: nu >= 0 of ``[attention] diffusion`` (noisy tokens). "jko": the entropy
             term nu c int rho log rho (``solvers.transport._jko_entropy``).
+        step_control: adaptive step of the "jko" scheme (``solvers.transport._jko_adaptive``;
+            ``dt`` is then the first step), or None; fv and particles refuse it.
     """
 
     dt: float = 0.0
@@ -55,6 +58,7 @@ class SchemeOptions:
     background: Callable[[Array, float], Array] | None = None
     petsc_options_prefix: str = "jko_"
     diffusion: float = 0.0
+    step_control: StepControl | None = None
 
 
 SchemeFactory = Callable[
@@ -98,6 +102,7 @@ def make_scheme(
 
 @register_scheme("fv")
 def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
+    _no_step_control("fv", options)
     return TransportSolver(
         cv,
         attention,
@@ -120,9 +125,16 @@ def _no_background(name: str, options: SchemeOptions) -> None:
         )
 
 
+def _no_step_control(name: str, options: SchemeOptions) -> None:
+    """Only the JKO scheme has the adaptive step of ``options.step_control``."""
+    if options.step_control is not None:
+        raise ValueError(f"the {name!r} scheme has no adaptive step control: only 'jko' has")
+
+
 @register_scheme("particles")
 def _particles(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
     _no_background("particles", options)
+    _no_step_control("particles", options)
     return MeshParticles(
         cv,
         attention,
@@ -145,4 +157,5 @@ def _jko(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme
         tau=options.dt,
         petsc_options_prefix=options.petsc_options_prefix,
         diffusion=options.diffusion,
+        step_control=options.step_control,
     )
