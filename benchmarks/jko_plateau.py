@@ -122,17 +122,19 @@ class Geometry:
         k = self.cost.shape[0]
         a = np.bincount(self.bin_of, weights=rho_a * self.meas, minlength=k)
         b = np.bincount(self.bin_of, weights=rho_b * self.meas, minlength=k)
-        b *= a.sum() / b.sum()
-        rows = scipy.sparse.kron(scipy.sparse.eye(k), np.ones((1, k)))
-        cols = scipy.sparse.kron(np.ones((1, k)), scipy.sparse.eye(k))
+        b *= a.sum() / b.sum() * (1 + 1e-9)  # columns as upper bounds: always feasible
+        rows = scipy.sparse.kron(scipy.sparse.eye(k), np.ones((1, k))).tocsr()
+        cols = scipy.sparse.kron(np.ones((1, k)), scipy.sparse.eye(k)).tocsr()
         res = scipy.optimize.linprog(
             self.cost.ravel(),
-            A_eq=scipy.sparse.vstack([rows, cols]).tocsr(),
-            b_eq=np.concatenate([a, b]),
+            A_eq=rows,
+            b_eq=a,
+            A_ub=cols,
+            b_ub=b,
             bounds=(0, None),
             method="highs",
         )
-        return float(res.fun)
+        return float(res.fun) if res.status == 0 else float("nan")
 
 
 def run(kind: str, args, tau: float = 0.1, start=None, keep_at: float | None = None) -> dict:
@@ -202,6 +204,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.2)
     parser.add_argument("--tau-max", type=float, default=10.0)
     parser.add_argument("--t-plateau", type=float, default=30.0)
+    parser.add_argument("--save", default="", help="an .npz file for the end densities")
     args = parser.parse_args()
     from solvers.threads import configure_threads
 
@@ -211,6 +214,15 @@ def main() -> None:
     results: dict[str, dict] = {}
     say = print if comm.rank == 0 else (lambda *a, **k: None)
     say(f"# beta {BETA}, S^2 level {LEVEL}, {comm.size} rank(s), t_end {args.t_end}")
+
+    def report(name: str, res: dict) -> None:
+        say(
+            f"{name:18s} wall {res['wall']:8.1f} s  steps {res['steps']:6d}  Newton "
+            f"{res['newton']:6d}  retries {res['retries']:3d}  clusters (t, count, steps) "
+            f"{res['timeline']}",
+            flush=True,
+        )
+
     kept = None
     for kind in args.runs:
         if kind == "jko":
@@ -219,6 +231,8 @@ def main() -> None:
                 res = run("jko", args, tau=tau, keep_at=keep)
                 results[f"jko tau={tau:g}"] = res
                 kept = kept or res["kept"]
+                if i < len(args.taus) - 1:
+                    report(f"jko tau={tau:g}", res)
         elif kind == "plateau":
             start = comm.bcast(kept, root=0)
             if start is None:
@@ -228,15 +242,11 @@ def main() -> None:
         else:
             results[kind] = run(kind, args)
         name = list(results)[-1]
-        res = results[name]
-        say(
-            f"{name:18s} wall {res['wall']:8.1f} s  steps {res['steps']:6d}  Newton "
-            f"{res['newton']:6d}  retries {res['retries']:3d}  clusters (t, count, steps) "
-            f"{res['timeline']}",
-            flush=True,
-        )
+        report(name, results[name])
     if comm.rank != 0:
         return
+    if args.save:
+        np.savez(args.save, **{k.replace(" ", "_"): v["density"] for k, v in results.items()})
     geometry = args.geometry
     print(f"# W1 on level-2 bins (bin radius {geometry.bin_radius:.3f} rad); L1 of cell masses")
     names = list(results)

@@ -18,7 +18,7 @@ import pytest
 from meshes import control_volumes, icosphere
 from solvers.attention import Attention, Head
 from solvers.transport import JKOSolver, SchemeOptions, StepControl, initial_density, make_scheme
-from solvers.transport._jko_adaptive import REJECT, StepController
+from solvers.transport._jko_adaptive import CEILING_RISE, REJECT, StepController
 from solvers.weights import make_weights
 
 S2_DENSITY = "exp(2 * x[2]) + 0.5 * exp(2 * x[0])"
@@ -72,12 +72,29 @@ def test_rate_rule_limits_growing_motion_only():
     """lambda_k = log(v_k / v_{k-1}) / mean step: a speed growing by e over a unit of time
     limits the next step to rate / lambda; a decaying speed does not limit it."""
     ctrl = StepController(StepControl(tau_max=10.0, target=0.5, rate=0.2), fsum=lambda x: x)
-    ctrl.accept(0.001, 1.0)  # speed 1e-3
+    ctrl.accept(0.001, 1.0, retried=False)  # speed 1e-3
     inc = np.full(10, math.e * 1e-4)  # delta = e 1e-3 at dt = 1: lambda = 1
     _, tau = ctrl.assess(inc, dt=1.0, base=1.0, mass=1.0, newton_its=2, retried=False)
     assert tau == pytest.approx(0.2)
     _, tau = ctrl.assess(inc / math.e**2, dt=1.0, base=1.0, mass=1.0, newton_its=2, retried=False)
     assert tau == pytest.approx(2.0)  # decaying: the activity rule alone (growth 2x)
+
+
+def test_a_failed_solve_sets_a_ceiling():
+    """After a retry the accepted step is a ceiling for the next proposals, rising by
+    CEILING_RISE per step without a retry; it is part of the state."""
+    ctrl = StepController(StepControl(tau_max=10.0, target=0.5), fsum=lambda x: x)
+    quiet = np.full(10, 1e-5)
+    _, tau = ctrl.assess(quiet, dt=0.5, base=1.0, mass=1.0, newton_its=3, retried=True)
+    assert tau == 0.5
+    ctrl.accept(1e-4, 0.5, retried=True)
+    _, tau = ctrl.assess(quiet, dt=0.5, base=0.5, mass=1.0, newton_its=3, retried=False)
+    assert tau == pytest.approx(0.5 * CEILING_RISE)  # not 2 x 0.5
+    ctrl.accept(1e-4, 0.5, retried=False)
+    assert ctrl.state()["step_ceiling"] == pytest.approx(0.5 * CEILING_RISE)
+    other = StepController(ctrl.control, fsum=lambda x: x)
+    other.restore(ctrl.state())
+    assert other.ceiling == ctrl.ceiling and other.speed == ctrl.speed
 
 
 # ---------------------------------------------------------------- adaptive runs

@@ -551,7 +551,7 @@ class JKOSolver:
         )
         if ctrl.reject(delta) and halvings < self.max_halvings and proposal < dt:
             return proposal, delta
-        ctrl.accept(delta, dt)
+        ctrl.accept(delta, dt, retried=halvings > 0)
         self.tau = proposal
         return None, delta
 
