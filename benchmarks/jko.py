@@ -65,6 +65,65 @@ DIRECT = {
     for key, value in (("pc_type", "lu"), ("pc_factor_mat_solver_type", "mumps"))
 }
 
+#: ``--paths old``: the dense-block products as they were before the BLAS rewrite (compiled
+#: loops over the stored basis), kept here only for the comparison.
+_OLD_KERNELS = None
+
+
+def _old_kernels():
+    """The compiled loops of the previous ``ExpansionHessian.apply`` (numba, threads over
+    independent outputs, each entry summed in order)."""
+    global _OLD_KERNELS
+    if _OLD_KERNELS is None:
+        import numba
+        import numpy as np
+
+        @numba.njit(parallel=True, cache=True)
+        def rows_dot(M, v):  # M (R, n), v (n,) -> M v (R,)
+            r, n = M.shape
+            out = np.empty(r)
+            for a in numba.prange(r):
+                acc = 0.0
+                for i in range(n):
+                    acc += M[a, i] * v[i]
+                out[a] = acc
+            return out
+
+        @numba.njit(parallel=True, cache=True)
+        def rows_combine(M, w):  # M (R, n), w (R,) -> M^T w (n,)
+            r, n = M.shape
+            out = np.zeros(n)
+            block = 2048
+            for ib in numba.prange((n + block - 1) // block):
+                i0 = ib * block
+                i1 = min(n, i0 + block)
+                for a in range(r):
+                    wa = w[a]
+                    for i in range(i0, i1):
+                        out[i] += M[a, i] * wa
+            return out
+
+        _OLD_KERNELS = (rows_dot, rows_combine)
+    return _OLD_KERNELS
+
+
+def old_apply(self, dm_owned):
+    """``ExpansionHessian.apply`` before the BLAS rewrite (the same mathematics)."""
+    from mpi4py import MPI
+
+    import numpy as np
+
+    from solvers._jit import read_only
+
+    rows_dot, rows_combine = _old_kernels()
+    self.products += 1
+    dm = np.ascontiguousarray(dm_owned, dtype=np.float64)
+    basis, C = read_only(self.basis, self._C)
+    moments = rows_dot(basis, *read_only(dm))
+    if self._comm.size > 1:
+        moments = self._comm.allreduce(moments, op=MPI.SUM)
+    return rows_combine(basis, *read_only(rows_dot(C, *read_only(moments))))
+
 
 def run_level(level: int, args: argparse.Namespace) -> dict:
     """One level on COMM_WORLD (collective); the row as rank 0 reports it."""
@@ -95,6 +154,12 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
 
         return wrapper
 
+    from solvers.transport import _jko_hessian
+
+    if args.path == "old":
+        ExpansionHessian.apply = old_apply
+    if args.max_basis_gb is not None:
+        _jko_hessian.MAX_BASIS_BYTES = int(args.max_basis_gb * 2**30)
     for cls in (ExpansionHessian, KernelHessian):  # time the dense-block products
         cls.apply = timed(cls.apply)
 
@@ -129,7 +194,7 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
         )
     cv = control_volumes(icosphere(comm, level))
     rho0 = initial_density(cv, DENSITY)
-    row: dict = {"level": level, "cells": cv.n_global, "ranks": comm.size}
+    row: dict = {"level": level, "cells": cv.n_global, "ranks": comm.size, "path": args.path}
     comm.barrier()
     t0 = time.perf_counter()
     s = JKOSolver(
@@ -178,6 +243,65 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
     return row
 
 
+def run_products(level: int, args: argparse.Namespace) -> dict:
+    """``--products``: dense-block products per second on one level (collective): the stored
+    expansion basis applied by BLAS (``new``) and by the previous compiled loops (``old``),
+    and the kernel-sum operator (``kernel``: one distributed kernel sum per product by the
+    attention's backend), alternating, best of ``--repeat-products`` rounds."""
+    import dolfinx_solver  # noqa: F401
+    from mpi4py import MPI
+
+    import numpy as np
+
+    from meshes import control_volumes, icosphere
+    from solvers.attention import GlobalSources
+    from solvers.transport import circumcentres
+    from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian, checked_expansion
+
+    comm = MPI.COMM_WORLD
+    cv = control_volumes(icosphere(comm, level))
+    n = cv.n_owned
+    points = circumcentres(cv)
+    A, coef = args.beta * np.eye(3)[None], 1.0 / args.beta
+    degree = next(p for p in range(8, 41, 2) if checked_expansion(3, A, coef, p)[0] <= 1e-12)
+    _, C = checked_expansion(3, A, coef, degree)
+    hessians = {"new": ExpansionHessian(cv, points, A, C, degree, 0.0)}
+    hessians["old"] = hessians["new"]
+    if args.kernel_products:
+        sources = GlobalSources(comm, points[:n], cv.original_index[:n])
+        hessians["kernel"] = KernelHessian(cv, points, sources, A, coef, "auto")
+    apply = {
+        "new": ExpansionHessian.apply,
+        "old": old_apply,
+        "kernel": KernelHessian.apply,
+    }
+    rng = np.random.default_rng(comm.rank)
+    dm = rng.normal(size=n) * cv.measures[:n]
+    reference = apply["new"](hessians["new"], dm)
+    best = {key: np.inf for key in hessians}
+    errors = {}
+    for _ in range(args.repeat_products):
+        for key, h in hessians.items():
+            out = apply[key](h, dm)  # warm (numba compiles or loads the old loops)
+            comm.barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.products):
+                out = apply[key](h, dm)
+            elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / args.products
+            best[key] = min(best[key], elapsed)
+            err = comm.allreduce(float(np.abs(out - reference).max()), op=MPI.MAX)
+            errors[key] = err / comm.allreduce(float(np.abs(reference).max()), op=MPI.MAX)
+    return {
+        "level": level,
+        "cells": cv.n_global,
+        "ranks": comm.size,
+        "degree": degree,
+        "basis_mb": 8 * n * (degree + 1) ** 2 / 2**20,
+        "seconds": best,
+        "error": errors,
+    }
+
+
 def worker(args: argparse.Namespace) -> None:
     from solvers.threads import configure_threads
 
@@ -187,39 +311,64 @@ def worker(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     rows = {}
     for level in args.levels:
-        rows[(level, comm.size)] = row = run_level(level, args)
+        run = run_products if args.products else run_level
+        rows[(level, comm.size, args.path)] = row = run(level, args)
         if comm.rank == 0 and args.worker:
             print("ROW " + json.dumps(row), flush=True)
     if comm.rank == 0 and not args.worker:  # run directly on this communicator: the table
         print(f"# load average {os.getloadavg()[0]:.2f}")
-        _print_table(rows)
+        (_print_products if args.products else _print_table)(rows)
 
 
-def _print_table(rows: dict[tuple[int, int], dict]) -> None:
+def _print_products(rows: dict[tuple[int, int, str], dict]) -> None:
     print(
-        f"{'level':>5} {'cells':>9} {'P':>2} {'setup s':>7} {'step':>4} {'time s':>7} "
-        f"{'cpu s':>7} {'PC s':>6} {'Hv s':>6} {'Newton':>6} {'GMRES':>5} {'G/N':>4} "
-        f"{'sums':>4} {'Hv':>4} {'halv':>4} {'C':>5} {'ov':>3} {'MB':>6}  hessian"
+        f"{'level':>5} {'cells':>9} {'P':>2} {'p':>3} {'basis MB/rank':>13} "
+        f"{'old /s':>8} {'new /s':>8} {'new/old':>7} {'kernel /s':>9} {'err old':>8}"
     )
-    for (level, n), r in sorted(rows.items()):
+    for (level, n, _), r in sorted(rows.items()):
+        sec = r["seconds"]
+        kernel = f"{1 / sec['kernel']:9.1f}" if "kernel" in sec else f"{'-':>9}"
+        print(
+            f"{level:5d} {r['cells']:9d} {n:2d} {r['degree']:3d} {r['basis_mb']:13.0f} "
+            f"{1 / sec['old']:8.1f} {1 / sec['new']:8.1f} {sec['old'] / sec['new']:7.2f} "
+            f"{kernel} {r['error']['old']:8.1e}"
+        )
+
+
+def _print_table(rows: dict[tuple[int, int, str], dict]) -> None:
+    print(
+        f"{'level':>5} {'cells':>9} {'P':>2} {'path':>4} {'setup s':>7} {'step':>4} "
+        f"{'time s':>7} {'cpu s':>7} {'PC s':>6} {'Hv s':>6} {'Newton':>6} {'GMRES':>5} "
+        f"{'G/N':>4} {'sums':>4} {'Hv':>4} {'halv':>4} {'C':>5} {'ov':>3} {'MB':>6}  hessian"
+    )
+    for (level, n, path), r in sorted(rows.items()):
         for k, st in enumerate(r["steps"]):
             print(
-                f"{level:5d} {r['cells']:9d} {n:2d} {r['setup']:7.2f} {k + 1:4d} "
+                f"{level:5d} {r['cells']:9d} {n:2d} {path:>4} {r['setup']:7.2f} {k + 1:4d} "
                 f"{st['time']:7.2f} {st['cpu']:7.2f} {st['pc']:6.2f} {st['hv']:6.2f} "
                 f"{st['newton']:6d} {st['ksp']:5d} {st['ksp'] / max(st['newton'], 1):4.1f} "
                 f"{st['sums']:4d} {st['products']:4d} {st['halvings']:4d} {st['courant']:5.2f} "
                 f"{st['overlap']:3d} {r['peak_mb']:6.0f}  {r['hessian']}"
             )
-    for level in sorted({lv for lv, _ in rows}):
-        if (level, 1) in rows and (level, 2) in rows:
-            a, b = rows[(level, 1)]["steps"], rows[(level, 2)]["steps"]
-            parts = []
-            for k, (x, y) in enumerate(zip(a, b, strict=False)):
-                parts.append(
-                    f"step {k + 1}: wall {x['time'] / y['time']:.2f}, cpu "
-                    f"{x['cpu'] / y['cpu']:.2f}, PC {x['pc'] / max(y['pc'], 1e-9):.2f}"
-                )
-            print(f"level {level}: speed-up 1 -> 2 ranks: " + "; ".join(parts))
+    keys = sorted(rows)
+    for level, n, path in keys:
+        if path == "new" and (level, n, "old") in rows:
+            a, b = rows[(level, n, "old")]["steps"], rows[(level, n, "new")]["steps"]
+            parts = [
+                f"step {k + 1}: wall {x['time'] / y['time']:.2f}, Hv "
+                f"{x['hv'] / max(y['hv'], 1e-9):.2f}"
+                for k, (x, y) in enumerate(zip(a, b, strict=False))
+            ]
+            print(f"level {level}, {n} rank(s): old / new: " + "; ".join(parts))
+    for level, n, path in keys:
+        if n == 1 and (level, 2, path) in rows:
+            a, b = rows[(level, 1, path)]["steps"], rows[(level, 2, path)]["steps"]
+            parts = [
+                f"step {k + 1}: wall {x['time'] / y['time']:.2f}, cpu "
+                f"{x['cpu'] / y['cpu']:.2f}, PC {x['pc'] / max(y['pc'], 1e-9):.2f}"
+                for k, (x, y) in enumerate(zip(a, b, strict=False))
+            ]
+            print(f"level {level} ({path}): speed-up 1 -> 2 ranks: " + "; ".join(parts))
 
 
 def main() -> None:
@@ -233,6 +382,23 @@ def main() -> None:
     parser.add_argument("--hessian", default="auto")
     parser.add_argument("--repeat", type=int, default=1, help="runs per level; the fastest kept")
     parser.add_argument("--direct", action="store_true", help="MUMPS LU blocks (old default)")
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        default=["new"],
+        choices=["new", "old"],
+        help="dense-block products: BLAS (new) and/or the previous compiled loops (old)",
+    )
+    parser.add_argument(
+        "--max-basis-gb",
+        type=float,
+        default=None,
+        help="the stored basis allowed for the whole mesh (default: the solver's, 1 GiB)",
+    )
+    parser.add_argument("--products", action="store_true", help="dense-block products only")
+    parser.add_argument("--kernel-products", action="store_true", help="with --products")
+    parser.add_argument("--repeat-products", type=int, default=3)
+    parser.add_argument("--path", default="new", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker or not args.ranks:
@@ -245,34 +411,52 @@ def main() -> None:
         f"hessian={args.hessian}, {'MUMPS LU blocks' if args.direct else 'default PC'}, "
         f"{os.cpu_count()} cores"
     )
-    rows: dict[tuple[int, int], dict] = {}
+    paths = ["new"] if args.products else args.paths
+    rows: dict[tuple[int, int, str], dict] = {}
     for level in args.levels:
         for rep in range(args.repeat):
             for n in args.ranks:  # alternating, so that both see the same load
-                cmd = [mpiexec, "-n", str(n), sys.executable, __file__, "--worker"]
-                cmd += ["--levels", str(level), "--steps", str(args.steps)]
-                cmd += ["--tau", str(args.tau), "--beta", str(args.beta)]
-                cmd += ["--variant", args.variant, "--hessian", args.hessian]
-                cmd += ["--direct"] if args.direct else []
-                before = os.getloadavg()[0]
-                out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-                after = os.getloadavg()[0]
-                if out.returncode != 0:
-                    print(out.stdout[-2000:], out.stderr[-4000:])
-                    raise SystemExit(f"level {level}, mpiexec -n {n} failed")
-                row = next(
-                    json.loads(line[4:]) for line in out.stdout.splitlines() if line[:4] == "ROW "
-                )
-                total = sum(st["time"] for st in row["steps"])
-                print(
-                    f"# level {level}, {n} rank(s), run {rep + 1}: steps {total:.2f} s, "
-                    f"load average {before:.2f} -> {after:.2f}",
-                    flush=True,
-                )
-                best = rows.get((level, n))
-                if best is None or total < sum(st["time"] for st in best["steps"]):
-                    rows[(level, n)] = row
-    _print_table(rows)
+                for path in paths:
+                    cmd = [mpiexec, "-n", str(n), sys.executable, __file__, "--worker"]
+                    cmd += ["--levels", str(level), "--steps", str(args.steps)]
+                    cmd += ["--tau", str(args.tau), "--beta", str(args.beta)]
+                    cmd += ["--variant", args.variant, "--hessian", args.hessian]
+                    cmd += ["--path", path]
+                    cmd += ["--direct"] if args.direct else []
+                    if args.max_basis_gb is not None:
+                        cmd += ["--max-basis-gb", str(args.max_basis_gb)]
+                    if args.products:
+                        cmd += ["--products", "--repeat-products", str(args.repeat_products)]
+                        cmd += ["--kernel-products"] if args.kernel_products else []
+                    before = os.getloadavg()[0]
+                    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+                    after = os.getloadavg()[0]
+                    if out.returncode != 0:
+                        print(out.stdout[-2000:], out.stderr[-4000:])
+                        raise SystemExit(f"level {level}, mpiexec -n {n} failed")
+                    row = next(
+                        json.loads(line[4:])
+                        for line in out.stdout.splitlines()
+                        if line[:4] == "ROW "
+                    )
+                    total = (
+                        sum(row["seconds"].values())
+                        if args.products
+                        else sum(st["time"] for st in row["steps"])
+                    )
+                    print(
+                        f"# level {level}, {n} rank(s), {path}, run {rep + 1}: {total:.2f} s, "
+                        f"load average {before:.2f} -> {after:.2f}",
+                        flush=True,
+                    )
+                    best = rows.get((level, n, path))
+                    if best is None or total < (
+                        sum(best["seconds"].values())
+                        if args.products
+                        else sum(st["time"] for st in best["steps"])
+                    ):
+                        rows[(level, n, path)] = row
+    (_print_products if args.products else _print_table)(rows)
 
 
 if __name__ == "__main__":

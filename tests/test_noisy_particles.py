@@ -262,7 +262,6 @@ def test_bad_noise_input_exit_2(shared_tmp, capfd, item, message):
 @pytest.mark.parametrize(
     "sets,message",
     [
-        (['time.scheme="jko"', "time.dt=0.1"], '"jko" scheme has no diffusion'),
         (['mesh.manifold="R2"', "mesh.refinement=0"], "spheres S1 and S2"),
         (["adapt.max_level=3"], "Delaunay"),
     ],

@@ -354,6 +354,7 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     if o["every"] < 1:
         raise ConfigError("output.every", f"must be >= 1, got {o['every']}")
     _cadence(cfg)
+    _adaptive_step(cfg)
     o["progress"] = as_float(o["progress"], "output.progress")
     o["checkpoint_every"] = as_int(o["checkpoint_every"], "output.checkpoint_every")
     if o["checkpoint_every"] < 0:
@@ -378,6 +379,22 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def _adaptive_step(cfg: dict[str, Any]) -> None:
+    """Check the adaptive jko step (in place)."""
+    t = cfg["time"]
+    if not isinstance(t["adaptive"], bool):
+        raise ConfigError("time.adaptive", f"must be true or false, got {t['adaptive']!r}")
+    t["dt_max"] = as_float(t["dt_max"], "time.dt_max")
+    if not (math.isfinite(t["dt_max"]) and t["dt_max"] >= 0):
+        raise ConfigError("time.dt_max", f"must be finite and >= 0, got {t['dt_max']}")
+    if t["adaptive"] and t["scheme"] != "jko":
+        raise ConfigError(
+            "time.adaptive", f"only the jko scheme adapts its step (time.scheme = {t['scheme']!r})"
+        )
+    if t["adaptive"] and 0 < t["dt_max"] < t["dt"]:
+        raise ConfigError("time.dt_max", f"must be >= time.dt = {t['dt']}, got {t['dt_max']}")
+
+
 def _cadence(cfg: dict[str, Any]) -> None:
     """Check the output times in simulated time (in place)."""
     o, t_end = cfg["output"], cfg["time"]["t_end"]
@@ -400,16 +417,9 @@ def _diffusion(cfg: dict[str, Any]) -> None:
     """The manifolds and schemes that take ``[attention] diffusion`` > 0."""
     if cfg["attention"]["diffusion"] == 0:
         return
-    scheme = cfg["time"]["scheme"]
     if cfg["mesh"]["manifold"] not in ("S1", "S2"):
         raise ConfigError(
             "attention.diffusion", "noisy tokens are implemented on the spheres S1 and S2"
-        )
-    if scheme == "jko":
-        raise ConfigError(
-            "attention.diffusion",
-            'the "jko" scheme has no diffusion (entropy) term yet: use time.scheme = "fv" or '
-            '"particles" for noisy tokens',
         )
     if cfg["adapt"]["max_level"] > 0:
         raise ConfigError(

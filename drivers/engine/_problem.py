@@ -39,6 +39,7 @@ from solvers.transport import (
     AdaptiveScheme,
     AdaptOptions,
     SchemeOptions,
+    StepControl,
     initial_density,
     make_scheme,
 )
@@ -179,6 +180,7 @@ def scheme_options(cfg: dict[str, Any]) -> SchemeOptions:
         diffusion=cfg["attention"]["diffusion"],
         diffusion_step=cfg["transport"]["diffusion_step"],
         seed=cfg["weights"]["seed"],
+        step_control=StepControl(t["dt_max"] or 100.0 * t["dt"]) if t["adaptive"] else None,
     )
 
 

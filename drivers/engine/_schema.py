@@ -169,6 +169,12 @@ KEYS: tuple[Key, ...] = (
     Key("time", "dt", "number", 0.0,
         "time step: required by jko; fixed step for particles; an upper bound for fv; "
         "0: from cfl"),
+    Key("time", "adaptive", "boolean", False,
+        "jko: adapt the step tau from dt (the first step) up to dt_max, growing through slow "
+        "phases (metastable plateaus) and shrinking when Newton struggles; fv and particles "
+        "choose their steps from cfl"),
+    Key("time", "dt_max", "number", 0.0,
+        "the largest step of the adaptive jko step (0: 100 dt), >= dt"),
     Key("time", "rk", "string", "",
         "time integrator: fv ssp3 (default), ssp2, euler; particles rk4 (default), euler; "
         "jko: none; empty: the scheme's default"),

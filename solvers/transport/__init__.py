@@ -17,7 +17,10 @@ Public face of the transport package: every scheme that the run loop steps.
 
 Initial data (:func:`initial_density`) and the particle deposit (:func:`deposit_to_cells`)
 live here too. Modules: ``_finite_volume``, ``_jko`` (with ``_jko_fv``: the two-point operator,
-``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_result``: the
+``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_entropy``: the entropy term of noisy tokens,
+``_jko_newton``: the nonlinear system of a step and its SNES callbacks, ``_jko_adaptive``:
+the adaptive step (:class:`StepControl`),
+``_jko_result``: the
 step's result and the PETSc defaults),
 ``_particles``, ``_initial``, ``_deposit``, ``_expression`` (the safe grammar of density
 expressions: :class:`Expression`, :data:`EXPRESSION_FUNCTIONS`), ``_registry`` (the scheme registry: ``[time]
@@ -46,12 +49,14 @@ from solvers.transport._initial import (
 )
 from solvers.transport._jko import (
     DEFAULT_OPTIONS,
+    DIFFUSION_OPTIONS,
     HESSIANS,
     VARIANTS,
     JKOSolver,
     JKOStep,
     circumcentres,
 )
+from solvers.transport._jko_adaptive import StepControl
 from solvers.transport._particles import (
     INTEGRATORS,
     MeshParticles,
@@ -72,6 +77,7 @@ __all__ = [
     "AdaptiveScheme",
     "DEFAULT_OPTIONS",
     "DIFFUSION_STEPS",
+    "DIFFUSION_OPTIONS",
     "EXPRESSION_CONSTANTS",
     "EXPRESSION_FUNCTIONS",
     "Expression",
@@ -89,6 +95,7 @@ __all__ = [
     "SCHEMES",
     "SchemeFactory",
     "SchemeOptions",
+    "StepControl",
     "TransportSolver",
     "TransportStep",
     "TwoPointDiffusion",

@@ -67,8 +67,9 @@ blocks are sparse.
 Solver. Newton (PETSc SNES ``newtonls``, backtracking line search) on the system above. A
 line-search pre-check (i) shifts the density update uniformly so that every iterate has
 exactly the mass of :math:`\rho^k` (mass to round-off, whatever the Krylov tolerance) and
-(ii) damps the step so that :math:`\rho \ge (1 - \theta) \rho_{\mathrm{old}} > 0`
-(fraction to the boundary, :math:`\theta = 0.9`). The Jacobian is a shell matrix: the sparse
+(ii) limits the density update cell by cell so that
+:math:`\rho \ge (1 - \theta) \rho_{\mathrm{old}} > 0` (fraction to the boundary,
+:math:`\theta = 0.99`, then the mass restored by a scaling; ``solvers._jko_newton``). The Jacobian is a shell matrix: the sparse
 two-point blocks (AIJ, assembled by COO each Newton iteration) plus the dense block
 :math:`s' |K|^{1/2} \partial (\delta E/\delta\mu) / \partial \rho`, applied matrix-free
 (``solvers._jko_hessian``: direct kernel sums, or a harmonic expansion whose truncation error
@@ -104,7 +105,14 @@ Adaptive step. An attempt is rejected and retried with :math:`\tau/2` (at most
 ``max_halvings`` times, counted in :class:`JKOStep`) when SNES does not converge, a density is
 not positive, or the Newton limit violates :math:`W^2/(2\tau) + s'E^{k+1} \le s'E^k` (the
 minimiser's defining property; for the semi-implicit variant with its linearised energy).
-Then :class:`SolverError` is raised, naming the PETSc converged reason.
+Then :class:`SolverError` is raised, naming the PETSc converged reason. With ``step_control``
+the step also adapts to the solution (``solvers._jko_adaptive``: the mass moved per step and
+the growth rate of the motion, up to ``tau_max``): long times through metastable plateaus.
+
+Further terms and scales: the entropy :math:`\nu c \int \rho \log \rho` of noisy tokens
+(``diffusion``; ``solvers._jko_entropy``), and the normalisation of :math:`E` and :math:`b` by
+the uniform state's mobility :math:`c` that keeps sharp attention (:math:`\beta = 32`)
+well conditioned (``solvers._jko_energy``).
 
 References: [CGT20] C. Cancès, T. O. Gallouët, G. Todeschi, *A variational finite volume scheme
 for Wasserstein gradient flows*, Numer. Math. 146 (2020) 437-480; R. Jordan, D. Kinderlehrer,
@@ -123,7 +131,6 @@ import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 from petsc4py import PETSc
 
-import dolfinx.la
 import numpy as np
 import numpy.typing as npt
 
@@ -137,23 +144,33 @@ from solvers.attention import (
 )
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
+from solvers.transport._jko_adaptive import StepControl, StepController
 from solvers.transport._jko_energy import InteractionEnergy
+from solvers.transport._jko_entropy import check_diffusion, entropy
 from solvers.transport._jko_fv import TwoPointOperator, circumcentres
-from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian, make_hessian
-from solvers.transport._jko_result import DEFAULT_OPTIONS, HESSIANS, VARIANTS, JKOStep
+from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian
+from solvers.transport._jko_newton import StepSystem, dot
+from solvers.transport._jko_result import (
+    DEFAULT_OPTIONS,
+    DIFFUSION_OPTIONS,
+    HESSIANS,
+    VARIANTS,
+    JKOStep,
+)
 from solvers.transport._jko_solver import BlockPreconditioner, set_up_nested
 from solvers.weights import WeightDynamics, head_weights_at
 
-__all__ = ["DEFAULT_OPTIONS", "HESSIANS", "JKOSolver", "JKOStep", "VARIANTS", "circumcentres"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "DIFFUSION_OPTIONS",
+    "HESSIANS",
+    "JKOSolver",
+    "JKOStep",
+    "VARIANTS",
+    "circumcentres",
+]
 
 Array = npt.NDArray[np.float64]
-
-_FRACTION = 0.9  # fraction to the boundary: rho_new >= (1 - _FRACTION) rho_old
-
-
-def _dot(a: Array, b: Array) -> float:
-    """Local dot product without BLAS (threaded BLAS on vectors thrashes shared cores)."""
-    return float(np.sum(a * b))
 
 
 class JKOSolver:
@@ -174,6 +191,12 @@ class JKOSolver:
             "expansion" (checked harmonic expansion, error <= 1e-12, in the Jacobian and for
             the residual increments) or "auto" (expansion when the check passes, else kernel).
         max_halvings: retries with tau / 2 after a failed attempt before SolverError.
+        diffusion: nu >= 0, the weight of the entropy term nu c int rho log rho of the free
+            energy (noisy tokens; ``solvers._jko_entropy``: the scheme then discretises
+            d/dt rho + div(rho v) = nu div((c / b) grad rho), which is nu Delta rho at the
+            uniform state).
+        step_control: adaptive tau (``solvers._jko_adaptive``: local error control up to
+            ``tau_max``), or None for the fixed step tau (halved only after a failed solve).
     """
 
     def __init__(
@@ -190,6 +213,8 @@ class JKOSolver:
         t0: float = 0.0,
         hessian: str = "auto",
         max_halvings: int = 4,
+        diffusion: float = 0.0,
+        step_control: StepControl | None = None,
     ) -> None:
         self._prefix = _petsc.validate_prefix(petsc_options_prefix)
         if variant not in VARIANTS:
@@ -215,6 +240,9 @@ class JKOSolver:
         self.cv, self.attention, self.weights = cv, attention, weights
         self.variant, self.tau, self.t = variant, float(tau), float(t0)
         self.max_halvings = int(max_halvings)
+        self.diffusion = check_diffusion(diffusion)
+        if step_control is not None and not isinstance(step_control, StepControl):
+            raise ValueError(f"step_control must be a StepControl or None, got {step_control!r}")
         self.steps = 0
         self._comm = cv.comm
         self._sprime = -attention.sign
@@ -223,16 +251,23 @@ class JKOSolver:
         self._points = circumcentres(cv)
         self._op = TwoPointOperator(cv, self._points)
         self._meas = self._op.meas
-        self._total_measure = self._comm.allreduce(float(self._meas.sum()), op=MPI.SUM)
-        imap = cv.mesh.topology.index_map(cv.mesh.topology.dim)
-        self._state = dolfinx.la.vector(imap, 2)  # (rho, psi) with ghosts
-        self._invb = dolfinx.la.vector(imap, 1)  # 1 / b at the cell points, with ghosts
         self._sources = GlobalSources(self._comm, self._points[:n], cv.original_index[:n])
         self._energy = InteractionEnergy(attention, weights, self._points[:n], self._sources)
-        self._hessian_kind = hessian
-        self._hessian: KernelHessian | ExpansionHessian | None = None
-        self._hessian_key: bytes | None = None
-        self._ctx: dict[str, Any] = {}
+        self._controller = (
+            None if step_control is None else StepController(step_control, self._fsum_total)
+        )
+        self._system = StepSystem(
+            cv,
+            self._points,
+            self._op,
+            self._energy,
+            self._sources,
+            self._sprime,
+            variant,
+            self.diffusion,
+            hessian,
+            attention.backend,
+        )
         self._create_petsc_objects(petsc_options)
 
     # ------------------------------------------------------------------ PETSc set-up
@@ -244,15 +279,16 @@ class JKOSolver:
         self._P = PETSc.Mat().create(comm=comm)
         self._P.setSizes(sizes)
         self._P.setType(PETSc.Mat.Type.AIJ)
-        rows, cols = self._op.coo_pattern()
+        rows, cols = self._op.coo_pattern(entropy=self.diffusion > 0)
         self._P.setPreallocationCOO(rows.astype(PETSc.IntType), cols.astype(PETSc.IntType))
-        self._J = PETSc.Mat().createPython(sizes, context=_JacobianShell(self), comm=comm)
+        self._system.P = self._P
+        self._J = PETSc.Mat().createPython(sizes, context=self._system, comm=comm)
         self._J.setUp()
         snes = PETSc.SNES().create(comm=comm)
         snes.setOptionsPrefix(self._prefix)
-        snes.setFunction(self._residual, self._f)
-        snes.setJacobian(self._jacobian, self.jacobian, self._P)
-        snes.setLineSearchPreCheck(self._precheck)
+        snes.setFunction(self._system.residual, self._f)
+        snes.setJacobian(self._system.jacobian, self.jacobian, self._P)
+        snes.setLineSearchPreCheck(self._system.precheck)
         first = self._op.first_row
         self._is_psi = PETSc.IS().createStride(n, first=first + n, step=1, comm=comm)
         self._is_rho = PETSc.IS().createStride(n, first=first, step=1, comm=comm)
@@ -260,8 +296,9 @@ class JKOSolver:
         pc = snes.getKSP().getPC()
         pc.setType(PETSc.PC.Type.FIELDSPLIT)  # the ISs must exist before setFromOptions
         pc.setFieldSplitIS(("psi", self._is_psi), ("rho", self._is_rho))
+        defaults = DEFAULT_OPTIONS | (DIFFUSION_OPTIONS if self.diffusion > 0 else {})
         self._blocks = BlockPreconditioner.configure(
-            snes, self._prefix, DEFAULT_OPTIONS, petsc_options, self._set_up_ksp
+            snes, self._prefix, defaults, petsc_options, self._set_up_ksp
         )
 
     def _set_up_ksp(self) -> None:
@@ -272,8 +309,9 @@ class JKOSolver:
         n = self.cv.n_owned
         xa = self._x.getArray()
         xa[:n], xa[n:] = self._rho, 0.0
-        rho, psi = self._local_state(self._x)
-        self._P.setValuesCOO(self._op.coo_values(rho, psi, self.tau, self._op.a))
+        rho, psi = self._system.local_state(self._x)
+        weight = self._system.entropy_weight
+        self._P.setValuesCOO(self._op.coo_values(rho, psi, self.tau, self._op.a, weight))
         self._P.assemble()
         self.ksp.setOperators(self.jacobian, self._P)
         set_up_nested(self.ksp)
@@ -315,7 +353,7 @@ class JKOSolver:
     @property
     def hessian(self) -> KernelHessian | ExpansionHessian | None:
         """The dense-block operator of the last step (None before the first implicit step)."""
-        return self._hessian
+        return self._system.hessian
 
     def set_state(self, t: float, density: Array) -> None:
         """Restart from owned densities (> 0) at time t; the potential guess is dropped."""
@@ -348,7 +386,9 @@ class JKOSolver:
         cells = {"density": self._rho.copy()}
         if self._psi is not None:
             cells["potential"] = self._psi.copy()
-        return SchemeState(self.t, self.steps, cells)
+        if self._controller is None:
+            return SchemeState(self.t, self.steps, cells)
+        return SchemeState(self.t, self.steps, cells, self._controller.state() | {"tau": self.tau})
 
     def restore(self, state: SchemeState) -> None:
         """Continue from :meth:`state` (collective): with its potential as the next Newton
@@ -357,13 +397,25 @@ class JKOSolver:
         self.steps = int(state.steps)
         if "potential" in state.cells:
             self._psi = np.array(state.cells["potential"], dtype=np.float64)
+        if self._controller is not None:
+            self._controller.restore(dict(state.scalars))
+            if "tau" in state.scalars:
+                self.tau = float(state.scalars["tau"])
+
+    def _fsum_total(self, local: float) -> float:
+        return self._system.fsum(local)
+
+    @property
+    def step_control(self) -> StepControl | None:
+        """The adaptive step's parameters (None: fixed tau)."""
+        return None if self._controller is None else self._controller.control
 
     def total_mass(self) -> float:
         return self.total_mass_of(self._rho)
 
     def total_mass_of(self, rho: Array) -> float:
         """sum_K rho_K |K| over all ranks for owned densities rho (collective)."""
-        return self._comm.allreduce(_dot(rho, self._meas), op=MPI.SUM)
+        return self._system.total_mass_of(rho)
 
     def destroy(self) -> None:
         """Destroy the PETSc objects (collective)."""
@@ -380,117 +432,46 @@ class JKOSolver:
         (:class:`~solvers.transport._jko_energy.InteractionEnergy`; collective)."""
         return self._energy.first_variation(masses, A, coef)
 
-    def _fsum(self, local: float) -> float:
-        """Rank-ordered exact sum of one float per rank (identical on every rank)."""
-        return math.fsum(self._comm.allgather(float(local)))
-
     def energy(self, density: Array | None = None, t: float | None = None) -> float:
         """E(mu, t) of owned densities (default: the current state and time); collective."""
         rho = self._rho if density is None else np.asarray(density, dtype=np.float64)
         A, coef, _ = self._energy.matrices(self.t if t is None else t)
         dE, _ = self.first_variation(rho * self._meas, A, coef)
-        return self._fsum(0.5 * _dot(rho * self._meas, dE))
+        return self._system.fsum(0.5 * dot(rho * self._meas, dE))
 
-    def _dE_at(self, rho_owned: Array) -> Array:
-        """dE/dmu(rho) at the owned points with the heads of the step (module docstring:
-        an increment through the expansion, or an exact kernel sum)."""
-        h, ctx = self._hessian, self._ctx
-        if self.variant == "implicit" and isinstance(h, ExpansionHessian):
-            return ctx["dE_old"] + h.apply((rho_owned - ctx["rho_old"]) * self._meas)
-        return self.first_variation(rho_owned * self._meas, ctx["A"], ctx["coef"])[0]
+    @property
+    def mobility_scale(self) -> float | None:
+        """c, the mobility of the uniform measure (``solvers._jko_energy``; the scale of
+        the entropy term) for the heads of the last step (None before the first step)."""
+        log_c = self._system.log_scale
+        return None if log_c is None else math.exp(log_c)
 
-    # ------------------------------------------------------------------ SNES callbacks
-    def _local_state(self, x: PETSc.Vec) -> tuple[Array, Array]:
-        """(rho, psi) on all local cells (owned from x, ghosts scattered)."""
-        n = self.cv.n_owned
-        xa = x.getArray(readonly=True)
-        s = self._state.array.reshape(-1, 2)
-        s[:n, 0] = xa[:n]
-        s[:n, 1] = xa[n:]
-        self._state.scatter_forward()
-        s = self._state.array.reshape(-1, 2)
-        return s[:, 0].copy(), s[:, 1].copy()
+    def entropy(self, density: Array | None = None) -> float:
+        """H(rho) = sum_K |K| rho_K log rho_K of owned densities (default: the current
+        state); collective."""
+        rho = self._rho if density is None else np.asarray(density, dtype=np.float64)
+        return self._system.fsum(entropy(rho, self._meas))
 
-    def _residual(self, snes: PETSc.SNES, x: PETSc.Vec, f: PETSc.Vec) -> None:
-        n, ctx = self.cv.n_owned, self._ctx
-        rho, psi = self._local_state(x)
-        dE = ctx["dE_old"] if self.variant == "semi-implicit" else self._dE_at(rho[:n])
-        f_rho, f_psi = self._op.residual(
-            rho, psi, ctx["rho_old"], dE, self._sprime, ctx["tau"], ctx["w"]
-        )
-        fa = f.getArray()
-        fa[:n], fa[n:] = f_rho, f_psi
-
-    def _jacobian(self, snes: PETSc.SNES, x: PETSc.Vec, J: PETSc.Mat, P: PETSc.Mat) -> None:
-        rho, psi = self._local_state(x)
-        P.setValuesCOO(self._op.coo_values(rho, psi, self._ctx["tau"], self._ctx["w"]))
-        P.assemble()
-        if J.handle != P.handle:
-            J.assemble()
-
-    def _precheck(self, x: PETSc.Vec, y: PETSc.Vec) -> None:
-        """Exact mass and positivity of x - y (PETSc updates x <- x - lambda y)."""
-        n = self.cv.n_owned
-        rho = x.getArray(readonly=True)[:n]
-        ya = y.getArray()
-        dy = ya[:n]
-        mass, ymass = self._comm.allreduce(
-            np.array([_dot(rho, self._meas), _dot(dy, self._meas)]), op=MPI.SUM
-        )
-        dy += (mass - ymass - self._ctx["mass"]) / self._total_measure
-        shrink = dy > 0
-        alpha = float(np.min(_FRACTION * rho[shrink] / dy[shrink], initial=1.0))
-        alpha = self._comm.allreduce(min(alpha, 1.0), op=MPI.MIN)
-        if alpha < 1.0:
-            ya *= alpha
-            self._ctx["damped"] += 1
+    def free_energy(self, density: Array | None = None, t: float | None = None) -> float:
+        """F = s'E + nu c H of owned densities (default: the current state and time), the
+        functional whose minimizing movement the scheme is; collective."""
+        t = self.t if t is None else t
+        F = self._sprime * self.energy(density, t)
+        if self.diffusion == 0.0:
+            return F
+        log_c = self._system.log_scale_for(*self._energy.matrices(t), self.total_mass())
+        return F + self.diffusion * math.exp(log_c) * self.entropy(density)
 
     # ------------------------------------------------------------------ stepping
-    def _prepare_step(self, tau: float) -> None:
-        n = self.cv.n_owned
-        t_new = self.t + tau
-        A, coef, H = self._energy.matrices(t_new)
-        m_old = self._rho * self._meas
-        dE_old, log_Z = self.first_variation(m_old, A, coef)
-        self._invb.array[:n] = np.mean(np.exp(-log_Z[:H]), axis=0)
-        self._invb.scatter_forward()
-        invb = self._invb.array
-        factor = 0.5 if self.variant == "implicit" else 1.0  # E(rho^k), or <dE(rho^k), m^k>
-        self._ctx = {
-            "tau": tau,
-            "t": t_new,
-            "A": A,
-            "coef": coef,
-            "rho_old": self._rho.copy(),
-            "w": self._op.a * 0.5 * (invb[self._op.L] + invb[self._op.R]),
-            "dE_old": dE_old,
-            "mass": self.total_mass(),
-            "damped": 0,
-            "reference": self._sprime * self._fsum(factor * _dot(m_old, dE_old)),
-        }
-        key = A.tobytes() + np.float64(coef).tobytes()
-        if self.variant == "implicit" and key != self._hessian_key:
-            self._hessian = make_hessian(
-                self._hessian_kind,
-                self.cv,
-                self._points,
-                self._sources,
-                A,
-                coef,
-                self.attention.backend,
-                previous=self._hessian,
-            )
-            self._hessian_key = key
-
     def _attempt(self, tau: float) -> tuple[int, Array, Array]:
         """One SNES solve of the step of size tau; returns (reason, rho, psi)."""
-        n = self.cv.n_owned
-        self._prepare_step(tau)
-        psi0 = self._psi if self._psi is not None else -self._sprime * self._ctx["dE_old"]
+        n, system = self.cv.n_owned, self._system
+        system.prepare(self._rho, self.t + tau, tau)
+        psi0 = self._psi if self._psi is not None else system.initial_potential(self._rho)
         xa = self._x.getArray()
         xa[:n], xa[n:] = self._rho, psi0
-        _, psi_local = self._local_state(self._x)
-        courant = self._op.courant(psi_local, tau, self._ctx["w"])
+        _, psi_local = system.local_state(self._x)
+        courant = self._op.courant(psi_local, tau, system.ctx["w"])
         self._blocks.update(self._comm.allreduce(courant, op=MPI.MAX))
         self._snes.solve(None, self._x)
         xa = self._x.getArray(readonly=True)
@@ -505,13 +486,16 @@ class JKOSolver:
         when SNES does not converge, a density is not positive, or the Newton limit does not
         decrease the step's functional, ``W^2/(2 tau) + s' E(mu) <= s' E(mu^k)`` (the
         minimiser's defining property: a limit that violates it is a non-minimising critical
-        point of the non-convex problem, s = +1 with large tau).
+        point of the non-convex problem, s = +1 with large tau). With ``step_control`` the
+        activity rule of ``solvers._jko_adaptive`` may reject an accepted solve too (retried
+        with the controller's smaller step, counted in ``halvings``) and sets the next tau.
 
         Raises:
             SolverError: every attempt failed; the message names the PETSc converged reason
                 (or the violated property).
         """
-        tau = min(self.tau, float(t_stop) - self.t)
+        base = self.tau
+        tau = min(base, float(t_stop) - self.t)
         if not (math.isfinite(tau) and tau > 0):
             raise ValueError(f"the step must be finite and > 0, got tau = {tau!r}")
         halvings, failed_its = 0, 0
@@ -525,10 +509,16 @@ class JKOSolver:
                 failure = f"{what}: a density is not positive"
             else:
                 result, functional = self._evaluate(tau, rho, psi, reason, halvings, failed_its)
-                reference = self._ctx["reference"]
+                reference = self._system.ctx["reference"]
                 if functional <= reference + 1e-10 * max(1.0, abs(reference)):
+                    retry, delta = self._control(result, rho, base, halvings)
+                    if retry is not None:  # the error estimate rejects the step
+                        failed_its += self._snes.getIterationNumber()
+                        tau, halvings = retry, halvings + 1
+                        continue
+                    result = dataclasses.replace(result, activity=delta)
                     self._rho, self._psi = rho, psi
-                    self.t = self._ctx["t"]
+                    self.t = self._system.ctx["t"]
                     if math.isfinite(t_stop) and abs(self.t - t_stop) <= 1e-12 * max(
                         1.0, abs(t_stop)
                     ):
@@ -547,27 +537,43 @@ class JKOSolver:
             tau *= 0.5
             halvings += 1
 
+    def _control(
+        self, result: JKOStep, rho: Array, base: float, halvings: int
+    ) -> tuple[float | None, float]:
+        """Adaptive tau (``solvers._jko_adaptive``): (None, delta_k) to accept the attempt
+        (and set the next tau), or (the smaller step to retry it with, delta_k). Collective."""
+        if self._controller is None:
+            return None, math.nan
+        ctrl, dt = self._controller, result.dt
+        increment = (rho - self._rho) * self._meas
+        delta, proposal = ctrl.assess(
+            increment, dt, base, result.mass, result.newton_its, retried=halvings > 0
+        )
+        if ctrl.reject(delta) and halvings < self.max_halvings and proposal < dt:
+            return proposal, delta
+        ctrl.accept(delta, dt, retried=halvings > 0)
+        self.tau = proposal
+        return None, delta
+
     def _evaluate(
         self, tau: float, rho: Array, psi: Array, reason: int, halvings: int, failed_its: int
     ) -> tuple[JKOStep, float]:
-        """The attempt's result and the functional that the variant minimises (collective)."""
-        ctx = self._ctx
-        m = rho * self._meas
-        energy = self._fsum(0.5 * _dot(m, self._dE_at(rho)))
-        rho_l, psi_l = self._local_state(self._x)
-        cost = tau**2 * self._fsum(self._op.action(rho_l, psi_l, ctx["w"]))
-        if self.variant == "implicit":
-            functional = cost / (2 * tau) + self._sprime * energy
-        else:  # with the linearised energy <dE/dmu(mu^k), mu>
-            functional = cost / (2 * tau) + self._sprime * self._fsum(_dot(m, ctx["dE_old"]))
+        """The attempt's result and the functional that the variant minimises (in the
+        normalised units of ``solvers._jko_newton``; collective)."""
+        ctx = self._system.ctx
+        energy, cost, H, functional = self._system.functionals(rho, self._x)
+        nu_H = self.diffusion * H
+        c = math.exp(ctx["log_c"])
         result = JKOStep(
             t=ctx["t"],
             dt=tau,
             density=rho.copy(),
-            potential=psi.copy(),
-            transport_cost=cost,
-            energy=energy,
-            objective=cost / (2 * tau) + self._sprime * energy,
+            potential=c * psi,
+            transport_cost=c * cost,
+            energy=c * energy,
+            objective=c * (cost / (2 * tau) + self._sprime * energy + nu_H),
+            entropy=H,
+            free_energy=c * (self._sprime * energy + nu_H),
             newton_its=self._snes.getIterationNumber(),
             ksp_its=self._snes.getLinearSolveIterations(),
             failed_newton_its=failed_its,
@@ -580,17 +586,3 @@ class JKOSolver:
             halvings=halvings,
         )
         return result, functional
-
-
-class _JacobianShell:
-    """mult: the sparse AIJ part plus the dense block s' |K|^{1/2} d(dE/dmu)/d rho."""
-
-    def __init__(self, solver: JKOSolver) -> None:
-        self.solver = solver
-
-    def mult(self, mat: PETSc.Mat, x: PETSc.Vec, y: PETSc.Vec) -> None:
-        s = self.solver
-        n = s.cv.n_owned
-        s._P.mult(x, y)
-        dm = x.getArray(readonly=True)[:n] * s._meas
-        y.getArray()[n:] += s._sprime * s._op.sqrt * s._hessian.apply(dm)

@@ -133,12 +133,16 @@ class TwoPointOperator:
         f_psi = self.sqrt * (psi[:n] + sprime * dE) - 0.5 * tau * hj[:n] / self.sqrt
         return f_rho, f_psi
 
-    def coo_pattern(self) -> tuple[Index, Index]:
-        """Global (rows, cols) of the sparse Jacobian, in the order of :meth:`coo_values`."""
+    def coo_pattern(self, entropy: bool = False) -> tuple[Index, Index]:
+        """Global (rows, cols) of the sparse Jacobian, in the order of :meth:`coo_values`;
+        ``entropy``: with the diagonal of the (psi, rho) block (``solvers._jko_entropy``)."""
         n, L, R = self.n, self.L, self.R
         rr, rp = self.row_rho, self.row_psi
         own = np.arange(n)
         rows, cols = [rr[own], rp[own]], [rr[own], rp[own]]
+        if entropy:
+            rows.append(rp[own])
+            cols.append(rr[own])
         for c in (L, R):
             o = c < n
             for col in (rr[L], rr[R], rp[L], rp[R]):
@@ -149,13 +153,19 @@ class TwoPointOperator:
                 cols.append(col[o])
         return np.concatenate(rows), np.concatenate(cols)
 
-    def coo_values(self, rho: Array, psi: Array, tau: float, w: Array) -> Array:
-        """Values of the sparse Jacobian dF/d(rho, psi) (without the dense dE/dmu block)."""
+    def coo_values(
+        self, rho: Array, psi: Array, tau: float, w: Array, entropy_weight: float | None = None
+    ) -> Array:
+        """Values of the sparse Jacobian dF/d(rho, psi) (without the dense dE/dmu block);
+        ``entropy_weight`` nu c: with the entropy's diagonal |K|^{1/2} nu c / rho_K of the
+        (psi, rho) block (the pattern of ``coo_pattern(entropy=True)``)."""
         n, L, R = self.n, self.L, self.R
         _, pos, neg, mob = self.facet_terms(rho, psi)
         # d(flux L -> R) / d(rho_L, rho_R, psi_L, psi_R)
         dflux = (w * pos, -w * neg, -w * mob, w * mob)
         vals = [self.sqrt, self.sqrt]
+        if entropy_weight is not None:
+            vals.append(self.sqrt * entropy_weight / rho[:n])
         for c, sign, up in ((L, 1.0, pos), (R, -1.0, neg)):
             o = c < n
             scale = sign * tau * self._inv_sqrt[c]

@@ -25,6 +25,7 @@ ILU(0) are not mesh independent on these advection blocks. Overrides, e.g.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ import numpy.typing as npt
 
 from solvers.stepping import StepResult
 
-__all__ = ["DEFAULT_OPTIONS", "HESSIANS", "VARIANTS", "JKOStep"]
+__all__ = ["DEFAULT_OPTIONS", "DIFFUSION_OPTIONS", "HESSIANS", "VARIANTS", "JKOStep"]
 
 Array = npt.NDArray[np.float64]
 
@@ -66,6 +67,27 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 }
 
 
+#: Defaults added with diffusion (``solvers._jko_entropy``): the entropy's Hessian couples the
+#: psi rows to rho (a diagonal block), so the sparse part is no longer block triangular and
+#: the multiplicative fieldsplit's GMRES count grows like 1/h (measured 29, 55, 100 per Newton
+#: iteration at levels 3, 4, 5, nu = 0.1, tau = 0.05, beta = 3). A Schur factorisation
+#: (psi first) with the Schur complement S = A_rr - A_rp A_pp^{-1} A_pr solved by an inner
+#: GMRES (relative 1e-4, exact A_pp solves inside), preconditioned by its assembled
+#: approximation with diag(A_pp) (``selfp``), under an outer flexible GMRES: 4-5 outer
+#: iterations per Newton iteration at levels 3-5 (the dense-block products), the inner sparse
+#: iterations growing slowly (measured; docs/numerics.md).
+DIFFUSION_OPTIONS: dict[str, Any] = {
+    "ksp_type": "fgmres",
+    "pc_fieldsplit_type": "schur",
+    "pc_fieldsplit_schur_fact_type": "full",
+    "pc_fieldsplit_schur_precondition": "selfp",
+    "fieldsplit_rho_ksp_type": "gmres",
+    "fieldsplit_rho_ksp_rtol": 1e-4,
+    "fieldsplit_rho_ksp_max_it": 200,
+    "fieldsplit_rho_ksp_converged_maxits": True,
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class JKOStep(StepResult):
     """Result of one JKO step (identical on every rank except the owned arrays).
@@ -75,7 +97,13 @@ class JKOStep(StepResult):
         potential: (n_owned,) psi (the velocity is grad psi / b; psi = -s' dE/dmu + O(tau)).
         transport_cost: the discrete W_b^2(mu^k, mu^{k+1}).
         energy: E(mu^{k+1}, t_{k+1}) (not multiplied by s').
-        objective: W_b^2 / (2 tau) + s' E(mu^{k+1}).
+        objective: W_b^2 / (2 tau) + F(mu^{k+1}), F the free energy.
+        entropy: H(rho^{k+1}) = sum_K |K| rho_K log rho_K (0.0 without diffusion).
+        free_energy: F(mu^{k+1}) = s' E + nu c H (``solvers._jko_entropy``; s' E without
+            diffusion).
+        activity: the mass the step moved relative to the total mass, delta_k, with which
+            the adaptive step chooses the next (``solvers._jko_adaptive``; nan for a fixed
+            step).
         failed_newton_its: Newton iterations spent in rejected attempts.
         damped_its: Newton steps shortened by the positivity pre-check.
         reason: SNES converged reason (> 0).
@@ -101,6 +129,9 @@ class JKOStep(StepResult):
     residual_norm: float
     mass: float
     min_density: float
+    entropy: float = 0.0
+    free_energy: float = 0.0
+    activity: float = math.nan
 
     @property
     def tau(self) -> float:

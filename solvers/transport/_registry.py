@@ -20,6 +20,7 @@ from solvers.attention import Attention
 from solvers.stepping import TokenScheme
 from solvers.transport._finite_volume import TransportSolver
 from solvers.transport._jko import JKOSolver
+from solvers.transport._jko_adaptive import StepControl
 from solvers.transport._particles import MeshParticles
 from solvers.weights import WeightDynamics
 
@@ -45,12 +46,14 @@ class SchemeOptions:
             None; fv applies it, particles and jko raise ValueError when it is set.
         petsc_options_prefix: the options prefix of the PETSc objects (jko).
         diffusion: the tokens' noise nu >= 0 (``[attention] diffusion``): fv adds nu Delta_S
-            by two-point fluxes, particles a Brownian motion on the sphere; jko raises
-            ValueError when it is > 0 (its entropy term is not there yet).
+            by two-point fluxes, particles a Brownian motion on the sphere, jko
+            the entropy term nu c int rho log rho (``solvers.transport._jko_entropy``).
         diffusion_step: how fv steps the diffusion, "coupled", "strang" or "implicit"
             (:data:`solvers.transport.DIFFUSION_STEPS`; "implicit": PETSc options prefix
             ``diffusion_``).
         seed: the seed of the particles' Brownian increments (``[weights] seed``).
+        step_control: adaptive step of the "jko" scheme (``solvers.transport._jko_adaptive``;
+            ``dt`` is then the first step), or None; fv and particles refuse it.
     """
 
     dt: float = 0.0
@@ -62,6 +65,7 @@ class SchemeOptions:
     diffusion: float = 0.0
     diffusion_step: str = "coupled"
     seed: int = 0
+    step_control: StepControl | None = None
 
 
 SchemeFactory = Callable[
@@ -105,6 +109,7 @@ def make_scheme(
 
 @register_scheme("fv")
 def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
+    _no_step_control("fv", options)
     return TransportSolver(
         cv,
         attention,
@@ -129,9 +134,16 @@ def _no_background(name: str, options: SchemeOptions) -> None:
         )
 
 
+def _no_step_control(name: str, options: SchemeOptions) -> None:
+    """Only the JKO scheme has the adaptive step of ``options.step_control``."""
+    if options.step_control is not None:
+        raise ValueError(f"the {name!r} scheme has no adaptive step control: only 'jko' has")
+
+
 @register_scheme("particles")
 def _particles(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
     _no_background("particles", options)
+    _no_step_control("particles", options)
     return MeshParticles(
         cv,
         attention,
@@ -148,11 +160,6 @@ def _particles(cv, attention, weights, density, options: SchemeOptions) -> Token
 @register_scheme("jko")
 def _jko(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
     _no_background("jko", options)
-    if options.diffusion > 0:
-        raise ValueError(
-            "the 'jko' scheme has no diffusion (entropy) term yet: use 'fv' or 'particles' "
-            "for noisy tokens, or set the diffusion to 0"
-        )
     return JKOSolver(
         cv,
         attention,
@@ -160,4 +167,6 @@ def _jko(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme
         density,
         tau=options.dt,
         petsc_options_prefix=options.petsc_options_prefix,
+        diffusion=options.diffusion,
+        step_control=options.step_control,
     )
