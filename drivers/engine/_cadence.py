@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Cadence"]
+__all__ = ["Cadence", "output_cadence"]
 
 #: relative tolerance within which a time is an output time
 _REL = 1e-12
@@ -108,3 +109,17 @@ class Cadence:
             t = self.next_time(t)
             out.append(t)
         return out
+
+
+def output_cadence(cfg: dict[str, Any]) -> Cadence:
+    """The output cadence of a config: every ``[output] every`` steps, or, when ``dt`` or
+    ``log_start`` is set, at those simulated times (the step cadence is then off)."""
+    o = cfg["output"]
+    timed = o["dt"] > 0 or o["log_start"] > 0
+    return Cadence(
+        cfg["time"]["t_end"],
+        every=0 if timed else o["every"],
+        dt=o["dt"],
+        log_start=o["log_start"],
+        per_decade=o["per_decade"] if o["log_start"] > 0 else 0,
+    )

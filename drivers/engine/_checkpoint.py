@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -164,3 +165,36 @@ def budget_measure(saved: dict[str, Any], comm: Any) -> tuple[np.ndarray, np.nda
         return saved["edi_points"][block], saved["edi_masses"][block]
     index = np.array_split(np.arange(int(counts.sum())), comm.size)[comm.rank]
     return saved["edi_points"][index], saved["edi_masses"][index]
+
+
+def load_run_checkpoint(
+    comm: Any, out: Path, scheme_name: str, log: Any
+) -> tuple[dict[str, Any], str]:
+    """The newest valid checkpoint of a results folder and its file name, read on rank 0 and
+    broadcast (collective); damaged ones are reported in one line each.
+
+    Raises:
+        ConfigError: no usable checkpoint, or one of another scheme (on every rank).
+    """
+    from drivers.engine._config import ConfigError
+
+    state, error, name = None, None, None
+    if comm.rank == 0:
+        damaged: list[str] = []
+        try:
+            state, path = load_latest_checkpoint(out, damaged.append)
+            name = path.name
+            if str(state["scheme"]) != scheme_name:
+                error = (
+                    f"checkpoint {name} is a {state['scheme']} run but the config says "
+                    f"time.scheme = {scheme_name!r}"
+                )
+        except CheckpointError as exc:
+            error = str(exc)
+        for message in damaged:
+            print(f"[transformer-pde] warning: {message}", file=sys.stderr, flush=True)
+    error, name = comm.bcast((error, name), root=0)
+    if error is not None:
+        raise ConfigError("--restart", error)
+    log(f"restarting from {name}")
+    return comm.bcast(state, root=0), name

@@ -354,3 +354,22 @@ def plot_budget(path: str | Path, rows: Sequence[dict[str, float]], title: str =
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def run_pictures(
+    out: Path,
+    vertices: Any,
+    final_density: Any,
+    t: float,
+    rows: list[dict[str, Any]],
+    budget_title: str | None,
+) -> None:
+    """The pictures of a run (rank 0): density.png, a strip of snapshots (t = 0,
+    intermediate times, the final state) read back from density.xdmf on one colour scale, each
+    on its own mesh (:func:`density_strip`); metrics.png; edi.png when there is a budget
+    (``budget_title`` not None)."""
+    out = Path(out)
+    density_strip(out / "density.png", out / "density.xdmf", vertices, final_density, t)
+    plot_metrics(out / "metrics.png", rows, ["mass", "energy", "G2", "min_density"])
+    if budget_title is not None and rows:
+        plot_budget(out / "edi.png", rows, title=budget_title)

@@ -9,8 +9,11 @@ pictures. The run loop only tells it what happened (:meth:`Recorder.start` or
 :meth:`Recorder.resume`, then :meth:`Recorder.record` after every step, then
 :meth:`Recorder.finish`), as Dedalus' evaluator and PyClaw's controller own the output frames.
 
-Cadence, after step k: the metrics row and the density are written when k is a multiple of
-``every`` or t_end is reached (and at t = 0); a checkpoint when k is a multiple of
+Cadence, after step k: the metrics row and the density are written at the output times and
+steps of :class:`~drivers.engine.Cadence` (``[output] every``, or ``dt`` / ``log_start``;
+t = 0 and t_end always; :meth:`Recorder.next_stop` makes the loop stop on them); experiments
+add columns and tables (:meth:`Recorder.add_column`, :meth:`Recorder.add_snapshot`; the
+cluster statistics are one, module ``_extras``); a checkpoint when k is a multiple of
 ``checkpoint_every`` (before t_end), and when the run loop says that ``checkpoint_minutes``
 of wall time have passed since the last one; the state is added to the energy budget every
 ``edi_every`` steps and at every output and ``checkpoint_every`` step. A checkpoint taken at
@@ -18,12 +21,9 @@ another step (wall time, a signal) adds no budget record: it saves the measure o
 record instead, so that no output depends on when it was taken, and a restart on the same
 number of ranks writes the same bits as an uninterrupted run.
 
-Energy scale. Energy-type values (the ``energy`` column, ``G2``, ``dissipation``, ``slope2``,
-``slope_defect``, every budget column, ``adapt_energy_jump``) are in units of e^Lambda,
-Lambda = beta max_h ||Q_h^T K_h||_2 of the heads at t = 0 (:func:`energy_log_scale`; for
-identity heads the normalised energy (1/2beta) int int e^{beta(<x,y> - 1)} dmu dmu): they are
-computed from log Z - Lambda and cannot overflow for any beta on the sphere. Lambda is in
-summary.json (``energy_log_scale``) and in the checkpoints (a restart keeps it).
+Energy scale. Energy-type values are in units of e^Lambda, Lambda = beta max_h
+||Q_h^T K_h||_2 at t = 0 (:func:`energy_log_scale`; docs/interface.md), computed from
+log Z - Lambda: no overflow for any beta on the sphere; Lambda is kept in checkpoints.
 
 Failures. A non-finite value in a metrics row ends the run (:class:`RunFailure`, exit 3,
 "non-finite <column> at t = ..., step ..."), after the row is written. A write that fails
@@ -33,11 +33,8 @@ call (:class:`~drivers.engine._folder.OutputGuard`): every rank raises the same
 are flushed when written, and :meth:`Recorder.finish` writes ``final.npz`` from the last output
 state (or the state at an interruption) whatever ended the run.
 
-Adaptive meshes (``[adapt]``, :class:`solvers.transport.AdaptiveScheme`): the recorder follows
-the scheme's ``mesh_version``: the cells it gathers (checkpoints, final.npz) are those of the
-scheme's current mesh, each density step is written on its own mesh (a new mesh group in the
-series when it changed), metrics rows carry ``cells``, checkpoints add the forest
-(``mesh_*`` arrays, restored before the cell state), and summary.json the adaptation history.
+Adaptive meshes (``[adapt]``): the recorder follows the scheme's ``mesh_version`` (cells to
+gather, a mesh per density step when it changed, ``cells``, the forest in checkpoints).
 """
 
 from __future__ import annotations
@@ -57,17 +54,16 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._cadence import Cadence
+from drivers.engine._cadence import output_cadence
 from drivers.engine._checkpoint import (
-    CheckpointError,
     budget_measure,
     checkpoint_dir,
     gather_budget_measure,
-    load_latest_checkpoint,
+    load_run_checkpoint,
     save_checkpoint,
 )
 from drivers.engine._config import ConfigError
-from drivers.engine._extras import ClusterOutput, Extras
+from drivers.engine._extras import ClusterOutput, Extras, cluster_output_applies
 from drivers.engine._folder import (
     OutputError,
     OutputGuard,
@@ -76,10 +72,11 @@ from drivers.engine._folder import (
     config_hash,
     describe,
 )
-from drivers.engine._plots import density_strip, plot_budget, plot_metrics
+from drivers.engine._plots import run_pictures
 from drivers.engine._problem import Problem, velocity_record
 from drivers.engine._provenance import provenance
 from drivers.engine._summary import (
+    METRIC_COLUMNS,
     Outcome,
     RunFailure,
     RunResult,
@@ -100,7 +97,6 @@ from meshes.control_volumes import ControlVolumes, flat_control_volumes
 from solvers.attention import measure_diagnostics
 from solvers.diagnostics import (
     EDI_COLUMNS,
-    MAXIMAL_SLOPE_COLUMNS,
     EnergyBudget,
     metric_diagnostics,
 )
@@ -117,24 +113,6 @@ __all__ = [
 ]
 
 Array = npt.NDArray[np.float64]
-
-METRIC_COLUMNS = [
-    "t",
-    "step",
-    "dt",
-    "mass",
-    "energy",
-    "min_density",
-    "max_density",
-    "G2",
-    "dissipation",
-    *MAXIMAL_SLOPE_COLUMNS,
-    "outflow",
-    "newton_its",
-    "ksp_its",
-    "halvings",
-    "cells",
-]
 
 
 class Recorder:
@@ -386,30 +364,11 @@ class Recorder:
             self.gathered = GatheredCells(scheme.cv)
 
     def _load_checkpoint(self) -> dict[str, Any]:
-        """The newest valid checkpoint (read on rank 0, broadcast); damaged ones are
-        reported in one line each."""
-        state, error, name = None, None, None
-        scheme_name = self.problem.cfg["time"]["scheme"]
-        if self.comm.rank == 0:
-            damaged: list[str] = []
-            try:
-                state, path = load_latest_checkpoint(self.out, damaged.append)
-                name = path.name
-                if str(state["scheme"]) != scheme_name:
-                    error = (
-                        f"checkpoint {name} is a {state['scheme']} run but the config says "
-                        f"time.scheme = {scheme_name!r}"
-                    )
-            except CheckpointError as exc:
-                error = str(exc)
-            for message in damaged:
-                print(f"[transformer-pde] warning: {message}", file=sys.stderr, flush=True)
-        error, name = self.comm.bcast((error, name), root=0)
-        if error is not None:
-            raise ConfigError("--restart", error)
-        self._checkpoint_name = name
-        self.log(f"restarting from {name}")
-        return self.comm.bcast(state, root=0)
+        """The newest valid checkpoint (:func:`~drivers.engine._checkpoint.load_run_checkpoint`)."""
+        state, self._checkpoint_name = load_run_checkpoint(
+            self.comm, self.out, self.problem.cfg["time"]["scheme"], self.log
+        )
+        return state
 
     # ------------------------------------------------------------------ every step
     def record(self, scheme: TokenScheme, result: StepResult, checkpoint_due: bool = False) -> None:
@@ -584,7 +543,19 @@ class Recorder:
                 write_final(self.out / "final.npz", g.points, g.weights, final_density, self.t)
             if self.metrics is not None and self.writer is not None:
                 try:
-                    self._pictures(final_density)
+                    cfg = self.problem.cfg
+                    title = (
+                        f"energy budget: {cfg['time']['scheme']}, {self.weights.n_heads} "
+                        f"head(s), {cfg['weights']['dynamics']} weights"
+                    )
+                    run_pictures(
+                        self.out,
+                        self.written.vertices,
+                        final_density,
+                        self.t,
+                        self.metrics.rows,
+                        title if self.budget is not None else None,
+                    )
                 except OSError as exc:
                     guard.error = guard.error or f"cannot write the pictures: {describe(exc)}"
                 except Exception as exc:  # a picture must never lose a finished run
@@ -627,43 +598,3 @@ class Recorder:
         if self.comm.rank == 0:
             with self.guard.writing(self.out / "summary.json"):
                 write_json(self.out / "summary.json", run_summary(self, scheme, None, None))
-
-    def _pictures(self, final_density: Array) -> None:
-        """density.png, metrics.png, edi.png (rank 0). density.png is a strip of snapshots
-        (t = 0, intermediate times, the final state) read back from density.xdmf, on one
-        colour scale, each on its own mesh (:func:`~drivers.engine._plots.density_strip`)."""
-        cfg, rows = self.problem.cfg, self.metrics.rows
-        density_strip(
-            self.out / "density.png",
-            self.out / "density.xdmf",
-            self.written.vertices,
-            final_density,
-            self.t,
-        )
-        plot_metrics(self.out / "metrics.png", rows, ["mass", "energy", "G2", "min_density"])
-        if self.budget is not None and rows:
-            plot_budget(
-                self.out / "edi.png",
-                rows,
-                title=f"energy budget: {cfg['time']['scheme']}, "
-                f"{self.weights.n_heads} head(s), {cfg['weights']['dynamics']} weights",
-            )
-
-
-def output_cadence(cfg: dict[str, Any]) -> Cadence:
-    """The output cadence of a config: every ``[output] every`` steps, or, when ``dt`` or
-    ``log_start`` is set, at those simulated times (the step cadence is then off)."""
-    o = cfg["output"]
-    timed = o["dt"] > 0 or o["log_start"] > 0
-    return Cadence(
-        cfg["time"]["t_end"],
-        every=0 if timed else o["every"],
-        dt=o["dt"],
-        log_start=o["log_start"],
-        per_decade=o["per_decade"] if o["log_start"] > 0 else 0,
-    )
-
-
-def cluster_output_applies(cfg: dict[str, Any]) -> bool:
-    """Cluster statistics at every output: ``[output] clusters`` on S^1/S^2 (not on boxes)."""
-    return bool(cfg["output"]["clusters"]) and cfg["mesh"]["manifold"] in ("S1", "S2")

@@ -28,7 +28,10 @@ if TYPE_CHECKING:
     from drivers.engine._recorder import Recorder
     from solvers.stepping import TokenScheme
 
+from solvers.diagnostics import MAXIMAL_SLOPE_COLUMNS
+
 __all__ = [
+    "METRIC_COLUMNS",
     "Outcome",
     "RunFailure",
     "RunResult",
@@ -36,6 +39,26 @@ __all__ = [
     "peak_rss_mb",
     "run_summary",
     "scaled",
+]
+
+
+#: the columns every run writes to metrics.csv (then the budget's, the weights', the extras')
+METRIC_COLUMNS = [
+    "t",
+    "step",
+    "dt",
+    "mass",
+    "energy",
+    "min_density",
+    "max_density",
+    "G2",
+    "dissipation",
+    *MAXIMAL_SLOPE_COLUMNS,
+    "outflow",
+    "newton_its",
+    "ksp_its",
+    "halvings",
+    "cells",
 ]
 
 

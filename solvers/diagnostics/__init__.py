@@ -53,10 +53,10 @@ from solvers.diagnostics._edi import (
     BudgetInterval,
     BudgetPoint,
     EnergyBudget,
-    diffusion_power,
 )
 from solvers.diagnostics._energy import (
     EnergyDerivatives,
+    diffusion_power,
     energy_derivatives,
     interaction_energy,
     noise_contraction,

@@ -124,6 +124,7 @@ from solvers.attention import Attention, DistributedSources
 from solvers.diagnostics._energy import (
     EnergyDerivatives,
     brute_force_backend,
+    diffusion_power,
     energy_derivatives,
     interaction_energy,
     noise_contraction,
@@ -135,7 +136,6 @@ __all__ = [
     "BudgetPoint",
     "EnergyBudget",
     "EnergyDerivatives",
-    "diffusion_power",
     "energy_derivatives",
     "interaction_energy",
     "noise_contraction",
@@ -222,44 +222,6 @@ def _noise_piece(weights: Any, k: int, lo: float, hi: float) -> np.ndarray:
     """
     D_lo, D_hi = weights.matrices_at(lo), weights.matrices_at(hi)
     return D_hi - D_lo - (hi - lo) * (np.eye(D_lo.shape[-1]) - weights.grid_value(k))
-
-
-def diffusion_power(gradient: np.ndarray, hessian: np.ndarray, M: np.ndarray, nu: float) -> float:
-    r"""The power of the tokens' noise, :math:`\nu \int \Delta_S \frac{\delta E}{\delta \mu}\, d\mu`,
-    from the weight derivatives of :func:`energy_derivatives` (tokens on the unit sphere).
-
-    Along :math:`\partial_t \mu = \nu \Delta_S \mu`,
-    :math:`\frac{d}{dt} E = \nu \int \frac{\delta E}{\delta\mu} \Delta_S \mu = \nu \int \Delta_S
-    \frac{\delta E}{\delta\mu} d\mu = \nu \sum_h \frac{w_h}{2\beta} \iint (\Delta_x + \Delta_y)
-    k_h\, d\mu\, d\mu`, and on :math:`S^{d-1}`,
-    :math:`\Delta_S e^{\beta x \cdot v} = e^{\beta x \cdot v} (\beta^2 |P_x v|^2 - \beta (d-1)\,
-    x \cdot v)`. With :math:`|x| = |y| = 1` every moment of :math:`k_h` that appears is a
-    contraction of :math:`G_h = \partial E / \partial M_h` and
-    :math:`\mathcal H_h = \partial^2 E / \partial M_h^2`
-    (:math:`\iint k\, y_b y_d = \sum_a \iint k\, x_a y_b x_a y_d`, and so on):
-
-    .. math::
-        \nu \sum_h \Big[\sum_{abd} (M^T M)_{bd} \mathcal H_{ab,ad}
-          + \sum_{abc} (M M^T)_{ac} \mathcal H_{ab,cb}
-          - 2 \sum_{abcd} M_{ab} M_{cd} \mathcal H_{ab,cd}
-          - 2 (d - 1) \langle M, G \rangle \Big]_h .
-
-    Args:
-        gradient: (H, d, d) :math:`G_h`; hessian: (H, d, d, d, d) :math:`\mathcal H_h`.
-        M: (H, d, d) the kernel matrices :math:`Q_h^T K_h`.
-        nu: the diffusion coefficient.
-    """
-    G, Hs, M = (np.asarray(a, dtype=np.float64) for a in (gradient, hessian, M))
-    d = M.shape[-1]
-    MtM = np.einsum("hab,had->hbd", M, M)
-    MMt = np.einsum("hab,hcb->hac", M, M)
-    total = (
-        np.einsum("hbd,habad->", MtM, Hs)
-        + np.einsum("hac,habcb->", MMt, Hs)
-        - 2.0 * np.einsum("hab,hcd,habcd->", M, M, Hs)
-        - 2.0 * (d - 1) * np.einsum("hab,hab->", M, G)
-    )
-    return float(nu * total)
 
 
 # ------------------------------------------------------------------------------- the budget
