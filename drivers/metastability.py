@@ -135,6 +135,8 @@ def run_case(
     recorder.start(problem.scheme)
     outcome = advance(problem.scheme, recorder, t_end, log=lambda m: None)
     recorder.finish(problem.scheme, outcome, 0.0)
+    if outcome.status == "interrupted":  # Ctrl-C or SIGTERM stops the whole sweep
+        raise SystemExit(outcome.exit_code)
     rows = recorder.metrics.rows
     return {
         "manifold": manifold,
