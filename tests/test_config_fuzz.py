@@ -107,8 +107,7 @@ def _write_text(path: Path, text: str | bytes) -> Path:
 @pytest.fixture
 def no_pictures(monkeypatch):
     """Skip density.png/metrics.png (a second per run; covered by test_cli.py)."""
-    monkeypatch.setattr(drivers.engine._recorder, "density_strip", lambda *a, **k: None)
-    monkeypatch.setattr(drivers.engine._recorder, "plot_metrics", lambda *a, **k: None)
+    monkeypatch.setattr(drivers.engine._recorder, "run_pictures", lambda *a, **k: None)
 
 
 class _Hang(Exception):

@@ -49,19 +49,12 @@ def _config(scheme: str, dt: float, t_end: float, level: int = 2, **extra) -> di
         "weights": {"dynamics": "frozen"},
         "initial": {"density": "exp(2 * x[2]) + 0.5 * exp(2 * x[0])"},
         "time": {"t_end": t_end, "scheme": scheme, "dt": dt, "cfl": 0.5},
-        "output": {"every": 1000, "edi_every": 1, "progress": 1e9},
+        "output": {"every": 1000, "edi_every": 1, "progress": 1e9, "pictures": False},
     }
     for key, value in extra.items():
         section, name = key.split("__")
         raw.setdefault(section, {})[name] = value
     return validate(raw)
-
-
-@pytest.fixture
-def no_pictures(monkeypatch):
-    """Skip the pictures of a run (seconds each; the convergence tests read numbers only)."""
-    for name in ("density_strip", "plot_metrics", "plot_budget"):
-        monkeypatch.setattr(f"drivers.engine._recorder.{name}", lambda *args, **kwargs: None)
 
 
 def _residual(cfg: dict, out) -> dict[str, float]:
@@ -74,7 +67,7 @@ def _slope(steps: list[float], values: list[float]) -> float:
     return float(np.polyfit(np.log(steps), np.log(np.abs(values)), 1)[0])
 
 
-def test_particles_frozen_residual_order(shared_tmp, no_pictures):
+def test_particles_frozen_residual_order(shared_tmp):
     dts = [0.1, 0.05, 0.025, 0.0125]
     last = [_residual(_config("particles", dt, 1.0, level=1), shared_tmp / f"p{dt}") for dt in dts]
     res = [r["edi_residual"] for r in last]
@@ -93,7 +86,7 @@ def test_particles_frozen_residual_order(shared_tmp, no_pictures):
         ("jko", [0.1, 0.05, 0.025, 0.0125], (0.8, 1.2)),
     ],
 )
-def test_mesh_schemes_frozen_residual_time_part(shared_tmp, no_pictures, scheme, steps, band):
+def test_mesh_schemes_frozen_residual_time_part(shared_tmp, scheme, steps, band):
     t_end = 0.4 if scheme == "fv" else 0.5
     last = [_residual(_config(scheme, dt, t_end), shared_tmp / f"{scheme}{dt}") for dt in steps]
     res = [r["edi_residual"] for r in last]
@@ -123,6 +116,7 @@ def test_columns_in_metrics_csv_with_ou_weights(shared_tmp, scheme):
         output__every=2,
         output__edi_every=0,
         attention__heads=[{"V": "identity"}] * 2,
+        output__pictures=True,
     )
     assert cfg["output"]["edi_every"] == 2  # 0: with the outputs
     result = run(cfg, out, COMM, verbose=False)
@@ -133,7 +127,8 @@ def test_columns_in_metrics_csv_with_ou_weights(shared_tmp, scheme):
     if COMM.rank == 0:
         with open(out / "metrics.csv", newline="") as fh:
             rows = list(csv.DictReader(fh))
-        assert list(rows[0]) == METRIC_COLUMNS + list(EDI_COLUMNS)
+        # the cluster count (on S^2 by default) follows the budget
+        assert list(rows[0]) == METRIC_COLUMNS + list(EDI_COLUMNS) + ["n_clusters"]
         assert len(rows) == 1 + 10 // 2
         for row in rows:
             assert all(math.isfinite(float(row[k])) for k in EDI_COLUMNS)

@@ -43,7 +43,6 @@ import numpy as np
 import pytest
 
 from drivers.engine import (
-    Recorder,
     head_matrices,
     load_config,
     load_gaussian_config,
@@ -90,12 +89,12 @@ def tiny_overrides(raw: dict[str, Any]) -> list[str]:
         f"time.t_end={t_end!r}",
         "output.every=2",
         "output.progress=1e9",
+        "output.pictures=false",
     ]
 
 
-def _run_config(path: Path, out: Path, monkeypatch) -> tuple[dict[str, Any], Any]:
+def _run_config(path: Path, out: Path) -> tuple[dict[str, Any], Any]:
     """Load the config at tiny size and run it on COMM_WORLD (collective)."""
-    monkeypatch.setattr(Recorder, "_pictures", lambda self, *args: None, raising=False)
     cfg = load_config(path, tiny_overrides(_raw(path)))
     with np.errstate(all="ignore"):  # as the command line: failures are reported, not warned
         result = run(cfg, out, MPI.COMM_WORLD, verbose=False, argv=["test_examples", str(path)])
@@ -205,7 +204,7 @@ def _check_gaussian(out: Path, code: int, cfg: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
-def test_example_config(path: Path, shared_tmp: Path, monkeypatch) -> None:
+def test_example_config(path: Path, shared_tmp: Path) -> None:
     """configs/<name>.toml at a tiny size: outputs, mass, and what its scheme promises."""
     comm = MPI.COMM_WORLD
     out = shared_tmp / path.stem
@@ -218,7 +217,7 @@ def test_example_config(path: Path, shared_tmp: Path, monkeypatch) -> None:
             _check_gaussian(out, code, cfg)
         comm.bcast(code, root=0)
         return
-    cfg, result = _run_config(path, out, monkeypatch)
+    cfg, result = _run_config(path, out)
     assert (result.status, result.exit_code) == ("ok", 0), result.message
     assert result.t == cfg["time"]["t_end"]
     if comm.rank == 0:

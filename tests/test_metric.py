@@ -33,7 +33,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers.engine import Recorder, run, validate, velocity_record
+from drivers.engine import run, validate, velocity_record
 from meshes import circle, control_volumes, icosphere
 from solvers.attention import Attention, Head, measure_diagnostics, velocity_mismatch
 from solvers.diagnostics import MAXIMAL_SLOPE_COLUMNS, energy_derivatives, metric_diagnostics
@@ -309,7 +309,7 @@ def _config(scheme: str, heads, velocity="attention", **weights) -> dict:
             "weights": {"dynamics": "frozen", **weights},
             "initial": {"density": S1_DENSITY},
             "time": {"t_end": 0.1, "scheme": scheme, "dt": 0.05},
-            "output": {"every": 1},
+            "output": {"every": 1, "pictures": False},
         }
     )
 
@@ -335,7 +335,6 @@ def test_velocity_record():
 def test_jko_run_says_so(shared_tmp, capfd, monkeypatch):
     """H = 3, velocity "attention", scheme "jko": one notice line on stderr, the record in
     summary.json, the new columns in metrics.csv."""
-    monkeypatch.setattr(Recorder, "_pictures", lambda self, *args, **kwargs: None)
     three = (0.5 * random_symmetric(3, 2, 3)).tolist()
     out = shared_tmp / "jko_notice"
     result = run(_config("jko", three), out, COMM, verbose=False)

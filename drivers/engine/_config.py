@@ -409,8 +409,9 @@ def _cadence(cfg: dict[str, Any]) -> None:
     o["per_decade"] = as_int(o["per_decade"], "output.per_decade")
     if o["per_decade"] < 1:
         raise ConfigError("output.per_decade", f"must be >= 1, got {o['per_decade']}")
-    if not isinstance(o["clusters"], bool):
-        raise ConfigError("output.clusters", f"must be true or false, got {o['clusters']!r}")
+    for flag in ("clusters", "pictures"):
+        if not isinstance(o[flag], bool):
+            raise ConfigError(f"output.{flag}", f"must be true or false, got {o[flag]!r}")
 
 
 def _diffusion(cfg: dict[str, Any]) -> None:

@@ -541,9 +541,10 @@ class Recorder:
             g = self.written
             with guard.writing(self.out / "final.npz"):
                 write_final(self.out / "final.npz", g.points, g.weights, final_density, self.t)
-            if self.metrics is not None and self.writer is not None:
+            cfg = self.problem.cfg
+            drawn = self.metrics is not None and self.writer is not None
+            if drawn and cfg["output"].get("pictures", True):
                 try:
-                    cfg = self.problem.cfg
                     title = (
                         f"energy budget: {cfg['time']['scheme']}, {self.weights.n_heads} "
                         f"head(s), {cfg['weights']['dynamics']} weights"

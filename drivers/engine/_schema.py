@@ -206,6 +206,9 @@ KEYS: tuple[Key, ...] = (
         "cluster statistics at every output on S1/S2: n_clusters in metrics.csv, "
         "clusters.csv (mass, centre, angular radius of each cluster, with identities) and "
         "cluster_events.csv (births, deaths, merges, splits); docs/model.md, M1c"),
+    Key("output", "pictures", "boolean", True,
+        "draw density.png, metrics.png and edi.png at the end of the run (rank 0, 5-30 s); "
+        "false skips them (sweeps, tests; the data files are the same)"),
     Key("output", "progress", "number", 5.0, "seconds between progress lines on rank 0"),
     Key("output", "checkpoint_every", "integer", 0,
         "also checkpoint every k-th step for --restart (0: off; a checkpoint is always written "

@@ -382,13 +382,15 @@ class JKOSolver:
         )
 
     def state(self) -> SchemeState:
-        """Time, steps, the owned densities and the last potential (the next Newton guess)."""
+        """Time, steps, the owned densities, the last potential (the next Newton guess) and
+        the energy's normalisation log c."""
         cells = {"density": self._rho.copy()}
         if self._psi is not None:
             cells["potential"] = self._psi.copy()
-        if self._controller is None:
-            return SchemeState(self.t, self.steps, cells)
-        return SchemeState(self.t, self.steps, cells, self._controller.state() | {"tau": self.tau})
+        scalars = {} if self._system.log_scale is None else {"log_scale": self._system.log_scale}
+        if self._controller is not None:
+            scalars |= self._controller.state() | {"tau": self.tau}
+        return SchemeState(self.t, self.steps, cells, scalars)
 
     def restore(self, state: SchemeState) -> None:
         """Continue from :meth:`state` (collective): with its potential as the next Newton
@@ -397,6 +399,8 @@ class JKOSolver:
         self.steps = int(state.steps)
         if "potential" in state.cells:
             self._psi = np.array(state.cells["potential"], dtype=np.float64)
+        if "log_scale" in state.scalars:
+            self._system.restore_log_scale(self.t, state.scalars["log_scale"])
         if self._controller is not None:
             self._controller.restore(dict(state.scalars))
             if "tau" in state.scalars:
