@@ -119,6 +119,7 @@ RESTART_KEYS = (
     ("output", "checkpoint_every"),
     ("output", "checkpoint_minutes"),
     ("output", "edi_every"),
+    ("output", "pictures"),
 )
 
 

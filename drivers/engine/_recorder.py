@@ -542,8 +542,7 @@ class Recorder:
             with guard.writing(self.out / "final.npz"):
                 write_final(self.out / "final.npz", g.points, g.weights, final_density, self.t)
             cfg = self.problem.cfg
-            drawn = self.metrics is not None and self.writer is not None
-            if drawn and cfg["output"].get("pictures", True):
+            if self.metrics and self.writer and cfg["output"].get("pictures", True):
                 try:
                     title = (
                         f"energy budget: {cfg['time']['scheme']}, {self.weights.n_heads} "
