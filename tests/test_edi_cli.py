@@ -149,3 +149,21 @@ def test_edi_off_and_config_errors(shared_tmp):
         _config("fv", 0.0, 0.1, output__edi_every=-1)
     with pytest.raises(ConfigError, match="output.edi_every: must be an integer"):
         _config("fv", 0.0, 0.1, output__edi_every=1.5)
+
+
+def test_pictures_key_and_run_argument(shared_tmp):
+    """``[output] pictures = false`` skips the three pictures (the data files stay); the
+    ``pictures`` argument of run() overrides the key; a non-boolean is a config error."""
+    cfg = _config("fv", 0.0, 0.05, level=1)
+    assert cfg["output"]["pictures"] is False
+    skipped, drawn = shared_tmp / "no_pictures", shared_tmp / "pictures"
+    assert run(cfg, skipped, COMM, verbose=False).status == "ok"
+    assert run(cfg, drawn, COMM, verbose=False, pictures=True).status == "ok"
+    if COMM.rank == 0:
+        for name in ("density.png", "metrics.png", "edi.png"):
+            assert not (skipped / name).exists()
+            assert (drawn / name).read_bytes()[:4] == b"\x89PNG"
+        for name in ("metrics.csv", "final.npz", "summary.json", "density.xdmf"):
+            assert (skipped / name).is_file()
+    with pytest.raises(ConfigError, match="output.pictures: must be true or false"):
+        _config("fv", 0.0, 0.1, output__pictures="no")

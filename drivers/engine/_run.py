@@ -58,6 +58,7 @@ def run(
     *,
     overwrite: bool = False,
     strict_petsc: bool = False,
+    pictures: bool | None = None,
 ) -> RunResult:
     """Run the validated config ``cfg``, writing the results folder ``out``. Collective.
 
@@ -74,6 +75,8 @@ def run(
         overwrite: a folder holding another run's results is cleared of them (only the files
             the project writes) instead of refused.
         strict_petsc: an unused PETSc option of the run's prefixes is an error (exit 2).
+        pictures: draw (True) or skip (False) density.png, metrics.png and edi.png, whatever
+            ``[output] pictures`` says (None: as it says).
 
     Returns:
         status "ok" (exit code 0); "failed" (exit code 3) when the scheme stopped on a
@@ -86,6 +89,8 @@ def run(
             included), before anything is written.
     """
     wall0 = time.perf_counter()
+    if pictures is not None:
+        cfg = {**cfg, "output": {**cfg["output"], "pictures": bool(pictures)}}
     log = Log(comm, verbose)
     run_id = comm.bcast(uuid.uuid4().hex if comm.rank == 0 else None, root=0)
     folder = claim_folder(
