@@ -26,6 +26,7 @@ SMALL = [
     "--set",
     "output.every=5",
 ]
+NO_PICTURES = ["--set", "output.pictures=false"]
 
 
 def _write(path: Path, text: str) -> Path:
@@ -85,7 +86,7 @@ def test_jko_lands_on_t_end_without_a_sliver_step(shared_tmp):
     """Eight JKO steps of 0.1 sum to 0.7999999999999999: the eighth step must take the sliver
     along (t_end = 0.8 reached in 8 steps, not a ninth step of 1e-16)."""
     out = shared_tmp / "jko_sliver"
-    args = ["run", str(ROOT / "configs/demo_s2.toml"), "--out", str(out), *SMALL]
+    args = ["run", str(ROOT / "configs/demo_s2.toml"), "--out", str(out), *SMALL, *NO_PICTURES]
     args += ["--set", 'time.scheme="jko"', "--set", "time.dt=0.1", "--set", "time.t_end=0.8"]
     assert main(args) == 0
     if MPI.COMM_WORLD.rank == 0:
@@ -229,6 +230,7 @@ def test_serial_and_mpiexec_agree(tmp_path, scheme):
         "run",
         str(ROOT / "configs/demo_s2.toml"),
         *SMALL,
+        *NO_PICTURES,
         "--set",
         f'time.scheme="{scheme}"',
         "--set",
@@ -266,6 +268,7 @@ def test_eight_ranks_agree_with_serial_at_level_4(tmp_path):
         "time.t_end=0.1",
         "--set",
         "output.every=4",
+        *NO_PICTURES,
     ]
     finals, summaries = [], []
     for n in (1, 8):

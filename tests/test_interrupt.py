@@ -33,6 +33,7 @@ from tests.conftest import ROOT, launch_cli
 COMM = MPI.COMM_WORLD
 DEMO = str(ROOT / "configs" / "demo_s2.toml")
 FIRST = ["--set", "mesh.refinement=2", "--set", "output.checkpoint_every=2", "--quiet"]
+FIRST += ["--set", "output.pictures=false"]
 
 
 def _same(a: Path, b: Path, skip: tuple[str, ...] = ()) -> None:
@@ -92,7 +93,7 @@ def test_restart_refuses_other_changes(shared_tmp, capfd, override, key, before,
     assert main(["run", "--restart", str(out), "--quiet", "--set", same]) == 0
 
 
-LONG = ["--set", "time.t_end=8.0", "--set", "output.every=5"]
+LONG = ["--set", "time.t_end=8.0", "--set", "output.every=5", "--set", "output.pictures=false"]
 #: SIGTERM with periodic checkpoints; SIGINT with the default config (only the signal's)
 SIGNAL_RUNS = {
     "SIGTERM": [DEMO, *FIRST, *LONG],

@@ -208,6 +208,7 @@ diffusion_step = "strang"
 every = 3
 checkpoint_every = 2
 progress = 0.0
+pictures = false
 """
 
 

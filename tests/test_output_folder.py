@@ -49,6 +49,7 @@ from tests.conftest import ROOT, run_cli
 COMM = MPI.COMM_WORLD
 DEMO = str(ROOT / "configs" / "demo_s2.toml")
 TINY = ["--quiet", "--set", "mesh.refinement=1", "--set", "time.t_end=0.3"]
+TINY += ["--set", "output.pictures=false"]  # (the pictures are tests/test_plots.py's)
 TIMEOUT = 240  # seconds for one mpiexec -n 2 run of a tiny case (a hang fails the test)
 
 

@@ -41,6 +41,7 @@ dt = {dt}
 every = 3
 checkpoint_every = 4
 progress = 0.0
+pictures = false
 """
 
 

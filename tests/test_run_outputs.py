@@ -37,6 +37,7 @@ dt = 0.1
 log_start = 0.25
 per_decade = 4
 dt = 1.0
+pictures = false
 checkpoint_every = 25
 """
 

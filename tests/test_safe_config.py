@@ -39,6 +39,8 @@ TINY = [
     "time.t_end=0.05",
     "--set",
     "output.edi=false",
+    "--set",
+    "output.pictures=false",
     "--quiet",
 ]
 

@@ -41,7 +41,7 @@ CONFIGS = {
     '[attention]\nheads = [{ Q = "identity", K = "identity", V = [[-1.0]] }]\n'
     "[feedforward]\nA = [[0.5]]\n[initial]\n"
     'density = "exp(-(x[0] - 0.5) ** 2 / 0.3) + 0.5 * exp(-(x[0] + 1.5) ** 2 / 0.1)"\n'
-    "[time]\nt_end = 0.6\ndt = 0.1\n[output]\nevery = 2\nedi = false\n",
+    "[time]\nt_end = 0.6\ndt = 0.1\n[output]\nevery = 2\nedi = false\npictures = false\n",
 }
 
 
