@@ -135,7 +135,7 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
 
     from meshes import control_volumes, icosphere
     from solvers.attention import Attention, Head
-    from solvers.attention._lowrank import lowrank_kernel_sums
+    from solvers.attention.lowrank import lowrank_kernel_sums
     from solvers.transport import JKOSolver, initial_density
     from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian
     from solvers.weights import make_weights
