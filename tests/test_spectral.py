@@ -265,3 +265,30 @@ def test_plans_within_the_limits() -> None:
     plan = spectral.plan_spectral(95.0, 140.0, 3, 1e-10)
     assert plan is not None and 1 < plan.n_nodes <= bounds.MAX_NODES
     assert plan.bins[0][0] == 95.0 and plan.bins[-1][1] == 140.0
+
+
+def test_drifting_heads_reuse_a_plan_that_covers_them():
+    """kappa ranges are widened to a grid: slightly different heads (an OU path) get the same
+    cached plan, whose range covers every target's kappa; a single kappa (identity head) stays
+    exact (one node); below the cost floor "auto" makes no plan at all."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(400, 3))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    base = np.array([[1.0, 0.3, 0.0], [0.0, 0.8, 0.2], [0.1, 0.0, 0.6]]) * 16.0
+    plans = []
+    for scale in (1.0, 1.001, 1.003):
+        A = (scale * base)[None]
+        plan = choice.spectral_plans(X, X, A, 1e-10)[0]
+        kappa = np.linalg.norm(X @ A[0], axis=1)
+        assert plan.kappa_lo <= kappa.min() and kappa.max() <= plan.kappa_hi
+        plans.append(plan)
+    assert plans[0] is plans[1] is plans[2]
+    identity = choice.spectral_plans(X, X, 16.0 * np.eye(3)[None], 1e-10)[0]
+    assert identity.kappa_hi - identity.kappa_lo < 1e-12 * 16.0 and identity.n_nodes == 1
+    for value in (1e-9, 0.37, 1.0, 16.0, 123.4):
+        assert choice._grid(value, up=False) <= value <= choice._grid(value, up=True)
+        assert choice._grid(value, up=True) <= value * 2 ** (1 / choice.GRID_STEPS) * (1 + 1e-12)
+    m = n = 500  # 2.5e5 pairs: brute force is cheaper than making a plan
+    assert m * n <= spectral.cost_floor(3, m, n)
+    choices, _, sp_plans = choice.choose_methods(X, X, base[None], 1e-10, "auto", "numba")
+    assert sp_plans == [None] and choices[0].method != "spectral"
