@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MPIEXEC := $(VENV)/bin/mpiexec
 NP ?= 2
 OUT ?= results/demo
-TEST_TIMEOUT ?= 1200
+TEST_TIMEOUT ?= 1800
 
 .PHONY: demo test test-serial test-mpi venv paraview lint format bench clean
 
