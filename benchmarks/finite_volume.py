@@ -81,8 +81,8 @@ def time_backend(solver, u, masses, args: argparse.Namespace, comm) -> dict[str,
     return row
 
 
-def run_level(level: int, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Times of both backends on one level (collective); {backend: {column: seconds}}."""
+def run_level(level: int, beta: float, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Times of both backends on one level at one beta (collective); {backend: {column: s}}."""
     import dolfinx_solver  # noqa: F401
     from mpi4py import MPI
 
@@ -92,7 +92,7 @@ def run_level(level: int, args: argparse.Namespace) -> dict[str, dict[str, float
     from solvers.weights import make_weights
 
     comm = MPI.COMM_WORLD
-    cv = control_volumes(icosphere(comm, level))
+    cv = _MESHES.get(level) or _MESHES.setdefault(level, control_volumes(icosphere(comm, level)))
     rho0 = initial_density(cv, DENSITY)
     weights = make_weights("frozen", [Head.identity(3)])
     out: dict[str, dict[str, float]] = {}
@@ -100,7 +100,7 @@ def run_level(level: int, args: argparse.Namespace) -> dict[str, dict[str, float
     for backend in BACKENDS:
         solver = TransportSolver(
             cv,
-            Attention(args.beta, 1, backend=args.attention),
+            Attention(beta, 1, backend=args.attention),
             weights,
             rho0,
             flux_backend=backend,
@@ -113,12 +113,17 @@ def run_level(level: int, args: argparse.Namespace) -> dict[str, dict[str, float
     return out
 
 
+_MESHES: dict[int, object] = {}  # one mesh per level, shared by the betas of a run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[5, 6, 7])
     parser.add_argument("--repeat", type=int, default=5, help="best of k for rate/cfl/FV step")
     parser.add_argument("--steps", type=int, default=3, help="best of k whole steps")
-    parser.add_argument("--beta", type=float, default=4.0)
+    parser.add_argument(
+        "--beta", type=float, nargs="+", default=[4.0], help="several: the ratio to the first"
+    )
     parser.add_argument("--attention", default="auto", help="attention backend of the steps")
     parser.add_argument("--diffusion", type=float, default=0.0, help="the noise nu")
     args = parser.parse_args()
@@ -137,20 +142,28 @@ def main() -> None:
             f"load average {os.getloadavg()[0]:.2f}"
         )
         head = (
-            f"{'level':>5} {'cells':>8} | {'rate np':>8} {'rate nb':>8} {'x':>5} | "
+            f"{'level':>5} {'beta':>5} {'cells':>8} | {'rate np':>8} {'rate nb':>8} {'x':>5} | "
             f"{'cfl np':>7} {'cfl nb':>7} {'x':>5} | {'FVstep np':>9} {'FVstep nb':>9} "
-            f"{'x':>5} | {'step np':>8} {'step nb':>8} {'x':>5}"
+            f"{'x':>5} | {'step np':>8} {'step nb':>8} {'x':>5} | {'nb/beta0':>8}"
         )
         print(head)
     for level in args.levels:
-        r = run_level(level, args)
-        if comm.rank == 0:
-            np_, nb = r["numpy"], r["numba"]
-            cols = [
-                f"{np_[k]:{w}.4f} {nb[k]:{w}.4f} {np_[k] / nb[k]:5.2f}"
-                for k, w in (("rate", 8), ("cfl", 7), ("fv_step", 9), ("step", 8))
-            ]
-            print(f"{level:>5} {int(r['cells']['n']):>8} | " + " | ".join(cols), flush=True)
+        first = None  # the whole numba step at the first beta, in this run
+        for beta in args.beta:
+            r = run_level(level, beta, args)
+            first = first or r["numba"]["step"]
+            if comm.rank == 0:
+                np_, nb = r["numpy"], r["numba"]
+                cols = [
+                    f"{np_[k]:{w}.4f} {nb[k]:{w}.4f} {np_[k] / nb[k]:5.2f}"
+                    for k, w in (("rate", 8), ("cfl", 7), ("fv_step", 9), ("step", 8))
+                ]
+                print(
+                    f"{level:>5} {beta:>5g} {int(r['cells']['n']):>8} | "
+                    + " | ".join(cols)
+                    + f" | {nb['step'] / first:8.2f}",
+                    flush=True,
+                )
     if comm.rank == 0:
         print(f"load average after: {os.getloadavg()[0]:.2f}")
 

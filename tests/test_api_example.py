@@ -43,7 +43,7 @@ def test_api_quickstart(shared_tmp, monkeypatch, capsys):
         return
     printed = capsys.readouterr().out
     mass = float(printed.split("mass     = ")[1].split()[0])
-    assert abs(mass - 1.0) < 1e-12 and "320 cells" in printed
+    assert abs(mass - 1.0) < 1e-13 and "320 cells" in printed  # as "1.0000000000000" did
     assert f"{result['energy']:.6f}" in printed
     xdmf = out / "density.xdmf"
     assert result["xdmf"] == str(xdmf) and xdmf.is_file()
