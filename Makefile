@@ -16,7 +16,7 @@ venv:
 	@VENV=$(VENV) bash docker/install.sh
 
 demo: venv
-	timeout 600 $(MPIEXEC) -n $(NP) $(VENV)/bin/transformer-pde run configs/demo_s2.toml --out $(OUT)
+	timeout 600 $(MPIEXEC) -n $(NP) $(VENV)/bin/transformer-pde run configs/demo_s2.toml --out $(OUT) --overwrite
 	@echo "results in $(OUT): density.xdmf (ParaView), metrics.csv, final.npz, summary.json, density.png"
 
 test: venv paraview
