@@ -20,9 +20,15 @@ level and rank count the table reports
 - ``C``, ``ov``: the step's Courant number and the ASM overlap (cell layers) in force;
 - ``MB``: peak resident memory of the largest rank (``ru_maxrss``; one process per level and
   rank count, so it is that run's peak);
-- the dense-block operator (``expansion p=20`` or ``kernel``: the expansion's basis must fit
-  in 1 GiB for the whole mesh (a global criterion: every rank count solves the same problem),
-  so levels <= 6 use the expansion and levels 7, 8 kernel sums by the distributed low-rank path).
+- the dense-block operator (``expansion p=18`` or ``kernel``: the expansion's basis must fit
+  in ``MAX_BASIS_BYTES`` = 4 GiB for the whole mesh (a global criterion: every rank count
+  solves the same problem), so levels <= 8 use the expansion at beta = 3; ``--max-basis-gb``
+  changes the limit, e.g. 0.5 for kernel sums at levels 7-8).
+
+``--paths new old`` runs each level and rank count twice, with the BLAS products and with the
+compiled loops they replaced (kept in this script only), and prints the ratios old / new of
+the step and of its dense-block time; ``--products`` times the dense-block products alone
+(products per second, BLAS, loops and with ``--kernel-products`` kernel sums).
 
 ``--ranks 1 2`` (default) runs every level under ``mpiexec -n 1`` and ``-n 2`` (a fresh run per
 level and rank count, ``NUMBA_NUM_THREADS=1``: one thread per rank) and prints the speed-ups
@@ -393,7 +399,7 @@ def main() -> None:
         "--max-basis-gb",
         type=float,
         default=None,
-        help="the stored basis allowed for the whole mesh (default: the solver's, 1 GiB)",
+        help="the stored basis allowed for the whole mesh (default: the solver's, 4 GiB)",
     )
     parser.add_argument("--products", action="store_true", help="dense-block products only")
     parser.add_argument("--kernel-products", action="store_true", help="with --products")

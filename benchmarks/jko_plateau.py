@@ -122,7 +122,8 @@ class Geometry:
         k = self.cost.shape[0]
         a = np.bincount(self.bin_of, weights=rho_a * self.meas, minlength=k)
         b = np.bincount(self.bin_of, weights=rho_b * self.meas, minlength=k)
-        b *= a.sum() / b.sum() * (1 + 1e-9)  # columns as upper bounds: always feasible
+        a[a < 1e-12], b[b < 1e-12] = 0.0, 0.0  # HiGHS called 1e-70 bins infeasible
+        b *= a.sum() / b.sum() * (1 + 1e-7)  # columns as upper bounds: always feasible
         rows = scipy.sparse.kron(scipy.sparse.eye(k), np.ones((1, k))).tocsr()
         cols = scipy.sparse.kron(np.ones((1, k)), scipy.sparse.eye(k)).tocsr()
         res = scipy.optimize.linprog(
@@ -133,6 +134,7 @@ class Geometry:
             b_ub=b,
             bounds=(0, None),
             method="highs",
+            options={"presolve": False},  # the presolve called some feasible pairs infeasible
         )
         return float(res.fun) if res.status == 0 else float("nan")
 
@@ -201,7 +203,7 @@ def main() -> None:
     parser.add_argument("--t-end", type=float, default=60.0)
     parser.add_argument("--taus", type=float, nargs="+", default=[0.1, 0.05])
     parser.add_argument("--target", type=float, default=0.02)
-    parser.add_argument("--rate", type=float, default=0.2)
+    parser.add_argument("--rate", type=float, default=0.05)
     parser.add_argument("--tau-max", type=float, default=10.0)
     parser.add_argument("--t-plateau", type=float, default=30.0)
     parser.add_argument("--save", default="", help="an .npz file for the end densities")

@@ -207,9 +207,9 @@ def test_step_minimises_the_discrete_functional(sign):
     beta, tau = 3.0, 0.3
     s = _jko(cv, Attention(beta, sign), S2_DENSITY, tau, prefix="jko_min_")
     r = s.step()
-    # the solver works with E / c and b / c (solvers._jko_energy): w in the units of b
+    # the solver works with E / sigma and b / sigma (solvers._jko_energy): w in units of b
     ctx = s._system.ctx
-    op, w, rho_old = s._op, ctx["w"] / s.mobility_scale, ctx["rho_old"]
+    op, w, rho_old = s._op, ctx["w"] / s.energy_scale, ctx["rho_old"]
     p = s.points
     K = np.exp(beta * p @ p.T)
 
@@ -363,7 +363,7 @@ def test_sharp_attention_beta_32(comm, sign):
     s'E decreases with W^2/(2 tau) + s'E^{k+1} <= s'E^k, quadratic Newton (<= 3 iterations,
     <= 6 GMRES each), and the same densities as with brute-force sums (backend "numba") to
     1e-9. Measured: 2-3 Newton and 4-5 GMRES iterations a step, as at beta = 4 (the energy
-    and the mobility are normalised by the uniform state's mobility c = sinh(32)/32 = 1.2e12:
+    and the mobility are normalised by the uniform state's sigma = sinh(32)/32^2 = 3.9e10:
     unnormalised, the GMRES residual stagnated at 2.4e-7 of the initial one, 103 iterations)."""
     cv = control_volumes(icosphere(comm, 3))
     out = []
@@ -380,6 +380,7 @@ def test_sharp_attention_beta_32(comm, sign):
             prev = r.energy
         assert s.hessian.kind == "kernel"
         assert s.mobility_scale == pytest.approx(np.sinh(32.0) / 32.0, rel=2e-4)  # 4.5e-5
+        assert s.energy_scale == pytest.approx(np.sinh(32.0) / 32.0**2, rel=2e-4)
         out.append(r.density)
         s.destroy()
     diff = comm.allreduce(float(np.abs(out[0] - out[1]).max()), op=MPI.MAX)

@@ -111,7 +111,7 @@ the growth rate of the motion, up to ``tau_max``): long times through metastable
 
 Further terms and scales: the entropy :math:`\nu c \int \rho \log \rho` of noisy tokens
 (``diffusion``; ``solvers._jko_entropy``), and the normalisation of :math:`E` and :math:`b` by
-the uniform state's mobility :math:`c` that keeps sharp attention (:math:`\beta = 32`)
+the uniform state's first variation :math:`\sigma` that keeps sharp attention (:math:`\beta = 32`)
 well conditioned (``solvers._jko_energy``).
 
 References: [CGT20] C. Cancès, T. O. Gallouët, G. Todeschi, *A variational finite volume scheme
@@ -310,7 +310,7 @@ class JKOSolver:
         xa = self._x.getArray()
         xa[:n], xa[n:] = self._rho, 0.0
         rho, psi = self._system.local_state(self._x)
-        weight = self._system.entropy_weight
+        weight = self.diffusion if self.diffusion > 0 else None  # a placeholder value
         self._P.setValuesCOO(self._op.coo_values(rho, psi, self.tau, self._op.a, weight))
         self._P.assemble()
         self.ksp.setOperators(self.jacobian, self._P)
@@ -450,6 +450,13 @@ class JKOSolver:
         log_c = self._system.log_scale
         return None if log_c is None else math.exp(log_c)
 
+    @property
+    def energy_scale(self) -> float | None:
+        """sigma, the normalisation of E and b in the Newton system (``solvers._jko_energy``)
+        for the heads of the last step (None before the first step)."""
+        log_s = self._system.log_norm
+        return None if log_s is None else math.exp(log_s)
+
     def entropy(self, density: Array | None = None) -> float:
         """H(rho) = sum_K |K| rho_K log rho_K of owned densities (default: the current
         state); collective."""
@@ -463,7 +470,7 @@ class JKOSolver:
         F = self._sprime * self.energy(density, t)
         if self.diffusion == 0.0:
             return F
-        log_c = self._system.log_scale_for(*self._energy.matrices(t), self.total_mass())
+        log_c, _ = self._system.scales_for(*self._energy.matrices(t), self.total_mass())
         return F + self.diffusion * math.exp(log_c) * self.entropy(density)
 
     # ------------------------------------------------------------------ stepping
@@ -566,8 +573,8 @@ class JKOSolver:
         normalised units of ``solvers._jko_newton``; collective)."""
         ctx = self._system.ctx
         energy, cost, H, functional = self._system.functionals(rho, self._x)
-        nu_H = self.diffusion * H
-        c = math.exp(ctx["log_c"])
+        nu_H = (ctx["entropy_weight"] or 0.0) * H
+        c = math.exp(ctx["log_s"])  # back to the model's units
         result = JKOStep(
             t=ctx["t"],
             dt=tau,

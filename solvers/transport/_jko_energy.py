@@ -20,13 +20,17 @@ Normalisation. At large :math:`\beta` the kernel sums are of size :math:`e^{\bet
 mobility :math:`b` too), so the unknowns of the JKO step carry that scale and the Newton
 residuals hit the rounding floor of their offset (measured at :math:`\beta = 32`, level 4:
 GMRES stagnating at a true residual 2.4e-7 of the initial one, 103 iterations instead of 5).
-Both :math:`E` and :math:`b` are divided by the constant :math:`c` (:meth:`log_mobility_scale`:
-the mobility of the uniform measure of the same mass, :math:`c = M \sinh\beta / \beta` for
-:math:`A = \beta I` on :math:`S^2`), which leaves the minimizing movement unchanged
-(:math:`W_{b/c}^2 / (2\tau) + s' E / c = (W_b^2 / (2\tau) + s' E) / c`), makes :math:`b / c = 1`
-at the uniform state and keeps every quantity finite up to :math:`\beta` of a few hundred
-(:math:`b / c` is about :math:`e^{-2\beta}` in empty regions): the sums are formed in the log
-domain, :math:`\delta E / c = \mathrm{coef} \sum_r e^{\log Z_r - \log c}`.
+Both :math:`E` and :math:`b` are divided by the constant :math:`\sigma`, the area mean of
+:math:`\delta E / \delta\mu` at the uniform measure of the same mass (:meth:`uniform_scales`;
+:math:`\sigma = M \sinh\beta / \beta^2` for :math:`A = \beta I` on :math:`S^2`), which
+leaves the minimizing movement unchanged (:math:`W_{b/\sigma}^2 / (2\tau) + s' E / \sigma =
+(W_b^2 / (2\tau) + s' E) / \sigma`), makes the potential of order one and keeps every quantity
+finite up to :math:`\beta` of a few hundred (:math:`b / \sigma` is about :math:`e^{-2\beta}`
+in empty regions): the sums are formed in the log domain,
+:math:`\delta E / \sigma = \mathrm{coef} \sum_r e^{\log Z_r - \log \sigma}`. (Dividing by
+the uniform mobility :math:`c = \beta \sigma` instead, tried first, made the potential of
+order :math:`1/\beta`: Newton's line search then weighed the density rows more and took one
+more iteration at level 7 and five more at level 8, :math:`\beta = 3`.)
 """
 
 from __future__ import annotations
@@ -85,28 +89,47 @@ class InteractionEnergy:
             return A, 1.0 / (self.attention.beta * H), H
         return np.concatenate([A, A.swapaxes(1, 2)]), 0.5 / (self.attention.beta * H), H
 
-    def log_mobility_scale(
-        self, meas: Array, A: Array, heads: int, total_measure: float, total_mass: float
-    ) -> float:
-        r"""log c, c the area mean of the mobility :math:`b_0 = [(1/H) \sum_h 1/Z_h]^{-1}` of
-        the uniform measure of mass ``total_mass`` for the heads ``A[:heads]`` (module
-        docstring), with ``meas`` the owned cell measures. In the log domain; one distributed
-        kernel sum; identical on every rank (a rank-ordered exact sum). Collective."""
+    def _log_area_mean(self, meas: Array, log_f: Array, total_measure: float) -> float:
+        """log of the area mean of f from log f at the owned cells (rank-ordered exact sum,
+        identical on every rank; collective)."""
+        shift = float(log_f.max(initial=-np.inf))
+        comm = self.sources.comm
+        parallel = comm is not None and comm.Get_size() > 1
+        if parallel:
+            shift = comm.allreduce(shift, op=MPI.MAX)
+        local = float(np.sum(meas * np.exp(log_f - shift)))
+        parts = comm.allgather(local) if parallel else [local]
+        return shift + math.log(math.fsum(parts) / total_measure)
+
+    def uniform_scales(
+        self,
+        meas: Array,
+        A: Array,
+        coef: float,
+        heads: int,
+        total_measure: float,
+        total_mass: float,
+    ) -> tuple[float, float]:
+        r"""(log c, log sigma) for the uniform measure of mass ``total_mass``: c the area mean
+        of its mobility :math:`b_0 = [(1/H) \sum_h 1/Z_h]^{-1}` (heads ``A[:heads]``; the
+        scale of the entropy term), sigma the area mean of its :math:`\delta E/\delta\mu`
+        (rows ``A``, ``coef``; the normalisation, module docstring). ``meas``: the owned cell
+        measures. In the log domain; one distributed kernel sum; identical on every rank.
+        Collective."""
         masses = (total_mass / total_measure) * meas
         out = self.sources.kernel_sums(
-            self.points, masses, A[:heads], self.attention.backend, self.attention.tolerance
+            self.points, masses, A, self.attention.backend, self.attention.tolerance
         )
         self.evaluations += 1
-        neg = -out.log_Z  # log b_0 = -log mean_h exp(-log Z_h)
+        neg = -out.log_Z[:heads]  # log b_0 = -log mean_h exp(-log Z_h)
         top = neg.max(axis=0)
         log_b0 = -(top + np.log(np.mean(np.exp(neg - top), axis=0)))
-        shift = float(log_b0.max(initial=-np.inf))
-        comm = self.sources.comm
-        if comm is not None and comm.Get_size() > 1:
-            shift = comm.allreduce(shift, op=MPI.MAX)
-        local = float(np.sum(meas * np.exp(log_b0 - shift)))
-        parts = [local] if comm is None or comm.Get_size() == 1 else comm.allgather(local)
-        return shift + math.log(math.fsum(parts) / total_measure)
+        top = out.log_Z.max(axis=0)  # log dE/dmu = log coef + log sum_r exp(log Z_r)
+        log_dE = math.log(coef) + top + np.log(np.sum(np.exp(out.log_Z - top), axis=0))
+        return (
+            self._log_area_mean(meas, log_b0, total_measure),
+            self._log_area_mean(meas, log_dE, total_measure),
+        )
 
     def first_variation(
         self, masses: Array, A: Array, coef: float, log_scale: float = 0.0

@@ -41,11 +41,15 @@ evaluates residuals as :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)` (exact
 :math:`\rho^k` only): the solution then differs from the exact-kernel one by at most the
 checked relative error (1e-12) times :math:`|m - m^k|_1 = O(\tau)`, far below the Newton
 tolerance (``tests/test_jko.py`` compares the two to 1e-9). The basis matrix is
-:math:`R \times n_{owned}` (290 MB at 81,920 cells, p = 20, one rank); when the basis of the
-whole mesh (:math:`R \times N` doubles) exceeds ``MAX_BASIS_BYTES``, or the degree
+:math:`R \times n_{owned}` (237 MB at 81,920 cells, p = 18, one rank); when the basis of the
+whole mesh (:math:`R \times N` doubles) exceeds ``MAX_BASIS_BYTES`` (4 GiB), or the degree
 ``MAX_DEGREE``, "auto" falls back to kernel sums. The choice depends on the global size only,
-so every rank count solves the same discrete problem (level 7, 327,680 cells: kernel sums,
-evaluated by the attention's backend, i.e. the distributed low-rank expansion).
+so every rank count solves the same discrete problem. With BLAS products the stored basis
+beats the kernel sums (the attention's backend, which re-evaluates the basis or the
+transforms every time) where it fits: level 8 (1,310,720 cells, p = 18: 3.8 GB for the whole
+mesh) on 2 ranks, 2.0-2.4x less time in the dense block and 1.4x a step, at 4.7 instead of
+2.9 GB per rank (measured, ``benchmarks/jko.py --levels 8 --max-basis-gb 4``), hence the
+limit of 4 GiB (it was 1 GiB).
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ Array = npt.NDArray[np.float64]
 
 #: Largest expansion degree tried, and the largest basis matrix kept per rank (bytes).
 MAX_DEGREE = 40
-MAX_BASIS_BYTES = 2**30
+MAX_BASIS_BYTES = 4 * 2**30
 
 
 class KernelHessian:

@@ -8,9 +8,9 @@ callbacks on it: the residual and the sparse Jacobian (``solvers._jko_fv``), the
 Jacobian (sparse part plus :math:`s' |K|^{1/2} \partial(\delta E / \delta\mu) / \partial\rho`,
 ``solvers._jko_hessian``), and the line-search pre-check.
 
-Units. Everything here is divided by the normalisation :math:`c` of ``solvers._jko_energy``
-(:math:`\delta E / c`, :math:`w_\sigma = a_\sigma \frac12 (c / b_K + c / b_L)`, the potential
-:math:`\psi / c`, the entropy weight :math:`\nu`); :class:`~solvers.transport.JKOSolver`
+Units. Everything here is divided by the normalisation :math:`s` of ``solvers._jko_energy``
+(:math:`\delta E / s`, :math:`w_\sigma = a_\sigma \frac12 (s / b_K + s / b_L)`, the potential
+:math:`\psi / s`, the entropy weight :math:`\nu c / s`); :class:`~solvers.transport.JKOSolver`
 reports in the units of the model.
 
 Pre-check. PETSc updates :math:`x \leftarrow x - \lambda y`; before the line search the density
@@ -101,6 +101,7 @@ class StepSystem:
         self.hessian: KernelHessian | ExpansionHessian | None = None
         self._hessian_key: bytes | None = None
         self.log_scale: float | None = None  # log c for the heads of _scale_key
+        self.log_norm: float | None = None  # log sigma, the normalisation, for them
         self._scale_key: bytes | None = None
 
     # ------------------------------------------------------------------ helpers
@@ -112,21 +113,21 @@ class StepSystem:
         """sum_K rho_K |K| over all ranks for owned densities rho (collective)."""
         return self.comm.allreduce(dot(rho, self.meas), op=MPI.SUM)
 
-    @property
-    def entropy_weight(self) -> float | None:
-        """nu in the normalised units (nu c H / c), or None without diffusion."""
-        return self.diffusion if self.diffusion > 0 else None
+    def entropy_weight(self, log_c: float, log_norm: float) -> float | None:
+        """nu c / sigma, the entropy's weight in the normalised units, or None without
+        diffusion."""
+        return self.diffusion * math.exp(log_c - log_norm) if self.diffusion > 0 else None
 
-    def log_scale_for(self, A: Array, coef: float, H: int, mass: float) -> float:
-        """log c for the heads A (``solvers._jko_energy``: the normalisation, and the scale
-        of the entropy term); recomputed when the heads change. Collective."""
+    def scales_for(self, A: Array, coef: float, H: int, mass: float) -> tuple[float, float]:
+        """(log c, log sigma) for the heads A (``solvers._jko_energy``: the scale of the
+        entropy term and the normalisation); recomputed when the heads change. Collective."""
         key = A.tobytes() + np.float64(coef).tobytes()
         if key != self._scale_key:
-            self.log_scale = self.energy.log_mobility_scale(
-                self.meas, A, H, self.total_measure, mass
+            self.log_scale, self.log_norm = self.energy.uniform_scales(
+                self.meas, A, coef, H, self.total_measure, mass
             )
             self._scale_key = key
-        return self.log_scale
+        return self.log_scale, self.log_norm
 
     def restore_log_scale(self, t: float, log_scale: float) -> None:
         """Take a saved log c as that of the heads at time t: a restored run then divides by
@@ -148,29 +149,30 @@ class StepSystem:
         return s[:, 0].copy(), s[:, 1].copy()
 
     def dE_at(self, rho_owned: Array) -> Array:
-        """dE/dmu(rho) / c at the owned points with the heads of the step (``solvers.jko``:
+        """dE/dmu(rho) / sigma at the owned points with the heads of the step (``solvers.jko``:
         an increment through the expansion, or an exact kernel sum)."""
         h, ctx = self.hessian, self.ctx
         if self.variant == "implicit" and isinstance(h, ExpansionHessian):
             return ctx["dE_old"] + h.apply((rho_owned - ctx["rho_old"]) * self.meas)
         masses = rho_owned * self.meas
-        return self.energy.first_variation(masses, ctx["A"], ctx["coef"], ctx["log_c"])[0]
+        return self.energy.first_variation(masses, ctx["A"], ctx["coef"], ctx["log_s"])[0]
 
     # ------------------------------------------------------------------ one step
     def prepare(self, rho_old: Array, t_new: float, tau: float) -> None:
-        """Freeze the step of size tau from rho_old (owned) to t_new: heads, c, the weights
-        w from c / b at mu^k, dE(rho^k) / c, the reference F(mu^k) / c, the dense block."""
+        """Freeze the step of size tau from rho_old (owned) to t_new: heads, c and sigma, the weights
+        w from sigma / b at mu^k, dE(rho^k) / sigma, the reference F(mu^k) / sigma, the dense
+        block."""
         n = self.n
         A, coef, H = self.energy.matrices(t_new)
         mass = self.total_mass_of(rho_old)
-        log_c = self.log_scale_for(A, coef, H, mass)
+        log_c, log_s = self.scales_for(A, coef, H, mass)
         m_old = rho_old * self.meas
-        dE_old, log_Z = self.energy.first_variation(m_old, A, coef, log_c)  # dE / c
-        self._invb.array[:n] = np.mean(np.exp(log_c - log_Z[:H]), axis=0)  # c / b
+        dE_old, log_Z = self.energy.first_variation(m_old, A, coef, log_s)  # dE / sigma
+        self._invb.array[:n] = np.mean(np.exp(log_s - log_Z[:H]), axis=0)  # sigma / b
         self._invb.scatter_forward()
         invb = self._invb.array
         factor = 0.5 if self.variant == "implicit" else 1.0  # E(rho^k), or <dE(rho^k), m^k>
-        weight = self.entropy_weight
+        weight = self.entropy_weight(log_c, log_s)
         reference = self.sprime * self.fsum(factor * dot(m_old, dE_old))
         if weight is not None:
             reference += weight * self.fsum(entropy(rho_old, self.meas))
@@ -179,7 +181,7 @@ class StepSystem:
             "t": t_new,
             "A": A,
             "coef": coef,
-            "log_c": log_c,
+            "log_s": log_s,
             "rho_old": rho_old.copy(),
             "w": self.op.a * 0.5 * (invb[self.op.L] + invb[self.op.R]),
             "dE_old": dE_old,
@@ -196,33 +198,35 @@ class StepSystem:
                 self.points,
                 self.sources,
                 A,
-                coef * math.exp(-log_c),
+                coef * math.exp(-log_s),
                 self.backend,
                 previous=self.hessian,
             )
             self._hessian_key = key
 
     def initial_potential(self, rho_old: Array) -> Array:
-        """-(s' dE/dmu + nu dH/dm) / c at rho^k: the Newton guess without a previous step."""
+        """-(s' dE/dmu + nu c dH/dm) / sigma at rho^k: the Newton guess without a previous
+        step."""
         psi0 = -self.sprime * self.ctx["dE_old"]
         if self.ctx["entropy_weight"] is not None:
             psi0 = psi0 - self.ctx["entropy_weight"] * entropy_gradient(rho_old)
         return psi0
 
     def functionals(self, rho: Array, x: PETSc.Vec) -> tuple[float, float, float, float]:
-        """(E / c, W_b^2 / c, H, the functional the variant minimises / c) at the attempt's
-        solution x with owned densities rho (collective)."""
+        """(E / sigma, W_b^2 / sigma, H, the functional the variant minimises / sigma) at the
+        attempt's solution x with owned densities rho (collective)."""
         ctx, tau = self.ctx, self.ctx["tau"]
         m = rho * self.meas
         energy = self.fsum(0.5 * dot(m, self.dE_at(rho)))
         rho_l, psi_l = self.local_state(x)
         cost = tau**2 * self.fsum(self.op.action(rho_l, psi_l, ctx["w"]))
         H = self.fsum(entropy(rho, self.meas))
+        nu_H = (ctx["entropy_weight"] or 0.0) * H
         if self.variant == "implicit":
-            functional = cost / (2 * tau) + self.sprime * energy + self.diffusion * H
+            functional = cost / (2 * tau) + self.sprime * energy + nu_H
         else:  # with the linearised energy <dE/dmu(mu^k), mu>
             linear = self.fsum(dot(m, ctx["dE_old"]))
-            functional = cost / (2 * tau) + self.sprime * linear + self.diffusion * H
+            functional = cost / (2 * tau) + self.sprime * linear + nu_H
         return energy, cost, H, functional
 
     # ------------------------------------------------------------------ SNES callbacks
@@ -230,7 +234,7 @@ class StepSystem:
         n, ctx = self.n, self.ctx
         rho, psi = self.local_state(x)
         dE = ctx["dE_old"] if self.variant == "semi-implicit" else self.dE_at(rho[:n])
-        if ctx["entropy_weight"] is not None:  # s' (s' dE + nu dH) = dE + s' nu dH
+        if ctx["entropy_weight"] is not None:  # s' (s' dE + w dH) = dE + s' w dH
             dE = dE + self.sprime * ctx["entropy_weight"] * entropy_gradient(rho[:n])
         f_rho, f_psi = self.op.residual(
             rho, psi, ctx["rho_old"], dE, self.sprime, ctx["tau"], ctx["w"]
