@@ -383,11 +383,14 @@ class JKOSolver:
 
     def state(self) -> SchemeState:
         """Time, steps, the owned densities, the last potential (the next Newton guess) and
-        the energy's normalisation log c."""
+        the energy's scales (log c, log sigma)."""
         cells = {"density": self._rho.copy()}
         if self._psi is not None:
             cells["potential"] = self._psi.copy()
-        scalars = {} if self._system.log_scale is None else {"log_scale": self._system.log_scale}
+        system = self._system
+        scalars = {}
+        if system.log_scale is not None and system.log_norm is not None:
+            scalars = {"log_scale": system.log_scale, "log_norm": system.log_norm}
         if self._controller is not None:
             scalars |= self._controller.state() | {"tau": self.tau}
         return SchemeState(self.t, self.steps, cells, scalars)
@@ -399,8 +402,10 @@ class JKOSolver:
         self.steps = int(state.steps)
         if "potential" in state.cells:
             self._psi = np.array(state.cells["potential"], dtype=np.float64)
-        if "log_scale" in state.scalars:
-            self._system.restore_log_scale(self.t, state.scalars["log_scale"])
+        if "log_scale" in state.scalars and "log_norm" in state.scalars:
+            self._system.restore_scales(
+                self.t, state.scalars["log_scale"], state.scalars["log_norm"]
+            )
         if self._controller is not None:
             self._controller.restore(dict(state.scalars))
             if "tau" in state.scalars:

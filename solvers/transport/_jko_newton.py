@@ -129,12 +129,13 @@ class StepSystem:
             self._scale_key = key
         return self.log_scale, self.log_norm
 
-    def restore_log_scale(self, t: float, log_scale: float) -> None:
-        """Take a saved log c as that of the heads at time t: a restored run then divides by
-        the c of the uninterrupted one (recomputed, it would differ in the last bits, as the
-        mass does), so that its continuation is bitwise the same."""
+    def restore_scales(self, t: float, log_scale: float, log_norm: float) -> None:
+        """Take saved (log c, log sigma) as those of the heads at time t: a restored run then
+        uses the scales of the uninterrupted one (recomputed, they would differ in the last
+        bits, as the mass does), so that its continuation is bitwise the same."""
         A, coef, _ = self.energy.matrices(t)
         self.log_scale = float(log_scale)
+        self.log_norm = float(log_norm)
         self._scale_key = A.tobytes() + np.float64(coef).tobytes()
 
     def local_state(self, x: PETSc.Vec) -> tuple[Array, Array]:
