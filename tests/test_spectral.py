@@ -291,3 +291,36 @@ def test_drifting_heads_reuse_a_plan_that_covers_them():
     assert m * n <= spectral.cost_floor(3, m, n)
     choices, _, sp_plans = choice.choose_methods(X, X, base[None], 1e-10, "auto", "numba")
     assert sp_plans == [None] and choices[0].method != "spectral"
+
+
+def test_a_choice_is_kept_for_the_same_geometry_and_agreed_by_all_ranks(monkeypatch):
+    """choose_methods keeps its result under a digest of its inputs: the same targets, sources
+    and heads (a fixed mesh, constant weights: whatever the masses) are chosen once; other
+    targets on one rank only are chosen again on every rank (no rank waits alone in a
+    collective), and the kept result is the one computed afresh."""
+    pts, _ = _measure(600, 3, "uniform", seed=3)
+    X = _targets(pts, 3, seed=3)
+    A = 32.0 * np.eye(3)[None]
+    calls = []
+    real = choice._choose_methods
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(choice, "_choose_methods", counted)
+    choice.clear_choices()
+    args = (pts, A, 1e-10, "auto", "numba", True, COMM)
+    first = choice.choose_methods(X, *args, n_sources=65536)
+    again = choice.choose_methods(X.copy(), *args, n_sources=65536)
+    assert len(calls) == 1
+    assert [c.method for c in again[0]] == [c.method for c in first[0]] == ["spectral"]
+    assert again[2][0] is first[2][0]
+    moved = X.copy()
+    if COMM.rank == COMM.size - 1:  # one rank's targets change: every rank chooses again
+        moved[0] = -moved[0]
+    choice.choose_methods(moved, *args, n_sources=65536)
+    assert len(calls) == 2
+    choice.clear_choices()
+    fresh = choice.choose_methods(X, *args, n_sources=65536)
+    assert len(calls) == 3 and fresh[2][0] == first[2][0]
