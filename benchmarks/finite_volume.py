@@ -20,6 +20,8 @@ Run (the load average before and after is printed: timings on a shared machine a
 
     .venv/bin/python benchmarks/finite_volume.py                       # levels 5, 6, 7
     .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/finite_volume.py --levels 7
+    .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/finite_volume.py --levels 8 \
+        --flux numba --attention auto spectral lowrank --repeat 1   # the attention's share
 
 Expected time on 2 shared cores: about 3 minutes (most of it building the level-7 mesh and
 the numpy steps).
@@ -28,6 +30,7 @@ the numpy steps).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -81,8 +84,11 @@ def time_backend(solver, u, masses, args: argparse.Namespace, comm) -> dict[str,
     return row
 
 
-def run_level(level: int, beta: float, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Times of both backends on one level at one beta (collective); {backend: {column: s}}."""
+def run_level(
+    level: int, beta: float, attention: str, args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """Times of the flux backends on one level at one beta with one attention backend
+    (collective); {backend: {column: s}}."""
     import dolfinx_solver  # noqa: F401
     from mpi4py import MPI
 
@@ -97,10 +103,10 @@ def run_level(level: int, beta: float, args: argparse.Namespace) -> dict[str, di
     weights = make_weights("frozen", [Head.identity(3)])
     out: dict[str, dict[str, float]] = {}
     u = None
-    for backend in BACKENDS:
+    for backend in args.flux:
         solver = TransportSolver(
             cv,
-            Attention(beta, 1, backend=args.attention),
+            Attention(beta, 1, backend=attention),
             weights,
             rho0,
             flux_backend=backend,
@@ -124,7 +130,15 @@ def main() -> None:
     parser.add_argument(
         "--beta", type=float, nargs="+", default=[4.0], help="several: the ratio to the first"
     )
-    parser.add_argument("--attention", default="auto", help="attention backend of the steps")
+    parser.add_argument(
+        "--attention",
+        nargs="+",
+        default=["auto"],
+        help="attention backends of the steps (several: one row each, ratio to the first row)",
+    )
+    parser.add_argument(
+        "--flux", nargs="+", default=list(BACKENDS), choices=BACKENDS, help="FV flux backends"
+    )
     parser.add_argument("--diffusion", type=float, default=0.0, help="the noise nu")
     args = parser.parse_args()
 
@@ -138,32 +152,35 @@ def main() -> None:
     if comm.rank == 0:
         print(
             f"finite volumes, demo problem, MUSCL + SSP-RK3, beta = {args.beta}, "
+            f"attention {args.attention}, "
             f"nu = {args.diffusion}, ranks {comm.size}, numba threads/rank {threads}, "
             f"load average {os.getloadavg()[0]:.2f}"
         )
         head = (
-            f"{'level':>5} {'beta':>5} {'cells':>8} | {'rate np':>8} {'rate nb':>8} {'x':>5} | "
+            f"{'level':>5} {'beta':>5} {'attention':>9} {'cells':>8} | {'rate np':>8} {'rate nb':>8} {'x':>5} | "
             f"{'cfl np':>7} {'cfl nb':>7} {'x':>5} | {'FVstep np':>9} {'FVstep nb':>9} "
-            f"{'x':>5} | {'step np':>8} {'step nb':>8} {'x':>5} | {'nb/beta0':>8}"
+            f"{'x':>5} | {'step np':>8} {'step nb':>8} {'x':>5} | {'nb/first':>8}"
         )
         print(head)
     for level in args.levels:
-        first = None  # the whole numba step at the first beta, in this run
+        first = None  # the whole step of the first beta and attention backend, in this run
         for beta in args.beta:
-            r = run_level(level, beta, args)
-            first = first or r["numba"]["step"]
-            if comm.rank == 0:
-                np_, nb = r["numpy"], r["numba"]
-                cols = [
-                    f"{np_[k]:{w}.4f} {nb[k]:{w}.4f} {np_[k] / nb[k]:5.2f}"
-                    for k, w in (("rate", 8), ("cfl", 7), ("fv_step", 9), ("step", 8))
-                ]
-                print(
-                    f"{level:>5} {beta:>5g} {int(r['cells']['n']):>8} | "
-                    + " | ".join(cols)
-                    + f" | {nb['step'] / first:8.2f}",
-                    flush=True,
-                )
+            for attention in args.attention:
+                r = run_level(level, beta, attention, args)
+                last = r[args.flux[-1]]
+                first = first or last["step"]
+                if comm.rank == 0:
+                    cols = []
+                    for k, w in (("rate", 8), ("cfl", 7), ("fv_step", 9), ("step", 8)):
+                        t_np = r["numpy"][k] if "numpy" in r else math.nan
+                        t_nb = r["numba"][k] if "numba" in r else math.nan
+                        cols.append(f"{t_np:{w}.4f} {t_nb:{w}.4f} {t_np / t_nb:5.2f}")
+                    print(
+                        f"{level:>5} {beta:>5g} {attention:>9} {int(r['cells']['n']):>8} | "
+                        + " | ".join(cols)
+                        + f" | {last['step'] / first:8.2f}",
+                        flush=True,
+                    )
     if comm.rank == 0:
         print(f"load average after: {os.getloadavg()[0]:.2f}")
 

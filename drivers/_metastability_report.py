@@ -89,20 +89,25 @@ def plot_growth(path: Path, fits: list[dict[str, Any]]) -> None:
 
 
 def plot_noise(path: Path, rows: list[dict[str, Any]]) -> None:
-    """The noise transition: late-time first-mode amplitude against nu / nu_c."""
-    plt, fig, axes = _figure(1)
-    ax = axes[0]
+    """The noise transition: the largest fitted growth rate of the modes against nu / nu_c,
+    with the dispersion relation's (it changes sign at nu_c), and the late relative size."""
+    plt, fig, axes = _figure(2)
     x = [r["nu_over_nu_c"] for r in rows]
-    y = [max(r["late_amplitude"], 1e-16) for r in rows]
-    ax.semilogy(x, y, "o-")
+    ax = axes[0]
+    ax.plot(x, [r["fitted_max_rate"] for r in rows], "o", label="fitted (fv)")
+    ax.plot(x, [r["theory_max_rate"] for r in rows], "-", label="linear theory")
+    ax.axhline(0.0, color="k", lw=0.8)
+    ax.axvline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xlabel("nu / nu_c (linear theory)")
+    ax.set_ylabel("largest growth rate of the modes l >= 1")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    ax.semilogy(x, [max(r["late_amplitude"], 1e-16) for r in rows], "o-")
     ax.axvline(1.0, color="k", lw=0.8, ls="--")
     ax.set_xlabel("nu / nu_c (linear theory)")
     ax.set_ylabel("relative size of the perturbation at t_end")
-    ax.set_title(
-        f"noise transition, {rows[0]['manifold']}, beta = {rows[0]['beta']:g}"
-        if rows
-        else "noise transition"
-    )
+    if rows:
+        fig.suptitle(f"noise transition, {rows[0]['manifold']}, beta = {rows[0]['beta']:g}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

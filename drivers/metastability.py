@@ -14,7 +14,8 @@ equation until it is of size one, its maxima counted by the same cluster statist
 (c) plateaus of the cluster count and the first merge time against beta, with a fitted law
 log T = a + c beta and a bootstrap interval (particles, whose time step grows through the
 plateaus); (d) meshes (finite volumes) and particles side by side; (e) the noise transition
-around nu_c (finite volumes with diffusion).
+around nu_c (finite volumes with diffusion on S^1): the largest growth rate of the modes,
+fitted over the linear window, against the dispersion relation's, which changes sign at nu_c.
 
 Sources: Geshkovski, Letrouit, Polyanskiy, Rigollet, A mathematical perspective on
 Transformers (2023); Geshkovski, Koubbi, Polyanskiy, Rigollet, Dynamic metastability in the
@@ -37,9 +38,13 @@ clusters.png (cluster count over log time), noise.png, and one folder per run.
 
 Things to try:
 
-- Finer meshes for the growth rates at large beta (``--s2-level 5``): the fastest mode
+- Finer meshes for the growth rates at large beta (``--s2-level 6``): the fastest mode
   l* ~ sqrt(2 beta) must be resolved (at level 4, l = 11 has about 10 cells a wavelength).
-- More seeds (``--seeds 8``) for tighter bootstrap intervals of the merge-time law.
+  The icosphere itself seeds the instability (:func:`mesh_seed`: the uniform density's cell
+  masses at the cell centres have a relative size of 2.1e-3 at level 4, 5.1e-4 at level 5 in
+  the degrees that grow): the perturbation is made at least 10 times that (warning if capped).
+- More seeds (``--seeds 8``) for tighter bootstrap intervals of the merge-time law, on the
+  circle only (``--manifolds S1``).
 - Longer particle runs (``--t-particles 1e5``): later plateaus, the energy staircase.
 - The noise transition at another beta (``--noise-beta 32``).
 """
@@ -64,7 +69,7 @@ from drivers._metastability_report import (
     plot_noise,
     write_table,
 )
-from drivers.engine import Recorder, advance, build_problem, load_config
+from drivers.engine import Recorder, advance, build_mesh, build_problem, load_config
 from solvers.attention.spectral import circle_moments, sphere_moments
 from solvers.diagnostics import (
     ClusterAnalysis,
@@ -129,9 +134,7 @@ def run_case(
         return [{"t": s.t, "l": float(l), "C": float(c)} for l, c in enumerate(C)]
 
     recorder.add_snapshot("power", ["t", "l", "C"], spectrum)
-    points, masses = problem.scheme.measure()
-    moments = (sphere_moments if manifold == "S2" else circle_moments)(points, masses[None], L)
-    coeffs = comm.allreduce(moments[0])
+    coeffs = initial_perturbation(problem, manifold, scheme, L)
     recorder.start(problem.scheme)
     outcome = advance(problem.scheme, recorder, t_end, log=lambda m: None)
     recorder.finish(problem.scheme, outcome, 0.0)
@@ -155,6 +158,75 @@ def run_case(
     }
 
 
+#: on a mesh, the random perturbation is made at least this many times the mesh's own seed
+SEED_FACTOR = 10.0
+#: ... but at most this (beyond it the start is no longer in the linear regime)
+MAX_EPS = 0.05
+
+
+def mesh_seed(manifold: str, level: int, L: int) -> float:
+    """Relative L^2 size, in the degrees 1..L, of the uniform density on the mesh as the
+    solvers see it (cell masses at the cell centres): the discrete uniform state is not at rest
+    (the quadrature's error makes a velocity of that pattern) and seeds the instability by
+    itself. Measured on S^2 at beta = 64: 9.3e-3 at level 3, 2.1e-3 at level 4; at level 4 the
+    runs from eps = 0 and eps = 1e-4 were the same (32 clusters, the icosahedron's 12 + 20,
+    by t = 8.5). On the uniform circle it is at rounding level."""
+    cfg = load_config(None, [f'mesh.manifold="{manifold}"', f"mesh.refinement={level}"])
+    cv = build_mesh(cfg, comm)
+    cells = cv.measures[: cv.n_owned]
+    masses = cells / comm.allreduce(float(cells.sum()))
+    C = angular_power(cv.centres[: cv.n_owned], masses, L, manifold, comm)
+    degrees = np.arange(L + 1)
+    g = 2.0 * degrees + 1.0 if manifold == "S2" else np.where(degrees > 0, 2.0, 1.0)
+    return float(np.sqrt(np.sum(g[1:] * C[1:]) / C[0]))
+
+
+def initial_perturbation(problem: Any, manifold: str, scheme: str, L: int) -> np.ndarray:
+    """The coefficients (degree <= L) of the initial measure for the linear prediction. On a
+    mesh, those of the perturbation rho - mean(rho) plus the uniform mode: the cell centres
+    and volumes of the uniform density alone have coefficients at l >= 1 (the icosphere's
+    aliasing, 1e-2 of the mean at level 3), which are no perturbation of rho and do not grow in
+    the fv run, but grew in a prediction made from the raw moments (S^2: 1 cluster predicted
+    at t = 6.6 on level 3, t = 532 on level 4, where the fv runs had 20-30 clusters by t = 10)."""
+    points, masses = problem.scheme.measure()
+    weights = np.array(masses, dtype=np.float64)
+    total = comm.allreduce(float(weights.sum()))
+    if scheme == "fv":
+        cells = problem.cv.measures[: problem.cv.n_owned]
+        weights -= total * cells / comm.allreduce(float(cells.sum()))
+    moments = (sphere_moments if manifold == "S2" else circle_moments)(points, weights[None], L)
+    coeffs = comm.allreduce(moments[0])
+    if scheme == "fv":  # the uniform mode: Y_00 = 1 / sqrt(4 pi) on S^2, e^{0} on S^1
+        coeffs[0] = total / np.sqrt(4.0 * np.pi) if manifold == "S2" else total
+    return coeffs
+
+
+def noise_row(run: dict[str, Any], beta: float, factor: float, nu_c: float) -> dict[str, Any]:
+    """The noise observable of one run: the largest fitted growth rate over the modes l >= 1
+    (fitted over the linear window) against the dispersion relation's, whose sign changes at
+    nu_c; and the late relative size of the perturbation and the final cluster count."""
+    nu = factor * nu_c
+    ls, rates, used = fit_growth_rates(run["t"], run["power"], "S1")
+    theory = dispersion_relation(ls, beta, "S1", nu=nu)
+    fitted_ok = np.isfinite(rates)
+    k = int(np.nanargmax(rates)) if fitted_ok.any() else 0
+    C = run["power"][-1]
+    return {
+        "manifold": "S1",
+        "beta": beta,
+        "nu": nu,
+        "nu_over_nu_c": factor,
+        "nu_c": nu_c,
+        "fitted_max_rate": float(rates[k]) if fitted_ok.any() else float("nan"),
+        "fitted_max_l": int(ls[k]),
+        "theory_max_rate": float(theory.max()),
+        "theory_max_l": int(ls[int(np.argmax(theory))]),
+        "outputs_fitted": used,
+        "late_amplitude": float(np.sqrt(2 * C[1:].sum() / C[0])),
+        "clusters": run["n_clusters"][-1],
+    }
+
+
 def count_clusters(manifold: str, h: float) -> Any:
     """The cluster statistics of the runs, applied to a sampled density (the prediction)."""
     analysis = ClusterAnalysis.for_mesh(2 if manifold == "S1" else 3, h)
@@ -174,29 +246,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--t-mesh", type=float, default=None, help="t_end of the fv runs")
     parser.add_argument("--t-particles", type=float, default=None, help="t_end of particles")
     parser.add_argument("--noise-beta", type=float, default=16.0)
+    parser.add_argument(
+        "--manifolds", nargs="+", choices=("S1", "S2"), default=["S1", "S2"], help="(a)-(d) on"
+    )
     args = experiment.start(parser, argv)
     log, out, tiny = experiment.log, args.out, args.tiny
     betas = args.betas or ([16.0] if tiny else [4.0, 8.0, 16.0, 32.0, 64.0])
     seeds = args.seeds or (1 if tiny else 2)
     levels = {
         "S1": args.s1_refinement or (3 if tiny else 6),
-        "S2": args.s2_level or (2 if tiny else 4),
+        "S2": args.s2_level or (2 if tiny else 5),
     }
     t_mesh = args.t_mesh or (4.0 if tiny else 40.0)
     t_part = args.t_particles or (10.0 if tiny else 2000.0)
-    eps = 1e-4  # relative size of the initial perturbation
+    eps = 1e-4  # relative size of the initial perturbation (at least 10x the mesh's seed)
     wall0 = time.perf_counter()
 
     # %% Main loop
     # ------------
     # (a, b, d) fv and particles from the same seeded data; (c) plateaus from the particles.
     series, growth, counts = [], [], []
-    for manifold in ("S1", "S2"):
+    for manifold in args.manifolds:
         for beta in betas:
+            seed_size = mesh_seed(manifold, levels[manifold], fastest_mode(beta, manifold)[0] + 8)
+            eps_run = min(max(eps, SEED_FACTOR * seed_size), MAX_EPS)
+            if eps_run < SEED_FACTOR * seed_size:  # capped at MAX_EPS
+                log(
+                    f"warning: {manifold} mesh (refinement {levels[manifold]}) seeds the "
+                    f"instability itself at {seed_size:.2g}, within a factor "
+                    f"{eps_run / seed_size:.2g} of the perturbation {eps_run:.2g}: refine it"
+                )
             for seed in range(seeds):
                 tag = f"{manifold}_beta{beta:g}_seed{seed}"
                 fv = run_case(
-                    out / f"fv_{tag}", manifold, levels[manifold], beta, seed, "fv", t_mesh, eps
+                    out / f"fv_{tag}", manifold, levels[manifold], beta, seed, "fv", t_mesh, eps_run
                 )
                 pa = run_case(
                     out / f"particles_{tag}",
@@ -206,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                     seed,
                     "particles",
                     t_part,
-                    eps,
+                    eps_run,
                 )
                 series += [fv, pa]
                 ls, rates, used = fit_growth_rates(fv["t"], fv["power"], manifold)
@@ -219,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                         "beta": beta,
                         "seed": seed,
                         "level": levels[manifold],
+                        "eps": eps_run,
+                        "mesh_seed": seed_size,
                         "l": ls.tolist(),
                         "fitted": rates.tolist(),
                         "theory": theory.tolist(),
@@ -246,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                         "beta": beta,
                         "seed": seed,
                         "l_star": l_star,
+                        "eps": eps_run,
+                        "mesh_seed": seed_size,
                         "t_linear_end": t_lin,
                         "predicted": predicted,
                         "fv_measured": measured,
@@ -275,18 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             1e-2,
             nu=factor * nu_c,
         )
-        C = run["power"][-1]
-        noise.append(
-            {
-                "manifold": "S1",
-                "beta": args.noise_beta,
-                "nu": factor * nu_c,
-                "nu_over_nu_c": factor,
-                "nu_c": nu_c,
-                "late_amplitude": float(np.sqrt(2 * C[1:].sum() / C[0])),
-                "clusters": run["n_clusters"][-1],
-            }
-        )
+        noise.append(noise_row(run, args.noise_beta, factor, nu_c))
 
     # %% Summary
     # ----------
@@ -301,6 +377,12 @@ def main(argv: list[str] | None = None) -> int:
         log(
             f"{g['manifold']} beta {g['beta']:g}: growth rates near l* within "
             f"{g['max_rel_error_near_fastest']:.2%} of linear theory"
+        )
+    for r in noise:
+        log(
+            f"noise nu / nu_c = {r['nu_over_nu_c']:g}: largest growth rate fitted "
+            f"{r['fitted_max_rate']:.4g} (l = {r['fitted_max_l']}), theory "
+            f"{r['theory_max_rate']:.4g} (l = {r['theory_max_l']})"
         )
     status = 0 if all(s["status"] == "ok" for s in series) else 3
 

@@ -278,7 +278,23 @@ def test_driver_runs(name: str, nprocs: int, tmp_path_factory: pytest.TempPathFa
             assert float(row["min_density"]) >= 0.0, f"{metrics}: negative density"
             assert np.isfinite(float(row["G2"])) and float(row["G2"]) >= 0.0
         assert float(rows[0]["t"]) == 0.0 and float(rows[-1]["t"]) > 0.0
+    if name == "metastability.py":
+        _check_noise_transition(out / "noise.csv")
     _RUNS[(name, nprocs)] = out
+
+
+def _check_noise_transition(path: Path) -> None:
+    """metastability --tiny: the largest growth rate of the modes, fitted to the fv run with
+    noise nu, has the sign and (within 2 %) the value of the dispersion relation's, below and
+    above nu_c."""
+    with open(path, newline="") as fh:
+        rows = {float(r["nu_over_nu_c"]): r for r in csv.DictReader(fh)}
+    assert set(rows) == {0.5, 2.0}, rows
+    for factor, row in rows.items():
+        fitted, theory = float(row["fitted_max_rate"]), float(row["theory_max_rate"])
+        assert (theory > 0) == (factor < 1.0), row
+        assert abs(fitted / theory - 1.0) < 0.02, row
+        assert row["fitted_max_l"] == row["theory_max_l"], row
 
 
 @pytest.mark.serial
