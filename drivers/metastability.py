@@ -125,7 +125,7 @@ def run_case(
     if nu > 0:
         sets += [f"attention.diffusion={nu}"]
     problem = build_problem(load_config(None, sets), comm)
-    recorder = Recorder(problem, out, log or (lambda m: None))
+    recorder = Recorder.from_problem(problem, out, log)
     power: list[np.ndarray] = []
 
     def spectrum(s: Any) -> list[dict[str, float]]:

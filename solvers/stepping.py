@@ -14,7 +14,10 @@ Implemented by :class:`solvers.transport.TransportSolver` (finite volumes),
 :class:`solvers.transport.MeshParticles` (particles on a mesh) and
 :class:`solvers.weights.FokkerPlanckSolver` (the weight law). The first three are
 :class:`TokenScheme` s: they also give the token measure as quadrature points and masses
-(for the energy budget) and its :class:`~solvers.attention.MeasureDiagnostics`.
+(for the energy budget) and its :class:`~solvers.attention.MeasureDiagnostics`. A token scheme
+whose mesh changes while it runs (:class:`solvers.transport.AdaptiveScheme`) is an
+:class:`AdaptiveScheme`: the loop's recorder asks it for the current mesh, follows its
+``mesh_version`` and saves the mesh with the state (``isinstance(scheme, AdaptiveScheme)``).
 
 Like Dedalus' timesteppers (``step(dt)`` on every scheme, a registry of names) and PyClaw's
 ``evolve_to_time`` (the step is adjusted to land on the output time).
@@ -31,9 +34,17 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
+    from meshes.control_volumes import ControlVolumes
     from solvers.attention import MeasureDiagnostics
 
-__all__ = ["SchemeState", "StepResult", "Stepper", "TokenScheme", "step_towards"]
+__all__ = [
+    "AdaptiveScheme",
+    "SchemeState",
+    "StepResult",
+    "Stepper",
+    "TokenScheme",
+    "step_towards",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -134,6 +145,36 @@ class TokenScheme(Stepper, Protocol):
 
     def diagnostics(self) -> MeasureDiagnostics:
         """Energy, G^2, token dissipation and mass of mu_t (collective)."""
+        ...
+
+
+@runtime_checkable
+class AdaptiveScheme(TokenScheme, Protocol):
+    """A :class:`TokenScheme` whose mesh changes while it runs (module docstring); the
+    recorder of a run follows it (:class:`solvers.transport.AdaptiveScheme` is one).
+
+    Attributes:
+        cv: the control volumes of the current mesh (the state lives on its owned cells).
+        mesh_version: changes at every change of the mesh.
+        history: one entry per mesh (t, step, cells, what changed, mass and energy before
+            and after), JSON-serialisable.
+    """
+
+    cv: ControlVolumes
+    mesh_version: int
+    history: list[dict[str, Any]]
+
+    def energy_jumps(self) -> list[float]:
+        """E after - E before of every change of the mesh so far."""
+        ...
+
+    def mesh_state(self) -> dict[str, npt.NDArray[Any]]:
+        """The mesh as arrays for a checkpoint, identical on every rank."""
+        ...
+
+    def restore_mesh(self, saved: dict[str, Any]) -> None:
+        """Rebuild the mesh from :meth:`mesh_state` (collective), before
+        :meth:`Stepper.restore`. Raises ValueError when it does not fit the scheme."""
         ...
 
 

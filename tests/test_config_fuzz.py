@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 
-import drivers.engine._recorder
+import drivers.engine._finish
 from drivers.engine import main
 from meshes.sphere import icosphere_arrays
 from tests.fuzz_configs import MESHDIR, Case, case, cases
@@ -107,7 +107,7 @@ def _write_text(path: Path, text: str | bytes) -> Path:
 @pytest.fixture
 def no_pictures(monkeypatch):
     """Skip density.png/metrics.png (a second per run; covered by test_cli.py)."""
-    monkeypatch.setattr(drivers.engine._recorder, "run_pictures", lambda *a, **k: None)
+    monkeypatch.setattr(drivers.engine._finish, "run_pictures", lambda *a, **k: None)
 
 
 class _Hang(Exception):

@@ -102,7 +102,7 @@ def test_library_api_columns_and_snapshots(shared_tmp):
     cfg = load_config(None, ['mesh.manifold="S1"', "mesh.refinement=3", "time.t_end=0.5"])
     problem = build_problem(cfg, COMM)
     out = shared_tmp / "api"
-    recorder = Recorder(problem, out, lambda message: None)
+    recorder = Recorder.from_problem(problem, out, lambda message: None)
     recorder.add_column("mass_again", lambda s: COMM.allreduce(float(s.measure()[1].sum())))
     recorder.add_snapshot("tail", ["t", "steps"], lambda s: [{"t": s.t, "steps": s.steps}])
     with pytest.raises(ValueError):

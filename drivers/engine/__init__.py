@@ -2,18 +2,23 @@
 
 Public face of the engine. :func:`main` is the command line (``run``, ``gaussian``, ``view``,
 ``paraview``, ``keys``);
-:func:`run` runs a validated config (:func:`load_config`) and writes the results folder;
-:func:`advance` is the time loop (a scheme and a recorder to a time: what every experiment
-calls); :class:`Recorder` owns every output of a run (density series, metrics, energy budget,
-checkpoints, final files, pictures); :func:`build_problem` turns a config into mesh, model and
-scheme (through the scheme registry of :mod:`solvers.transport`).
+:func:`run` runs a config (:func:`load_config`) and writes the results folder, returning a
+:class:`RunResult` (the outcome, the folder, the final state as :class:`FinalState` and the
+metrics table, on every rank); :func:`advance` is the time loop (a scheme and a recorder to a
+time: what every experiment calls); :class:`Recorder` owns every output of a run (density
+series, metrics, energy budget, checkpoints, final files, pictures), built from a mesh, the
+model, a :class:`Cadence` and :class:`OutputOptions` (or :meth:`Recorder.from_problem`);
+:func:`build_problem` turns a config into mesh, model and scheme (through the scheme registry
+of :mod:`solvers.transport`, whose :class:`solvers.transport.SchemeSpec` s say what each
+scheme accepts).
 
 Names are imported on first use: the command line must parse its arguments and hand the
 PETSc options to ``petsc4py.init`` before anything imports DOLFINx or PETSc.
 
 Modules: ``_cli``, ``_schema`` (every config key: type, default, allowed values, meaning),
-``_config`` (TOML reading, ``--set``, validation), ``_problem``, ``_run``,
-``_recorder``, ``_writers`` (XDMF, CSV, npz, json), ``_plots`` and ``_pictures`` (the
+``_config`` (TOML reading, ``--set``, validation), ``_problem``, ``_run``, ``_result`` (what
+``run`` returns), ``_recorder``, ``_cadence`` (when outputs are due), ``_finish`` (the end of
+a run), ``_writers`` (XDMF, CSV, npz, json), ``_plots`` and ``_pictures`` (the
 pictures of a run and of ``view``), ``_checkpoint``, ``_view``,
 ``_paraview`` (the ``paraview`` command; its pvbatch script is ``paraview_density.py``),
 ``_gaussian_command``, ``_resources`` (the memory check), ``_provenance`` (version, commit, command line, host, threads, PETSc
@@ -52,8 +57,12 @@ _HOME = {
     "METRIC_COLUMNS": "_recorder",
     "Recorder": "_recorder",
     "RunResult": "_run",
+    "FinalState": "_result",
     "advance": "_advance",
     "Cadence": "_cadence",
+    "OutputOptions": "_cadence",
+    "output_cadence": "_cadence",
+    "output_options": "_cadence",
     "run": "_run",
     "DensityWriter": "_writers",
     "GatheredCells": "_writers",

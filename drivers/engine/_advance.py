@@ -29,7 +29,7 @@ import numpy as np
 
 from drivers.engine._recorder import Outcome
 from solvers.errors import SolverError
-from solvers.stepping import TokenScheme
+from solvers.stepping import AdaptiveScheme, TokenScheme
 
 __all__ = ["SIGNALS", "Interrupts", "Log", "advance"]
 
@@ -118,7 +118,7 @@ class Progress:
         self.mark = (now, scheme.t)
         rate = (scheme.t - t0) / (now - wall0)
         left = (self.t_end - scheme.t) / rate if rate > 0 else float("inf")
-        cells = f", {scheme.cv.n_global} cells" if hasattr(scheme, "mesh_version") else ""
+        cells = f", {scheme.cv.n_global} cells" if isinstance(scheme, AdaptiveScheme) else ""
         return (
             f"t = {scheme.t:.4g} / {self.t_end:g} ({100 * scheme.t / self.t_end:.0f}%), step "
             f"{scheme.steps}, dt = {dt:.3g}{cells}, elapsed {duration(now - self.start)}, "

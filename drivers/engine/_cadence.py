@@ -12,6 +12,9 @@ always with t = 0 (the initial state) and ``t_end``. The loop stops exactly on e
 time (:meth:`Cadence.next_time` is the ``t_stop`` of the next step), so time outputs do not
 depend on the step sizes. Rounding: a time within 1e-12 relative of an output time counts as
 that time.
+
+What a recorder writes besides (checkpoints, the energy budget, cluster statistics, pictures)
+and how often is an :class:`OutputOptions` (the rest of ``[output]``: :func:`output_options`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Cadence", "output_cadence"]
+__all__ = ["Cadence", "OutputOptions", "output_cadence", "output_options"]
 
 #: relative tolerance within which a time is an output time
 _REL = 1e-12
@@ -122,4 +125,44 @@ def output_cadence(cfg: dict[str, Any]) -> Cadence:
         dt=o["dt"],
         log_start=o["log_start"],
         per_decade=o["per_decade"] if o["log_start"] > 0 else 0,
+    )
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What a :class:`~drivers.engine.Recorder` writes besides the outputs of its cadence,
+    and how often (``[output]`` of a config: :func:`output_options`).
+
+    Attributes:
+        checkpoint_every: a checkpoint every k-th step (0: none by steps).
+        checkpoint_minutes: a checkpoint every this many minutes of wall time (0: none).
+        edi: keep the energy-dissipation budget (its columns in metrics.csv, edi.png).
+        edi_every: add the state to the budget every k-th step (0: at the outputs and
+            checkpoint steps only, which it always is).
+        clusters: cluster statistics at every output (S1/S2 only; none on boxes).
+        pictures: draw density.png, metrics.png and edi.png at the end (rank 0).
+    """
+
+    checkpoint_every: int = 0
+    checkpoint_minutes: float = 10.0
+    edi: bool = True
+    edi_every: int = 0
+    clusters: bool = True
+    pictures: bool = True
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 0 or self.checkpoint_minutes < 0 or self.edi_every < 0:
+            raise ValueError("checkpoint_every, checkpoint_minutes and edi_every must be >= 0")
+
+
+def output_options(cfg: dict[str, Any]) -> OutputOptions:
+    """The :class:`OutputOptions` of a config's ``[output]`` table."""
+    o = cfg["output"]
+    return OutputOptions(
+        checkpoint_every=o["checkpoint_every"],
+        checkpoint_minutes=o["checkpoint_minutes"],
+        edi=o["edi"],
+        edi_every=o["edi_every"],
+        clusters=o["clusters"],
+        pictures=o.get("pictures", True),
     )

@@ -39,6 +39,7 @@ __all__ = [
     "checkpoint_dir",
     "gather_budget_measure",
     "load_latest_checkpoint",
+    "resume_budget",
     "save_checkpoint",
     "stored_config",
 ]
@@ -165,6 +166,36 @@ def budget_measure(saved: dict[str, Any], comm: Any) -> tuple[np.ndarray, np.nda
         return saved["edi_points"][block], saved["edi_masses"][block]
     index = np.array_split(np.arange(int(counts.sum())), comm.size)[comm.rank]
     return saved["edi_points"][index], saved["edi_masses"][index]
+
+
+def resume_budget(
+    budget: Any, saved: dict[str, Any], scheme: Any, weights: Any, attention: Any, comm: Any
+) -> None:
+    """The energy budget at a checkpoint: from the measure of its latest record when saved
+    (a checkpoint between records), else from the restored state of ``scheme``
+    (collective).
+
+    Raises:
+        ConfigError: the checkpoint has no budget, or one that does not go with it.
+    """
+    from drivers.engine._config import ConfigError
+
+    if "edi_t" not in saved:
+        raise ConfigError(
+            "output.edi",
+            "the checkpoint has no energy budget (written with output.edi = false)",
+        )
+    measure = budget_measure(saved, comm)
+    if measure is not None:
+        points, masses = measure
+    elif float(saved["edi_t"]) != float(saved["t"]):
+        raise ConfigError("--restart", "the checkpoint's energy budget is not at its time")
+    else:
+        points, masses = scheme.measure()
+    try:
+        budget.resume(saved, points, masses, weights, attention, comm)
+    except ValueError as exc:
+        raise ConfigError("--restart", str(exc)) from None
 
 
 def load_run_checkpoint(

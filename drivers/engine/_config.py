@@ -5,7 +5,9 @@ The keys, their types, defaults, allowed values and meanings are the table
 docs/config.md); the keys of docs/interface.md exist with exactly those meanings. This module
 reads the files and checks the values: types, ranges, and the rules that tie keys together
 (a JKO run needs ``time.dt``, ``feedforward`` is for boxes and the fv scheme, evolving
-weights need symmetric heads, ...).
+weights need symmetric heads, ...). What each scheme accepts (its integrators, whether it
+needs ``time.dt``, its CFL limit, the feed-forward layer, adaptive steps and meshes, a law of
+weights) is its :class:`solvers.transport.SchemeSpec` in the scheme registry.
 
 Invalid input raises :class:`ConfigError` naming the key; the CLI turns it into exit code 2.
 """
@@ -20,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from drivers.engine._schema import MAX_ADAPT_LEVEL, choices, defaults
+from drivers.engine._schema import MAX_ADAPT_LEVEL, choices, defaults, scheme_words, schemes_with
+from solvers.transport import SchemeSpec, scheme_spec
 
 __all__ = [
     "ConfigError",
@@ -58,9 +61,6 @@ MAX_STEPS = 1e9
 MAX_SIGMA = 1e6
 #: the most Ornstein-Uhlenbeck grid steps (the path is kept: H d^2 8 bytes a step)
 MAX_WEIGHT_STEPS = 1e7
-
-_CHOICES = choices()
-_RK_CHOICES = {"fv": ("ssp3", "ssp2", "euler"), "particles": ("rk4", "euler"), "jko": ("",)}
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
@@ -182,7 +182,7 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
                     f"{section}.{key}", f"unknown key (known in [{section}]: {known})"
                 )
             cfg[section][key] = value
-    for (section, key), allowed in _CHOICES.items():
+    for (section, key), allowed in choices().items():
         value = cfg[section][key]
         if value not in allowed:
             raise ConfigError(f"{section}.{key}", f"must be one of {list(allowed)}, got {value!r}")
@@ -313,21 +313,17 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     if t["dt"] < 0:
         raise ConfigError("time.dt", f"must be > 0, got {t['dt']}")
     scheme = t["scheme"]
-    if scheme == "jko" and not t["dt"] > 0:
-        raise ConfigError("time.dt", "the JKO scheme needs a step: set time.dt > 0")
-    if not t["rk"]:
-        t["rk"] = {"fv": "ssp3", "particles": "rk4"}.get(scheme, "")
-    if t["rk"] not in _RK_CHOICES[scheme]:
+    spec = scheme_spec(scheme)
+    if spec.needs_dt and not t["dt"] > 0:
+        raise ConfigError("time.dt", f"the {spec.title} scheme needs a step: set time.dt > 0")
+    rks = spec.integrators or ("",)
+    t["rk"] = t["rk"] or rks[0]
+    if t["rk"] not in rks:
         raise ConfigError(
             "time.rk",
-            f"must be one of {list(_RK_CHOICES[scheme])} for scheme {scheme!r}, got {t['rk']!r}",
+            f"must be one of {list(rks)} for scheme {scheme!r}, got {t['rk']!r}",
         )
-    limit = {"muscl": 0.5, "upwind": 1.0}[cfg["transport"]["reconstruction"]]
-    if scheme == "fv" and not (0 < t["cfl"] <= limit):
-        raise ConfigError(
-            "time.cfl",
-            f"must be in (0, {limit}] for {cfg['transport']['reconstruction']} (positivity), got {t['cfl']}",
-        )
+    _cfl(cfg, spec)
     if t["dt"] > 0 and t["t_end"] / t["dt"] > MAX_STEPS:
         raise ConfigError(
             "time.dt",
@@ -340,14 +336,13 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
             f"{w['dt']:g} needs {t['t_end'] / w['dt']:.3g} Euler-Maruyama steps to reach t_end = "
             f"{t['t_end']:g}, all kept in memory (at most {MAX_WEIGHT_STEPS:.0e})",
         )
-    if scheme == "particles" and t["dt"] == 0 and not (0 < t["cfl"] <= 1):
-        raise ConfigError("time.cfl", f"must be in (0, 1] (or set time.dt), got {t['cfl']}")
     ff = cfg["feedforward"]
-    if scheme != "fv" and (np.any(ff["A"]) or any(ff["b"])):  # else silently ignored
+    if not spec.background and (np.any(ff["A"]) or any(ff["b"])):  # else silently ignored
         raise ConfigError(
             "feedforward",
-            f"the feed-forward layer ({ff['activation']}) is applied by the fv scheme only, "
-            f'not by {scheme!r}: remove the [feedforward] table or set time.scheme = "fv"',
+            f"the feed-forward layer ({ff['activation']}) is applied by the "
+            f"{scheme_words('background')} only, not by {scheme!r}: remove the [feedforward] "
+            f"table or set time.scheme = {_names('background')}",
         )
 
     o = cfg["output"]
@@ -380,6 +375,26 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def _names(flag: str) -> str:
+    """The schemes whose spec has ``flag``, as values: '"fv"', '"fv" or "jko"'."""
+    return " or ".join(f'"{n}"' for n in schemes_with(flag))
+
+
+def _cfl(cfg: dict[str, Any], spec: SchemeSpec) -> None:
+    """The Courant number of a scheme with a CFL step: within its limit (with this
+    reconstruction) whenever the CFL step is taken."""
+    t, reconstruction = cfg["time"], cfg["transport"]["reconstruction"]
+    limit = spec.cfl_limit(reconstruction)
+    if limit is None or not (spec.cfl_with_dt or t["dt"] == 0) or 0 < t["cfl"] <= limit:
+        return
+    if spec.cfl_with_dt:
+        raise ConfigError(
+            "time.cfl",
+            f"must be in (0, {limit}] for {reconstruction} (positivity), got {t['cfl']}",
+        )
+    raise ConfigError("time.cfl", f"must be in (0, {limit:g}] (or set time.dt), got {t['cfl']}")
+
+
 def _adaptive_step(cfg: dict[str, Any]) -> None:
     """Check the adaptive jko step (in place)."""
     t = cfg["time"]
@@ -388,9 +403,11 @@ def _adaptive_step(cfg: dict[str, Any]) -> None:
     t["dt_max"] = as_float(t["dt_max"], "time.dt_max")
     if not (math.isfinite(t["dt_max"]) and t["dt_max"] >= 0):
         raise ConfigError("time.dt_max", f"must be finite and >= 0, got {t['dt_max']}")
-    if t["adaptive"] and t["scheme"] != "jko":
+    if t["adaptive"] and not scheme_spec(t["scheme"]).adaptive_step:
         raise ConfigError(
-            "time.adaptive", f"only the jko scheme adapts its step (time.scheme = {t['scheme']!r})"
+            "time.adaptive",
+            f"only the {scheme_words('adaptive_step')} adapts its step "
+            f"(time.scheme = {t['scheme']!r})",
         )
     if t["adaptive"] and 0 < t["dt_max"] < t["dt"]:
         raise ConfigError("time.dt_max", f"must be >= time.dt = {t['dt']}, got {t['dt_max']}")
@@ -461,11 +478,11 @@ def _adapt(cfg: dict[str, Any]) -> None:
             f"must be in (mesh.refinement, {top}] = ({m['refinement']}, {top}] for "
             f"{m['manifold']} (0: no adaptation), got {ad['max_level']}",
         )
-    if scheme not in ("fv", "jko"):
+    if not scheme_spec(scheme).adaptive_mesh:
         raise ConfigError(
             "adapt.max_level",
-            f"the {scheme!r} scheme does not run on adaptive meshes (its particles carry their "
-            'own resolution): use time.scheme = "fv" or "jko", or set adapt.max_level = 0',
+            f"the {scheme!r} scheme does not run on adaptive meshes: use time.scheme = "
+            f"{_names('adaptive_mesh')}, or set adapt.max_level = 0",
         )
 
 
@@ -474,8 +491,14 @@ def _weight_measure(w: dict[str, Any], cfg: dict[str, Any], d: int) -> None:
     p = w["p"] = as_int(w["p"], "weights.p")
     if p not in (1, 2, 3):
         raise ConfigError("weights.p", f"must be 1, 2 or 3, got {p}")
-    if cfg["mesh"]["manifold"] not in ("S1", "S2") or cfg["time"]["scheme"] != "fv":
-        raise ConfigError("weights.dynamics", "fokker-planck weights drive the fv scheme on S1/S2")
+    if (
+        cfg["mesh"]["manifold"] not in ("S1", "S2")
+        or not scheme_spec(cfg["time"]["scheme"]).weight_law
+    ):
+        raise ConfigError(
+            "weights.dynamics",
+            f"fokker-planck weights drive the {scheme_words('weight_law')} on S1/S2",
+        )
     B = w["B"] if w["B"] else [np.diag([1.0] + [0.0] * (d - 1)).tolist()] * p
     try:
         Barr = np.array(B, dtype=np.float64)

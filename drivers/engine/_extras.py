@@ -34,7 +34,7 @@ from solvers.diagnostics import (
     event_rows,
 )
 
-__all__ = ["ClusterOutput", "Extras", "cluster_output_applies"]
+__all__ = ["ClusterOutput", "Extras"]
 
 Column = Callable[[Any], float]
 Snapshot = Callable[[Any], list[dict[str, Any]]]
@@ -157,8 +157,3 @@ class ClusterOutput:
         if state:
             self.tracker = ClusterTracker.from_state(state)
             self._events_written = 0
-
-
-def cluster_output_applies(cfg: dict[str, Any]) -> bool:
-    """Cluster statistics at every output: ``[output] clusters`` on S^1/S^2 (not on boxes)."""
-    return bool(cfg["output"]["clusters"]) and cfg["mesh"]["manifold"] in ("S1", "S2")

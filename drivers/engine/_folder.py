@@ -167,11 +167,13 @@ def first_outputs_bytes(cfg: dict[str, Any] | None) -> int:
     if cfg is None:
         return FIXED_BYTES
     from drivers.engine._resources import mesh_cells
+    from solvers.transport import scheme_spec
 
     cells = mesh_cells(cfg) or 0
     d = dimension(cfg)
     corners = {"S2": 3, "S1": 2, "R1": 2, "R2": 4}[cfg["mesh"]["manifold"]]
-    state = {"fv": 1, "jko": 2, "particles": d + 1}[cfg["time"]["scheme"]]
+    scalars, vectors = scheme_spec(cfg["time"]["scheme"]).state_per_cell
+    state = scalars + vectors * d
     per_cell = 8 * ((corners + d) + 1 + (d + 2) + (state + d + 1))
     return int(FIXED_BYTES + cells * per_cell)
 

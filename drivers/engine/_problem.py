@@ -42,6 +42,7 @@ from solvers.transport import (
     StepControl,
     initial_density,
     make_scheme,
+    scheme_spec,
 )
 from solvers.weights import (
     FokkerPlanckSolver,
@@ -239,21 +240,26 @@ def adaptive_scheme(cfg: dict[str, Any], comm: MPI.Comm, build: Any) -> Adaptive
     )
 
 
-#: schemes that discretise one velocity whatever ``[attention] velocity`` says
-FIXED_VELOCITY = {"jko": "gradient"}
+#: the flows of the two velocities, in words
+_FLOWS = {
+    "gradient": "the gradient flow s grad(dE/dmu)/b",
+    "attention": "the attention flow s (1/H) sum_h P a_h",
+}
 
 
 def solved_velocity(cfg: dict[str, Any]) -> str:
     """The velocity of the flow the configured scheme computes: ``[attention] velocity``,
-    except for schemes of :data:`FIXED_VELOCITY` (JKO: the b-weighted gradient flow of E)."""
-    return FIXED_VELOCITY.get(cfg["time"]["scheme"], cfg["attention"]["velocity"])
+    except for a scheme that solves one velocity whatever it says (its
+    :attr:`~solvers.transport.SchemeSpec.velocity`; JKO: the b-weighted gradient flow of E)."""
+    return scheme_spec(cfg["time"]["scheme"]).velocity or cfg["attention"]["velocity"]
 
 
 def velocity_record(cfg: dict[str, Any], weights: WeightDynamics) -> dict[str, Any]:
     """Which velocity the run's scheme follows, for summary.json (docs/model.md, M1).
 
     ``model`` is ``[attention] velocity``; ``solved`` the flow the scheme discretises (the
-    model's, except for ``scheme = "jko"``, which is always the b-weighted gradient flow of E);
+    model's, except for a scheme that solves one velocity only: ``scheme = "jko"`` is always
+    the b-weighted gradient flow of E; :func:`solved_velocity`);
     ``mismatch`` why the attention and gradient velocities differ for these heads
     (:func:`solvers.attention.velocity_mismatch` at t = 0; more than one head with moving
     weights always differs), or None; ``notice`` the one line a run prints when the two
@@ -267,8 +273,8 @@ def velocity_record(cfg: dict[str, Any], weights: WeightDynamics) -> dict[str, A
     notice = None
     if mismatch is not None and solved != model:
         notice = (
-            'scheme "jko" solves the gradient flow s grad(dE/dmu)/b ([attention] velocity = '
-            f'"gradient"), not the attention velocity asked for, which differs for these heads '
-            f"({mismatch}); metrics and budget are those of the gradient flow (docs/model.md, M1)"
+            f'scheme "{cfg["time"]["scheme"]}" solves {_FLOWS[solved]} ([attention] velocity = '
+            f'"{solved}"), not the {model} velocity asked for, which differs for these heads '
+            f"({mismatch}); metrics and budget are those of the {solved} flow (docs/model.md, M1)"
         )
     return {"model": model, "solved": solved, "mismatch": mismatch, "notice": notice}

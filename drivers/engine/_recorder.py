@@ -1,4 +1,4 @@
-"""The recorder: every output of a run, at the times the config asks for.
+"""The recorder: every output of a run, at the times of its cadence.
 
 A :class:`Recorder` owns the results folder of one run (docs/interface.md): the density time
 series for ParaView (``density.xdmf`` + ``.h5``; ``theta.xdmf`` for a weight measure on a
@@ -8,6 +8,12 @@ diagnostics), the energy budget itself, checkpoints, ``final.npz``, ``summary.js
 pictures. The run loop only tells it what happened (:meth:`Recorder.start` or
 :meth:`Recorder.resume`, then :meth:`Recorder.record` after every step, then
 :meth:`Recorder.finish`), as Dedalus' evaluator and PyClaw's controller own the output frames.
+
+A recorder is made of pieces: the mesh (control volumes), the model (attention and weights),
+a :class:`~drivers.engine.Cadence` and :class:`~drivers.engine.OutputOptions`, so that an
+experiment can record a scheme it built itself; :meth:`Recorder.from_problem` makes the
+recorder of a configured run (what :func:`drivers.engine.run` does), with the config stored in
+summary.json and the checkpoints.
 
 Cadence, after step k: the metrics row and the density are written at the output times and
 steps of :class:`~drivers.engine.Cadence` (``[output] every``, or ``dt`` / ``log_start``;
@@ -33,8 +39,9 @@ call (:class:`~drivers.engine._folder.OutputGuard`): every rank raises the same
 are flushed when written, and :meth:`Recorder.finish` writes ``final.npz`` from the last output
 state (or the state at an interruption) whatever ended the run.
 
-Adaptive meshes (``[adapt]``): the recorder follows the scheme's ``mesh_version`` (cells to
-gather, a mesh per density step when it changed, ``cells``, the forest in checkpoints).
+Adaptive meshes (``[adapt]``): the recorder follows a :class:`solvers.stepping.AdaptiveScheme`
+(its ``mesh_version``: cells to gather, a mesh per density step when it changed, ``cells``,
+the forest in checkpoints).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,34 +62,26 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._cadence import output_cadence
+from drivers.engine._cadence import Cadence, OutputOptions, output_cadence, output_options
 from drivers.engine._checkpoint import (
-    budget_measure,
     checkpoint_dir,
     gather_budget_measure,
     load_run_checkpoint,
+    resume_budget,
     save_checkpoint,
 )
 from drivers.engine._config import ConfigError
-from drivers.engine._extras import ClusterOutput, Extras, cluster_output_applies
-from drivers.engine._folder import (
-    OutputError,
-    OutputGuard,
-    ResultsFolder,
-    checkpoint_owner,
-    config_hash,
-    describe,
-)
-from drivers.engine._plots import run_pictures
+from drivers.engine._extras import ClusterOutput, Extras
+from drivers.engine._finish import finish_run
+from drivers.engine._folder import OutputGuard, ResultsFolder, checkpoint_owner, config_hash
 from drivers.engine._problem import Problem, velocity_record
 from drivers.engine._provenance import provenance
+from drivers.engine._result import RunResult
 from drivers.engine._summary import (
     METRIC_COLUMNS,
     Outcome,
     RunFailure,
-    RunResult,
     energy_log_scale,
-    peak_rss_mb,
     run_summary,
     scaled,
 )
@@ -90,18 +90,14 @@ from drivers.engine._writers import (
     GatheredCells,
     MetricsWriter,
     json_default,
-    write_final,
     write_json,
 )
+from meshes import MeshQuality, flat_quality, mesh_quality
 from meshes.control_volumes import ControlVolumes, flat_control_volumes
-from solvers.attention import measure_diagnostics
-from solvers.diagnostics import (
-    EDI_COLUMNS,
-    EnergyBudget,
-    metric_diagnostics,
-)
-from solvers.stepping import SchemeState, StepResult, TokenScheme
-from solvers.weights import head_weights_at
+from solvers.attention import Attention, measure_diagnostics
+from solvers.diagnostics import EDI_COLUMNS, EnergyBudget, metric_diagnostics
+from solvers.stepping import AdaptiveScheme, SchemeState, StepResult, TokenScheme
+from solvers.weights import WeightDynamics, head_weights_at
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -119,10 +115,23 @@ class Recorder:
     """The outputs of one run in the folder ``out`` (module docstring). Collective.
 
     Args:
-        problem: the problem of the run (its config gives the cadences).
         out: the results folder (created on rank 0 if missing; ``transformer-pde run``
             claims it first, :func:`~drivers.engine._folder.claim_folder`).
-        log: a rank-0 logger.
+        cv: the control volumes of the scheme's mesh (of an adaptive scheme: its first mesh).
+        attention: the attention of the scheme (its diagnostics and energy budget).
+        weights: the heads' weights of the scheme.
+        cadence: when the density and a metrics row are written (t = 0 and t_end always).
+        log: a rank-0 logger (default: none).
+        options: checkpoints, energy budget, cluster statistics and pictures
+            (default :class:`~drivers.engine.OutputOptions`).
+        diffusion: the tokens' noise nu (the energy budget's entropy term).
+        quality: the mesh's size and quality (summary.json; default: measured from ``cv``).
+        scheme_name: the registry name of the scheme, kept in checkpoints (a restart checks
+            it) and in the pictures' titles.
+        config: the resolved configuration, stored in summary.json and checkpoints (its hash
+            ties checkpoints to the run), or None.
+        velocity: the velocity record of summary.json
+            (:func:`~drivers.engine.velocity_record`), or None.
         argv: the command line, for the provenance (default ``sys.argv``).
         restart: whether the run continues from a checkpoint (recorded in the summary).
         folder: the claimed folder (what its summary.json recorded, for a restart's checks).
@@ -131,64 +140,65 @@ class Recorder:
 
     def __init__(
         self,
-        problem: Problem,
-        out: Path,
-        log: Any,
+        out: str | Path,
+        cv: ControlVolumes,
+        attention: Attention,
+        weights: WeightDynamics,
+        cadence: Cadence,
+        log: Callable[[str], None] | None = None,
+        *,
+        options: OutputOptions | None = None,
+        diffusion: float = 0.0,
+        quality: MeshQuality | None = None,
+        scheme_name: str = "",
+        config: dict[str, Any] | None = None,
+        velocity: dict[str, Any] | None = None,
         argv: list[str] | None = None,
         restart: bool = False,
         folder: ResultsFolder | None = None,
         run_id: str | None = None,
     ) -> None:
-        cfg, cv, comm = problem.cfg, problem.cv, problem.cv.comm
-        self.problem, self.out, self.log, self.comm = problem, Path(out), log, comm
+        comm = cv.comm
+        self.out, self.log, self.comm = Path(out), log or (lambda message: None), comm
+        self.cv, self.attention, self.weights, self.cadence = cv, attention, weights, cadence
+        self.options = options = options or OutputOptions()
+        self.diffusion, self.scheme_name, self.config = diffusion, scheme_name, config
+        if quality is None:
+            quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
+        self.quality = quality
         self.folder = folder
         self.run_id = run_id or uuid.uuid4().hex
         self.provenance = provenance(argv, comm.size) if comm.rank == 0 else {}
         if comm.rank == 0:
             self.provenance["run_id"] = self.run_id
-        self.config_hash = config_hash(cfg)
-        self.log_scale = energy_log_scale(problem)
+        self.config_hash = config_hash(config or {})
+        self.log_scale = energy_log_scale(attention, weights)
         self.guard = OutputGuard(comm)
         self.restart = restart
         self.interrupted: dict[str, Any] | None = None
         self._last_checkpoint = -1
         self._kept_snapshots: dict[str, int] | None = None
         self._checkpoint_wall = time.perf_counter()
-        o = cfg["output"]
-        self.every, self.checkpoint_every, self.edi_every = (
-            o["every"],
-            o["checkpoint_every"],
-            o["edi_every"],
-        )
-        self.checkpoint_seconds = 60.0 * o["checkpoint_minutes"]
-        self.t_end = cfg["time"]["t_end"]
-        self.cadence = output_cadence(cfg)
+        self.checkpoint_every, self.edi_every = options.checkpoint_every, options.edi_every
+        self.checkpoint_seconds = 60.0 * options.checkpoint_minutes
+        self.t_end = cadence.t_end
         self.extras = Extras(comm, self.out)
-        if cluster_output_applies(cfg):
-            ClusterOutput(problem.cv.d, problem.quality.h).attach(self.extras)
-        self.weights, self.attention = problem.weights, problem.attention
-        self.velocity = velocity_record(cfg, self.weights)
-        if self.velocity["notice"] and comm.rank == 0:  # one line, whatever the verbosity
-            print(f"[transformer-pde] notice: {self.velocity['notice']}", file=sys.stderr)
+        if options.clusters and cv.curved:  # cluster statistics on S^1, S^2
+            ClusterOutput(cv.d, self.quality.h).attach(self.extras)
+        self.velocity = velocity
+        if velocity and velocity["notice"] and comm.rank == 0:  # one line, whatever the verbosity
+            print(f"[transformer-pde] notice: {velocity['notice']}", file=sys.stderr)
         self.budget: EnergyBudget | None = None  # made in start/resume (it needs Lambda)
         self.peak_rss: list[float] | None = None  # per rank, gathered at the end
-        weight_columns = list(self.weights.diagnostics(0.0))
-        self.adaptive = hasattr(problem.scheme, "mesh_version")
-        # adaptive meshes: the energy jumps of the adaptations so far (they are in dE and so in
-        # edi_residual; edi_residual - adapt_energy_jump is the scheme's own budget error)
-        adapt_columns = ["adapt_energy_jump"] if self.adaptive and o["edi"] else []
-        self._base_columns = (
-            METRIC_COLUMNS
-            + (list(EDI_COLUMNS) if o["edi"] else [])
-            + adapt_columns
-            + weight_columns
-        )
+        self.adaptive = False  # an AdaptiveScheme: known in start/resume
+        self._weight_columns = list(weights.diagnostics(0.0))
         self.gathered = GatheredCells(cv)
-        # adaptive meshes (solvers.transport.AdaptiveScheme): follow the scheme's mesh
-        self._mesh_version = getattr(problem.scheme, "mesh_version", 0)
+        self._mesh_version: int | None = None
         self.written = self.gathered  # the cells of the last written state
         self.last = StepResult(t=0.0, dt=0.0)
-        self.density, self.t = problem.density0, 0.0  # the last written state
+        self.density: Any = None  # the last written state, its measure and time
+        self.measure: tuple[Any, Any] | None = None
+        self.t = 0.0
         self.writer: DensityWriter | None = None
         self.metrics: MetricsWriter | None = None
         self.theta_writer: DensityWriter | None = None
@@ -197,15 +207,56 @@ class Recorder:
                 self.out.mkdir(parents=True, exist_ok=True)
         self.guard.agree()
 
+    @classmethod
+    def from_problem(
+        cls,
+        problem: Problem,
+        out: str | Path,
+        log: Callable[[str], None] | None = None,
+        **kwargs: Any,
+    ) -> Recorder:
+        """The recorder of a configured run: cadence, options and model of ``problem.cfg``
+        (:func:`~drivers.engine.output_cadence`, :func:`~drivers.engine.output_options`),
+        the config kept in summary.json and checkpoints. ``kwargs``: ``argv``, ``restart``,
+        ``folder``, ``run_id`` as for the constructor. Collective."""
+        cfg = problem.cfg
+        return cls(
+            out,
+            problem.cv,
+            problem.attention,
+            problem.weights,
+            output_cadence(cfg),
+            log,
+            options=output_options(cfg),
+            diffusion=cfg["attention"]["diffusion"],
+            quality=problem.quality,
+            scheme_name=cfg["time"]["scheme"],
+            config=cfg,
+            velocity=velocity_record(cfg, problem.weights),
+            **kwargs,
+        )
+
     @property
     def columns(self) -> list[str]:
         """The columns of metrics.csv: the run's, then those added by :meth:`add_column`."""
-        return self._base_columns + list(self.extras.columns)
+        return self._base_columns(self.adaptive) + list(self.extras.columns)
+
+    def _base_columns(self, adaptive: bool) -> list[str]:
+        """The run's columns of metrics.csv; with an adaptive mesh and the budget also the
+        energy jumps of the adaptations so far (they are in dE and so in edi_residual;
+        edi_residual - adapt_energy_jump is the scheme's own budget error)."""
+        edi = self.options.edi
+        return (
+            METRIC_COLUMNS
+            + (list(EDI_COLUMNS) if edi else [])
+            + (["adapt_energy_jump"] if adaptive and edi else [])
+            + self._weight_columns
+        )
 
     def add_column(self, name: str, fn: Any) -> None:
         """Add a column ``name`` to metrics.csv: ``fn(scheme) -> float``, collective, the same
         on every rank, evaluated at every output row. Before :meth:`start`/:meth:`resume`."""
-        if name in self._base_columns:
+        if name in self._base_columns(adaptive=True):
             raise ValueError(f"metrics.csv already has a column {name!r}")
         self.extras.add_column(name, fn)
 
@@ -219,16 +270,20 @@ class Recorder:
         return self.cadence.next_time(t)
 
     def _make_budget(self) -> None:
-        if self.problem.cfg["output"]["edi"]:
+        if self.options.edi:
             # the attention's own path: brute force stays brute force, "auto"/"lowrank" give
             # budget records at about the cost of one velocity evaluation (with a bound)
-            chosen = self.problem.cfg["attention"]["backend"]
+            chosen = self.attention.backend
             backend = chosen if chosen in ("numpy", "auto", "lowrank", "spectral") else None
-            self.budget = EnergyBudget(
-                backend,
-                log_scale=self.log_scale,
-                diffusion=self.problem.cfg["attention"]["diffusion"],
-            )
+            self.budget = EnergyBudget(backend, log_scale=self.log_scale, diffusion=self.diffusion)
+
+    def _bind(self, scheme: TokenScheme) -> None:
+        """The scheme to record: an adaptive one is followed (collective)."""
+        self.adaptive = isinstance(scheme, AdaptiveScheme)
+        if self.adaptive:
+            self._mesh_version = scheme.mesh_version
+            if scheme.cv is not self.cv:
+                self.gathered = self.written = GatheredCells(scheme.cv)
 
     def _open(self, cv: ControlVolumes, outputs: int | None, rows: int | None) -> None:
         """The writers, new or continued with ``outputs`` steps and ``rows`` rows kept
@@ -262,8 +317,9 @@ class Recorder:
         Raises:
             OutputError: a write failed. RunFailure: a non-finite value at t = 0.
         """
+        self._bind(scheme)
         self._make_budget()
-        self._open(self.problem.cv, None, None)
+        self._open(self._cv(scheme), None, None)
         self._write_summary(scheme)
         self._check_finite(scheme)
         self._record_budget(scheme)
@@ -281,6 +337,7 @@ class Recorder:
             ConfigError: no usable checkpoint, one of another run or scheme, outputs that do
                 not match it, or no energy budget in it.
         """
+        self._bind(scheme)
         saved = self._load_checkpoint()
         self._check_owner(saved)
         self.log_scale = float(saved["log_scale"]) if "log_scale" in saved else 0.0
@@ -307,7 +364,7 @@ class Recorder:
         )
         self._make_budget()
         if self.budget is not None:
-            self._resume_budget(saved, scheme)
+            resume_budget(self.budget, saved, scheme, self.weights, self.attention, self.comm)
         self.last = StepResult(t=scheme.t, dt=float(saved["dt"]))
         self._kept_snapshots = Extras.kept_rows(saved)
         self.extras.restore(saved)
@@ -316,30 +373,11 @@ class Recorder:
         except ValueError as exc:  # the outputs do not go with the checkpoint
             raise ConfigError("--restart", f"cannot continue the outputs: {exc}") from None
         self.density, self.t = scheme.density, scheme.t
+        self.measure = _copies(scheme.measure())
         self.written = self.gathered
         self._last_checkpoint = scheme.steps
         self._write_summary(scheme)
         self.guard.agree()
-
-    def _resume_budget(self, saved: dict[str, Any], scheme: TokenScheme) -> None:
-        """The budget at the checkpoint: from the measure of its latest record when saved
-        (a checkpoint between records), else from the restored state (collective)."""
-        if "edi_t" not in saved:
-            raise ConfigError(
-                "output.edi",
-                "the checkpoint has no energy budget (written with output.edi = false)",
-            )
-        measure = budget_measure(saved, self.comm)
-        if measure is not None:
-            points, masses = measure
-        elif float(saved["edi_t"]) != float(saved["t"]):
-            raise ConfigError("--restart", "the checkpoint's energy budget is not at its time")
-        else:
-            points, masses = scheme.measure()
-        try:
-            self.budget.resume(saved, points, masses, self.weights, self.attention, self.comm)
-        except ValueError as exc:
-            raise ConfigError("--restart", str(exc)) from None
 
     def _check_owner(self, saved: dict[str, Any]) -> None:
         """The checkpoint belongs to this configuration and to the run the folder records;
@@ -354,19 +392,18 @@ class Recorder:
 
     def _cv(self, scheme: TokenScheme) -> ControlVolumes:
         """The control volumes the scheme's state lives on now."""
-        return scheme.cv if self.adaptive else self.problem.cv
+        return scheme.cv if self.adaptive else self.cv
 
     def _follow(self, scheme: TokenScheme) -> None:
         """After a change of an adaptive scheme's mesh: the cells to gather (collective)."""
-        version = getattr(scheme, "mesh_version", 0)
-        if version != self._mesh_version:
-            self._mesh_version = version
+        if self.adaptive and scheme.mesh_version != self._mesh_version:
+            self._mesh_version = scheme.mesh_version
             self.gathered = GatheredCells(scheme.cv)
 
     def _load_checkpoint(self) -> dict[str, Any]:
         """The newest valid checkpoint (:func:`~drivers.engine._checkpoint.load_run_checkpoint`)."""
         state, self._checkpoint_name = load_run_checkpoint(
-            self.comm, self.out, self.problem.cfg["time"]["scheme"], self.log
+            self.comm, self.out, self.scheme_name, self.log
         )
         return state
 
@@ -384,7 +421,7 @@ class Recorder:
         write = self.cadence.due(k, scheme.t)
         periodic = bool(self.checkpoint_every) and k % self.checkpoint_every == 0
         save = (periodic or checkpoint_due) and scheme.t < self.t_end
-        if write or periodic or k % self.edi_every == 0:
+        if write or periodic or (self.edi_every and k % self.edi_every == 0):
             self._check_finite(scheme)
             self._record_budget(scheme)
         bad = self._output(scheme) if write else None
@@ -464,7 +501,7 @@ class Recorder:
         with self.guard.writing(self.out / "metrics.csv"):
             self.metrics.write(row)
         self.extras.write(scheme, self.guard)
-        self.density, self.t = density, t
+        self.density, self.t, self.measure = density, t, _copies((points, masses))
         self.written = self.gathered
         return next((k for k, v in row.items() if not math.isfinite(float(v))), None)
 
@@ -481,7 +518,7 @@ class Recorder:
         self._last_checkpoint = state.steps
         self._checkpoint_wall = time.perf_counter()
         if self.comm.rank == 0:
-            config = json.dumps(self.problem.cfg, default=json_default)
+            config = json.dumps(self.config, default=json_default)
             with self.guard.writing(checkpoint_dir(self.out) / f"ckpt_{state.steps:09d}.npz"):
                 save_checkpoint(
                     self.out,
@@ -494,7 +531,7 @@ class Recorder:
                         "n_outputs": np.int64(len(self.writer.times)),
                         "n_rows": np.int64(len(self.metrics.rows)),
                         "outflow": np.float64(state.scalars.get("outflow", 0.0)),
-                        "scheme": np.array(self.problem.cfg["time"]["scheme"]),
+                        "scheme": np.array(self.scheme_name),
                         "config": np.array(config),
                         "run_id": np.array(self.run_id),
                         "config_hash": np.array(self.config_hash),
@@ -518,6 +555,7 @@ class Recorder:
             self._checkpoint(scheme)
         self.guard.agree()
         self.density, self.t = scheme.density, scheme.t
+        self.measure = _copies(scheme.measure())
         self.written = self.gathered
         self.interrupted = {"signal": name, "t": scheme.t, "step": scheme.steps}
         message = (
@@ -529,72 +567,20 @@ class Recorder:
 
     # ------------------------------------------------------------------ end
     def finish(self, scheme: TokenScheme, outcome: Outcome, wall: float) -> RunResult:
-        """final.npz (the last written state), the pictures and summary.json; close files.
-        Collective. A write that fails here turns an ok or interrupted outcome into a
-        failed one (exit 3); after a failure, what can still be written is."""
-        comm, guard = self.comm, self.guard
-        already = guard.error is not None
-        guard.error = None
-        final_density = self.written.gather(self.density)
-        self.peak_rss = comm.gather(peak_rss_mb(), root=0)
-        if comm.rank == 0:
-            g = self.written
-            with guard.writing(self.out / "final.npz"):
-                write_final(self.out / "final.npz", g.points, g.weights, final_density, self.t)
-            cfg = self.problem.cfg
-            if self.metrics and self.writer and cfg["output"].get("pictures", True):
-                try:
-                    title = (
-                        f"energy budget: {cfg['time']['scheme']}, {self.weights.n_heads} "
-                        f"head(s), {cfg['weights']['dynamics']} weights"
-                    )
-                    run_pictures(
-                        self.out,
-                        self.written.vertices,
-                        final_density,
-                        self.t,
-                        self.metrics.rows,
-                        title if self.budget is not None else None,
-                    )
-                except OSError as exc:
-                    guard.error = guard.error or f"cannot write the pictures: {describe(exc)}"
-                except Exception as exc:  # a picture must never lose a finished run
-                    print(
-                        f"[transformer-pde] warning: could not render pictures: {exc}",
-                        file=sys.stderr,
-                    )
-        outcome = self._agreed(outcome, already)
-        if comm.rank == 0:
-            with guard.writing(self.out / "summary.json"):
-                write_json(self.out / "summary.json", run_summary(self, scheme, outcome, wall))
-        outcome = self._agreed(outcome, already)
-        for writer in (self.writer, self.metrics, self.theta_writer, *self.extras.writers.values()):
-            if writer is not None:
-                try:
-                    writer.close()
-                except (OSError, RuntimeError) as exc:  # a last flush on a full disk
-                    guard.error = f"cannot close {getattr(writer, 'path', '')}: {describe(exc)}"
-        outcome = self._agreed(outcome, already)
-        steps = scheme.steps
-        self.log(
-            f"{outcome.status}: {outcome.message}; {steps} steps, wall {wall:.1f} s, "
-            f"results in {self.out}"
-        )
-        rows = self.metrics.rows if self.metrics is not None else []
-        return RunResult(outcome.status, outcome.message, steps, self.t, rows, outcome.exit_code)
-
-    def _agreed(self, outcome: Outcome, already_failed: bool) -> Outcome:
-        """The outcome after the ranks agreed on the writes of :meth:`finish`."""
-        try:
-            self.guard.agree()
-        except OutputError as exc:
-            self.guard.error = None
-            if not already_failed and outcome.exit_code != 3:
-                return Outcome("failed", f"{exc}; the outputs written before are kept", 3)
-        return outcome
+        """final.npz (the last written state), the pictures and summary.json; close files;
+        the result, with the final state and metrics.csv read back on every rank
+        (:func:`~drivers.engine._finish.finish_run`). Collective. A write that fails here
+        turns an ok or interrupted outcome into a failed one (exit 3); after a failure, what
+        can still be written is."""
+        return finish_run(self, scheme, outcome, wall)
 
     def _write_summary(self, scheme: TokenScheme) -> None:
         """summary.json of a starting run (status "running"; rank 0, guarded)."""
         if self.comm.rank == 0:
             with self.guard.writing(self.out / "summary.json"):
                 write_json(self.out / "summary.json", run_summary(self, scheme, None, None))
+
+
+def _copies(measure: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Copies of a measure's points and masses (a scheme may change its own in place)."""
+    return np.array(measure[0], copy=True), np.array(measure[1], copy=True)

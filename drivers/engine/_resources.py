@@ -10,10 +10,11 @@ The model (measured on this project's machines with ``/usr/bin/time -v``, S^2 le
 :data:`BASE` (Python, DOLFINx, PETSc, numba and their caches); rank 0 holds the whole mesh once
 more for the writers, the checkpoints and the pictures (:data:`PER_CELL_ROOT` per cell); every
 rank holds the gathered quadrature sources (:data:`PER_CELL_GATHERED` per cell of the whole
-mesh); each owned cell costs :data:`PER_CELL` (mesh, control volumes, scheme arrays), and the
-JKO scheme more (:data:`PER_CELL_JKO`: the harmonic basis of its Hessian and the sparse direct
-factorisation). The particles are one per cell. The check is made for the node of rank 0 with
-the ranks the launcher put on it.
+mesh); each owned cell costs what the scheme declares in its
+:class:`solvers.transport.SchemeSpec` (``bytes_per_cell``: mesh, control volumes, scheme
+arrays, 2 KiB for fv and particles; the JKO scheme more: the harmonic basis of its Hessian and
+the sparse direct factorisation). The particles are one per cell. The check is made for the
+node of rank 0 with the ranks the launcher put on it.
 
 Available memory: ``MemAvailable`` of ``/proc/meminfo``, or less when a cgroup limit
 (``memory.max``) says so; ``TRANSFORMER_PDE_MEMORY`` (bytes, or with a K/M/G suffix)
@@ -29,16 +30,13 @@ from typing import Any
 
 from drivers.engine._config import ConfigError
 from solvers.threads import local_ranks
+from solvers.transport import scheme_spec
 
 __all__ = ["MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
 
 GiB = 1024**3
 #: memory of one rank before the mesh: interpreter, DOLFINx, PETSc, numba (bytes)
 BASE = 550 * 1024**2
-#: per owned cell: mesh, control volumes, fluxes, scheme state (fv and particles)
-PER_CELL = 2.0 * 1024
-#: per owned cell of the JKO scheme: Hessian basis (about (p + 1)^2 doubles), MUMPS factors
-PER_CELL_JKO = 8.0 * 1024
 #: per cell of the whole mesh on every rank: the gathered sources (points, masses, order)
 PER_CELL_GATHERED = 0.1 * 1024
 #: per cell of the whole mesh on rank 0: the writers' gathered mesh, checkpoints, pictures
@@ -82,7 +80,7 @@ def estimate_memory(cfg: dict[str, Any], ranks: int, local: int) -> MemoryEstima
     if cells is None:
         return None
     local = max(1, min(local, ranks))
-    per_cell = PER_CELL + (PER_CELL_JKO if cfg["time"]["scheme"] == "jko" else 0.0)
+    per_cell = scheme_spec(cfg["time"]["scheme"]).bytes_per_cell
     owned = cells / ranks
     rank = BASE + owned * per_cell + cells * PER_CELL_GATHERED
     node = local * rank + cells * PER_CELL_ROOT

@@ -1,10 +1,19 @@
 """One configured run: config -> problem -> restore -> loop -> finish.
 
-:func:`run` is what ``transformer-pde run`` does and what scripts call. It builds the problem
-(mesh, model, initial density, and the scheme from the registry of :mod:`solvers.transport`),
-hands every output to a :class:`~drivers.engine.Recorder`, and advances the scheme through the
-one stepping interface of :mod:`solvers.stepping` until ``t_end``: the loop never reaches
-inside a scheme. Collective over ``comm``.
+:func:`run` is what ``transformer-pde run`` does and what scripts and notebooks call. It
+builds the problem (mesh, model, initial density, and the scheme from the registry of
+:mod:`solvers.transport`), hands every output to a :class:`~drivers.engine.Recorder`
+(:meth:`~drivers.engine.Recorder.from_problem`), and advances the scheme through the one
+stepping interface of :mod:`solvers.stepping` until ``t_end``: the loop never reaches inside a
+scheme. Collective over ``comm``. It returns a :class:`~drivers.engine.RunResult`: the
+outcome, the results folder, the final state and the metrics table, on every rank, so that a
+notebook needs no file::
+
+    result = run("configs/demo_s2.toml", pictures=False, quiet=True)
+    result.final.density, result.final.centres, result.table["energy"], result.out
+
+Without ``out`` the results go to a new folder under the temporary directory
+(``tempfile.mkdtemp``, prefix ``transformer-pde-``), which is kept: ``result.out`` names it.
 
 The results folder is claimed before any work (:func:`drivers.engine._folder.claim_folder`:
 a folder that can be written, holds no other run's results unless ``overwrite``, is not
@@ -31,6 +40,7 @@ Outputs (docs/interface.md) and their cadence: see :mod:`drivers.engine._recorde
 
 from __future__ import annotations
 
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -40,6 +50,7 @@ import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 
 from drivers.engine._advance import Interrupts, Log, advance
+from drivers.engine._config import ConfigError, load_config, validate
 from drivers.engine._folder import OutputError, claim_folder, first_outputs_bytes
 from drivers.engine._petsc_options import check_after_first_step, check_start_up
 from drivers.engine._problem import build_problem
@@ -49,8 +60,8 @@ __all__ = ["METRIC_COLUMNS", "RunResult", "run"]
 
 
 def run(
-    cfg: dict[str, Any],
-    out: str | Path,
+    cfg: dict[str, Any] | str | Path,
+    out: str | Path | None = None,
     comm: MPI.Comm = MPI.COMM_WORLD,
     verbose: bool = True,
     restart: bool = False,
@@ -59,12 +70,16 @@ def run(
     overwrite: bool = False,
     strict_petsc: bool = False,
     pictures: bool | None = None,
+    quiet: bool = False,
 ) -> RunResult:
-    """Run the validated config ``cfg``, writing the results folder ``out``. Collective.
+    """Run the config ``cfg``, writing the results folder ``out``. Collective.
 
     Args:
-        cfg: a configuration resolved by :func:`drivers.engine.load_config`.
-        out: the results folder.
+        cfg: a configuration (a dict of tables, such as :func:`drivers.engine.load_config`
+            resolves; validated here, defaults filled in) or the path of a TOML file.
+        out: the results folder; None: a new folder under the temporary directory
+            (``tempfile.mkdtemp``, prefix ``transformer-pde-``), kept after the run and
+            named by ``RunResult.out`` (not with ``restart``).
         comm: the communicator the mesh is distributed over.
         verbose: progress lines (rank 0).
         restart: continue from the newest valid checkpoint in ``out`` (on any number of
@@ -77,22 +92,35 @@ def run(
         strict_petsc: an unused PETSc option of the run's prefixes is an error (exit 2).
         pictures: draw (True) or skip (False) density.png, metrics.png and edi.png, whatever
             ``[output] pictures`` says (None: as it says).
+        quiet: no progress lines (``verbose=False``); notices and warnings still go to
+            stderr.
 
     Returns:
-        status "ok" (exit code 0); "failed" (exit code 3) when the scheme stopped on a
-        detected failure (NaN, blow-up, a solver that did not converge), a value in the
-        outputs is not finite, or a write failed; "interrupted" (exit code 128 + signal)
-        after SIGINT or SIGTERM. Everything computed up to the end is written.
+        The :class:`~drivers.engine.RunResult`, the same on every rank: status "ok" (exit
+        code 0); "failed" (exit code 3) when the scheme stopped on a detected failure (NaN,
+        blow-up, a solver that did not converge), a value in the outputs is not finite, or a
+        write failed; "interrupted" (exit code 128 + signal) after SIGINT or SIGTERM;
+        ``out``, the results folder; ``final``, the last written state (what final.npz
+        holds: the density on the cells with their centres and volumes, and the token
+        measure: cell centres and masses, or the particles' positions and masses);
+        ``table``, metrics.csv read back (column -> numpy array). Everything computed up to
+        the end is written.
 
     Raises:
         ConfigError, MeshError, DensityError: invalid input (a folder that cannot be used
             included), before anything is written.
     """
     wall0 = time.perf_counter()
+    cfg = load_config(cfg) if isinstance(cfg, (str, Path)) else validate(cfg)
     if pictures is not None:
         cfg = {**cfg, "output": {**cfg["output"], "pictures": bool(pictures)}}
-    log = Log(comm, verbose)
+    log = Log(comm, verbose and not quiet)
     run_id = comm.bcast(uuid.uuid4().hex if comm.rank == 0 else None, root=0)
+    temporary = out is None
+    if temporary:
+        if restart:
+            raise ConfigError("--restart", "a restart needs the results folder (out)")
+        out = comm.bcast(tempfile.mkdtemp(prefix="transformer-pde-") if comm.rank == 0 else None)
     folder = claim_folder(
         out,
         comm,
@@ -102,6 +130,7 @@ def run(
         need_bytes=first_outputs_bytes(cfg),
         option="--restart" if restart else "--out",
     )
+    folder.created = folder.created or temporary  # removed again if nothing is written
     started = False
     try:
         problem = build_problem(cfg, comm)
@@ -115,7 +144,7 @@ def run(
             f"{problem.weights.n_heads} head(s), weights {cfg['weights']['dynamics']}, "
             f"t_end = {cfg['time']['t_end']}"
         )
-        recorder = Recorder(
+        recorder = Recorder.from_problem(
             problem, Path(out), log, argv=argv, restart=restart, folder=folder, run_id=run_id
         )
         scheme = problem.scheme

@@ -7,6 +7,11 @@ its lists of allowed values from it (and checks everything else in ``validate``)
 ``tests/test_config_reference.py``. Regenerate with::
 
     transformer-pde keys > docs/config.md
+
+The schemes (``[time] scheme``), their integrators (``[time] rk``) and what they accept come
+from the scheme registry of :mod:`solvers.transport` (:class:`solvers.transport.SchemeSpec`):
+importing this module imports the solvers (DOLFINx, PETSc), so the command line reads configs
+only after it has handed its PETSc options to ``petsc4py.init``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import json
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from solvers.transport import SCHEME_SPECS
 
 __all__ = [
     "Key",
@@ -25,6 +32,8 @@ __all__ = [
     "defaults",
     "choices",
     "reference",
+    "scheme_words",
+    "schemes_with",
 ]
 
 
@@ -52,18 +61,71 @@ class Key:
 #: the finest adaptive level per manifold (S2 level 10: 21 million cells if uniform)
 MAX_ADAPT_LEVEL = {"S2": 10, "S1": 24}
 
+
+def _words(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def schemes_with(flag: str) -> list[str]:
+    """The registered schemes whose :class:`~solvers.transport.SchemeSpec` has ``flag`` true
+    (``"background"``, ``"adaptive_mesh"``, ...), in registration order."""
+    return [n for n, spec in SCHEME_SPECS.items() if getattr(spec, flag)]
+
+
+def scheme_words(flag: str) -> str:
+    """The registered schemes whose spec has ``flag``, in words: "fv scheme", "fv and jko
+    schemes" ("no scheme" when none has it)."""
+    names = schemes_with(flag)
+    return f"{_words(names)} scheme{'s' if len(names) > 1 else ''}" if names else "no scheme"
+
+
+def _integrators() -> str:
+    """The integrators of every scheme, the default first."""
+    return "; ".join(
+        f"{n} {s.integrators[0]} (default), {', '.join(s.integrators[1:])}"
+        if s.integrators
+        else f"{n}: none"
+        for n, s in SCHEME_SPECS.items()
+    )
+
+
+def _steps() -> str:
+    """What ``[time] dt`` means for each scheme."""
+    specs = SCHEME_SPECS.values()
+    parts = [
+        ("required by", [s.name for s in specs if s.needs_dt]),
+        ("fixed step for", [s.name for s in specs if s.max_cfl and not s.cfl_with_dt]),
+        ("an upper bound for", [s.name for s in specs if s.cfl_with_dt]),
+    ]
+    return "; ".join(f"{what} {_words(names)}" for what, names in parts if names)
+
+
+def _cfl_limits() -> str:
+    """The range of ``[time] cfl`` of each scheme with a CFL step."""
+    out = []
+    for n, s in SCHEME_SPECS.items():
+        if isinstance(s.max_cfl, dict):
+            ranges = sorted(s.max_cfl.items(), key=lambda item: item[1])
+            out.append(f"{n} in " + " or ".join(f"(0, {v:g}] ({k})" for k, v in ranges))
+        elif s.max_cfl:
+            out.append(f"{n} in (0, {s.max_cfl:g}]")
+    return "; ".join(out)
+
+
 #: the tables of a run config, in the order of the reference, with one line each
 SECTIONS: dict[str, str] = {
     "mesh": "the manifold of the tokens and its mesh",
-    "feedforward": "the feed-forward layer A x + b, or relu(A x + b) (boxes R1/R2, fv scheme only)",
+    "feedforward": "the feed-forward layer A x + b, or relu(A x + b) (boxes R1/R2, "
+    f"{scheme_words('background')} only)",
     "attention": "the heads of multi-head self-attention and how the velocity is evaluated",
     "weights": "how the heads' matrices evolve in time (docs/model.md, M1b)",
     "initial": "the initial density of the tokens",
     "time": "the time interval and the scheme",
     "transport": "the finite-volume reconstruction and the stepping of the diffusion",
     "output": "what is written, and how often",
-    "adapt": "adaptive meshes that follow the solution (S1/S2 built-in meshes, fv and jko schemes; "
-    "docs/adaptivity.md); max_level = 0 keeps the uniform mesh",
+    "adapt": "adaptive meshes that follow the solution (S1/S2 built-in meshes, "
+    f"{scheme_words('adaptive_mesh')}; docs/adaptivity.md); max_level = 0 keeps the uniform mesh",
 }
 
 _IDENTITY_HEAD = [{"Q": "identity", "K": "identity", "V": "identity"}]
@@ -161,14 +223,10 @@ KEYS: tuple[Key, ...] = (
     # [time]
     Key("time", "t_end", "number", 1.0, "final time, > 0"),
     Key("time", "scheme", "string", "fv",
-        "fv: finite volumes; jko: minimizing movements (one optimal-transport problem a step); "
-        "particles: the token ODE with weighted particles",
-        ("fv", "jko", "particles")),
-    Key("time", "cfl", "number", 0.4,
-        "Courant number: fv in (0, 0.5] (muscl) or (0, 1] (upwind); particles in (0, 1]"),
-    Key("time", "dt", "number", 0.0,
-        "time step: required by jko; fixed step for particles; an upper bound for fv; "
-        "0: from cfl"),
+        "; ".join(f"{n}: {s.summary}" for n, s in SCHEME_SPECS.items()),
+        tuple(SCHEME_SPECS)),
+    Key("time", "cfl", "number", 0.4, f"Courant number: {_cfl_limits()}"),
+    Key("time", "dt", "number", 0.0, f"time step: {_steps()}; 0: from cfl"),
     Key("time", "adaptive", "boolean", False,
         "jko: adapt the step tau from dt (the first step) up to dt_max, growing through slow "
         "phases (metastable plateaus) and shrinking when Newton struggles; fv and particles "
@@ -176,8 +234,7 @@ KEYS: tuple[Key, ...] = (
     Key("time", "dt_max", "number", 0.0,
         "the largest step of the adaptive jko step (0: 100 dt), >= dt"),
     Key("time", "rk", "string", "",
-        "time integrator: fv ssp3 (default), ssp2, euler; particles rk4 (default), euler; "
-        "jko: none; empty: the scheme's default"),
+        f"time integrator: {_integrators()}; empty: the scheme's default"),
     # [transport]
     Key("transport", "reconstruction", "string", "muscl",
         "fv: piecewise-linear limited (second order) or piecewise-constant (first order)",
@@ -259,8 +316,12 @@ def defaults() -> dict[str, dict[str, Any]]:
 
 
 def choices() -> dict[tuple[str, str], tuple[str, ...]]:
-    """The allowed values of the string keys that have a fixed list, ``{(section, key): ...}``."""
-    return {(k.section, k.name): k.choices for k in KEYS if k.choices}
+    """The allowed values of the string keys that have a fixed list, ``{(section, key): ...}``;
+    ``time.scheme``: the schemes registered now (one registered after this module was
+    imported included)."""
+    out = {(k.section, k.name): k.choices for k in KEYS if k.choices}
+    out[("time", "scheme")] = tuple(SCHEME_SPECS)
+    return out
 
 
 def _toml(value: Any) -> str:

@@ -2,7 +2,8 @@
 when it ends).
 
 :class:`Outcome` is how the time loop ended, :class:`RunResult` what :func:`drivers.engine.run`
-returns, :class:`RunFailure` a failure the recorder detected (a non-finite value: exit 3).
+returns (module ``_result``), :class:`RunFailure` a failure the recorder detected (a
+non-finite value: exit 3).
 
 :func:`run_summary` is the content of ``summary.json`` (docs/interface.md): written when the
 run starts (status "running": the run id, config hash and energy scale of the folder are
@@ -16,17 +17,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import resource
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from drivers.engine._provenance import library_versions
+from drivers.engine._result import RunResult
 
 if TYPE_CHECKING:
-    from drivers.engine._problem import Problem
     from drivers.engine._recorder import Recorder
+    from solvers.attention import Attention
     from solvers.stepping import TokenScheme
+    from solvers.weights import WeightDynamics
 
 from solvers.diagnostics import MAXIMAL_SLOPE_COLUMNS
 
@@ -67,13 +70,12 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def energy_log_scale(problem: Problem) -> float:
+def energy_log_scale(attention: Attention, weights: WeightDynamics) -> float:
     """Lambda = beta max_h ||Q_h^T K_h||_2 of the heads at t = 0: the unit e^Lambda of the
     energy-type outputs (module ``_recorder``). On the sphere log Z_h <= beta ||Q_h^T K_h||_2,
     so nothing overflows while the heads keep their size."""
-    beta = problem.cfg["attention"]["beta"]
-    heads = problem.weights.heads_at(0.0)
-    return float(beta * max(np.linalg.norm(h.Q.T @ h.K, 2) for h in heads))
+    heads = weights.heads_at(0.0)
+    return float(attention.beta * max(np.linalg.norm(h.Q.T @ h.K, 2) for h in heads))
 
 
 class RunFailure(RuntimeError):
@@ -89,30 +91,17 @@ class Outcome:
     exit_code: int
 
 
-@dataclass
-class RunResult:
-    """What a run did: status "ok", "failed" or "interrupted", the message, steps, final
-    time, metrics and the exit code (0, 3, 128 + signal)."""
-
-    status: str
-    message: str
-    steps: int
-    t: float
-    metrics: list[dict[str, float]] = field(default_factory=list)
-    exit_code: int = 0
-
-
 def run_summary(
     rec: Recorder, scheme: TokenScheme, outcome: Outcome | None, wall: float | None
 ) -> dict[str, Any]:
     """The content of summary.json (rank 0); ``outcome`` None: the run is starting."""
-    cfg, budget = rec.problem.cfg, rec.budget
+    budget = rec.budget
     choices = rec.attention.last_choice or ()
     rows = rec.metrics.rows if rec.metrics is not None else []
     return {
         "status": "running" if outcome is None else outcome.status,
         "message": "" if outcome is None else outcome.message,
-        "config": cfg,
+        "config": rec.config,
         "config_hash": rec.config_hash,
         "energy_log_scale": rec.log_scale,
         "provenance": rec.provenance,
@@ -125,7 +114,7 @@ def run_summary(
         "steps": scheme.steps,
         "t_final": rec.t,
         "final_metrics": rows[-1] if rows else {},
-        "mesh": rec.problem.quality.as_dict(),
+        "mesh": rec.quality.as_dict(),
         "adaptation": _adaptation(rec, scheme),
         "edi": (
             {
@@ -140,7 +129,7 @@ def run_summary(
             else None
         ),
         "backend": rec.attention.backend,
-        "tolerance": cfg["attention"]["tolerance"],
+        "tolerance": rec.attention.tolerance,
         "velocity": rec.velocity,
         "maximal_slope": {
             f"max_{k}": max((float(r[k]) for r in rows if k in r), default=None)
@@ -177,7 +166,7 @@ def _adaptation(rec: Recorder, scheme: TokenScheme) -> dict[str, Any] | None:
     jumps = [scaled(j, rec.log_scale) for j in scheme.energy_jumps()]
     mass = [abs(h["mass_after"] - h["mass_before"]) for h in history if "mass_before" in h]
     return {
-        **rec.problem.cfg["adapt"],
+        **(rec.config or {}).get("adapt", {}),
         "adaptations": len(history) - 1,
         "cells_final": history[-1]["cells"],
         "cells_max": max(h["cells"] for h in history),

@@ -24,7 +24,8 @@ the adaptive step (:class:`StepControl`),
 step's result and the PETSc defaults),
 ``_particles``, ``_initial``, ``_deposit``, ``_expression`` (the safe grammar of density
 expressions: :class:`Expression`, :data:`EXPRESSION_FUNCTIONS`), ``_registry`` (the scheme registry: ``[time]
-scheme`` names to constructors, :func:`make_scheme`, :func:`register_scheme`).
+scheme`` names to constructors, :func:`make_scheme`, :func:`register_scheme`, and what each
+scheme accepts: :class:`SchemeSpec`, :func:`scheme_spec`).
 """
 
 from solvers.transport._adaptive import AdaptiveScheme, AdaptOptions
@@ -65,11 +66,14 @@ from solvers.transport._particles import (
     retract,
 )
 from solvers.transport._registry import (
+    SCHEME_SPECS,
     SCHEMES,
     SchemeFactory,
     SchemeOptions,
+    SchemeSpec,
     make_scheme,
     register_scheme,
+    scheme_spec,
 )
 
 __all__ = [
@@ -93,8 +97,10 @@ __all__ = [
     "MeshParticles",
     "ParticleSystem",
     "SCHEMES",
+    "SCHEME_SPECS",
     "SchemeFactory",
     "SchemeOptions",
+    "SchemeSpec",
     "StepControl",
     "TransportSolver",
     "TransportStep",
@@ -109,6 +115,7 @@ __all__ = [
     "make_scheme",
     "register_scheme",
     "retract",
+    "scheme_spec",
 ]
 
 

@@ -47,6 +47,7 @@ from meshes.adaptive import (
     leaf_masses,
 )
 from meshes.control_volumes import ControlVolumes, control_volumes
+from solvers import stepping
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState, StepResult, TokenScheme
 
@@ -91,8 +92,9 @@ class AdaptOptions:
             raise ValueError(f"coarsen must be in [0, refine / 2], got {self.coarsen}")
 
 
-class AdaptiveScheme:
-    """A :class:`~solvers.stepping.TokenScheme` on an adaptive forest mesh (module docstring).
+class AdaptiveScheme(stepping.AdaptiveScheme):
+    """A :class:`~solvers.stepping.TokenScheme` on an adaptive forest mesh (module docstring):
+    a :class:`solvers.stepping.AdaptiveScheme`, which a run's recorder follows.
 
     Args:
         comm: the communicator of the meshes.

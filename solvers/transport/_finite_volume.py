@@ -122,6 +122,7 @@ from solvers.weights import WeightDynamics, head_weights_at
 __all__ = [
     "DIFFUSION_STEPS",
     "POSITIVITY_LIMIT",
+    "RK_SCHEMES",
     "SUBSTEP_COURANT",
     "TransportSolver",
     "TransportStep",
@@ -138,10 +139,12 @@ POSITIVITY_LIMIT = {"upwind": 1.0, "muscl": 0.5}
 #: SSP Runge-Kutta schemes in Shu-Osher form: rows (alpha, beta, c) meaning
 #: u_k = alpha u_0 + (1 - alpha) (u_{k-1} + beta dt L(u_{k-1}, t + c dt)).
 _RK = {
-    "euler": [(0.0, 1.0, 0.0)],
-    "ssp2": [(0.0, 1.0, 0.0), (0.5, 1.0, 1.0)],
     "ssp3": [(0.0, 1.0, 0.0), (0.75, 1.0, 1.0), (1.0 / 3.0, 1.0, 0.5)],
+    "ssp2": [(0.0, 1.0, 0.0), (0.5, 1.0, 1.0)],
+    "euler": [(0.0, 1.0, 0.0)],
 }
+#: the Runge-Kutta schemes of ``rk``, the default first (the scheme registry's list)
+RK_SCHEMES = tuple(_RK)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -87,6 +87,7 @@ __all__ = [
     "retract",
 ]
 
+#: the integrators of ``integrator``, the default first (the scheme registry's list)
 INTEGRATORS = ("rk4", "euler")
 #: the second entry of the seed of the tokens' Brownian increments (the weights' noise uses
 #: other streams of the same ``[weights] seed``)

@@ -4,13 +4,19 @@ A run loop builds its scheme with :func:`make_scheme` and from then on talks to 
 through the :class:`solvers.stepping.TokenScheme` interface. A new scheme registers a
 factory with :func:`register_scheme` (as Dedalus registers its timesteppers with
 ``@add_scheme``); the options every factory receives are one :class:`SchemeOptions`.
+
+Each entry declares what the scheme accepts in a :class:`SchemeSpec` (its integrators,
+whether it needs ``dt``, its CFL limit, a background velocity, adaptive steps and meshes, the
+velocity it solves, its memory per cell): the run engine's schema, config validation, problem
+builder and memory estimate (:mod:`drivers.engine`) derive their rules from the specs
+(:func:`scheme_spec`), so that adding a scheme is one entry here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -18,13 +24,23 @@ import numpy.typing as npt
 from meshes import ControlVolumes
 from solvers.attention import Attention
 from solvers.stepping import TokenScheme
+from solvers.transport import _finite_volume, _particles
 from solvers.transport._finite_volume import TransportSolver
 from solvers.transport._jko import JKOSolver
 from solvers.transport._jko_adaptive import StepControl
 from solvers.transport._particles import MeshParticles
 from solvers.weights import WeightDynamics
 
-__all__ = ["SCHEMES", "SchemeFactory", "SchemeOptions", "make_scheme", "register_scheme"]
+__all__ = [
+    "SCHEMES",
+    "SCHEME_SPECS",
+    "SchemeFactory",
+    "SchemeOptions",
+    "SchemeSpec",
+    "make_scheme",
+    "register_scheme",
+    "scheme_spec",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -68,24 +84,100 @@ class SchemeOptions:
     step_control: StepControl | None = None
 
 
+@dataclass(frozen=True)
+class SchemeSpec:
+    """What a registered scheme accepts (module docstring): the rules a run config must
+    follow for it, and what a run costs.
+
+    Attributes:
+        name: the ``[time] scheme`` value.
+        title: the scheme's name in a sentence ("the JKO scheme"; default: ``name``).
+        summary: what the scheme is, in a few words (for the configuration reference).
+        integrators: the values of :attr:`SchemeOptions.rk` (``[time] rk``), the default
+            first; empty: the scheme has no integrator to choose (``rk`` must be "").
+        needs_dt: a step ``dt > 0`` is required (the scheme's step is ``dt``).
+        max_cfl: the largest CFL number, one for every ``reconstruction`` or one per
+            reconstruction (a mapping); None: the scheme has no CFL step.
+        cfl_with_dt: the CFL step is taken also when ``dt > 0`` (``dt`` only caps it); else
+            a ``dt > 0`` replaces it (a fixed step).
+        background: the scheme applies :attr:`SchemeOptions.background` (the feed-forward
+            layer); else it refuses one.
+        adaptive_step: the scheme adapts its step (:attr:`SchemeOptions.step_control`,
+            ``[time] adaptive``); else it refuses a step control.
+        adaptive_mesh: the scheme runs on adaptive meshes (inside an
+            :class:`~solvers.transport.AdaptiveScheme`, ``[adapt]``).
+        weight_law: the scheme runs with a law of weights on a parameter mesh
+            (``[weights] dynamics = "fokker-planck"``).
+        velocity: the velocity the scheme solves whatever the attention's
+            ``velocity_model`` says ("gradient": the weighted gradient flow of the energy),
+            or None: that model's.
+        bytes_per_cell: memory per owned cell (mesh, control volumes, state, solver), in
+            bytes, for the memory estimate of a run.
+        state_per_cell: the numbers of the state per cell, as (scalars, vectors of R^d)
+            (the size of a checkpoint).
+    """
+
+    name: str
+    title: str = ""
+    summary: str = ""
+    integrators: tuple[str, ...] = ()
+    needs_dt: bool = False
+    max_cfl: float | Mapping[str, float] | None = field(default=None, hash=False)
+    cfl_with_dt: bool = False
+    background: bool = False
+    adaptive_step: bool = False
+    adaptive_mesh: bool = False
+    weight_law: bool = False
+    velocity: str | None = None
+    bytes_per_cell: float = 2.0 * 1024
+    state_per_cell: tuple[int, int] = (1, 0)
+
+    def __post_init__(self) -> None:
+        if not self.title:
+            object.__setattr__(self, "title", self.name)
+
+    def cfl_limit(self, reconstruction: str) -> float | None:
+        """The largest CFL number with this ``reconstruction`` (None: no CFL step)."""
+        if isinstance(self.max_cfl, Mapping):
+            return self.max_cfl[reconstruction]
+        return self.max_cfl
+
+
 SchemeFactory = Callable[
     [ControlVolumes, Attention, WeightDynamics, Array, SchemeOptions], TokenScheme
 ]
 
 #: scheme name -> factory(cv, attention, weights, density, options), in registration order
 SCHEMES: dict[str, SchemeFactory] = {}
+#: scheme name -> what it accepts, in registration order
+SCHEME_SPECS: dict[str, SchemeSpec] = {}
 
 
-def register_scheme(name: str) -> Callable[[SchemeFactory], SchemeFactory]:
-    """Decorator: register a factory under ``name`` (a ``[time] scheme`` value)."""
+def register_scheme(spec: SchemeSpec | str) -> Callable[[SchemeFactory], SchemeFactory]:
+    """Decorator: register a factory under ``spec.name`` (a ``[time] scheme`` value), with
+    what the scheme accepts; a name alone registers ``SchemeSpec(name)`` (the defaults)."""
+    if isinstance(spec, str):
+        spec = SchemeSpec(spec)
 
     def decorate(factory: SchemeFactory) -> SchemeFactory:
-        if name in SCHEMES:
-            raise ValueError(f"a scheme named {name!r} is already registered")
-        SCHEMES[name] = factory
+        if spec.name in SCHEMES:
+            raise ValueError(f"a scheme named {spec.name!r} is already registered")
+        SCHEMES[spec.name] = factory
+        SCHEME_SPECS[spec.name] = spec
         return factory
 
     return decorate
+
+
+def scheme_spec(name: str) -> SchemeSpec:
+    """What the registered scheme ``name`` accepts.
+
+    Raises:
+        KeyError: no scheme of that name is registered.
+    """
+    if name not in SCHEME_SPECS:
+        raise KeyError(f"unknown scheme {name!r}; registered: {', '.join(SCHEMES)}")
+    return SCHEME_SPECS[name]
 
 
 def make_scheme(
@@ -102,14 +194,37 @@ def make_scheme(
         KeyError: no scheme of that name is registered.
         ValueError: the scheme refuses the data (e.g. JKO needs a density > 0).
     """
-    if name not in SCHEMES:
-        raise KeyError(f"unknown scheme {name!r}; registered: {', '.join(SCHEMES)}")
+    spec = scheme_spec(name)
+    if options.background is not None and not spec.background:
+        raise ValueError(
+            f"the {name!r} scheme does not apply a background velocity (the feed-forward "
+            f"layer): only {_having('background')} does"
+        )
+    if options.step_control is not None and not spec.adaptive_step:
+        raise ValueError(
+            f"the {name!r} scheme has no adaptive step control: only {_having('adaptive_step')} has"
+        )
     return SCHEMES[name](cv, attention, weights, density, options)
 
 
-@register_scheme("fv")
+def _having(flag: str) -> str:
+    """The schemes whose spec has ``flag``, quoted (for messages)."""
+    return ", ".join(repr(n) for n, s in SCHEME_SPECS.items() if getattr(s, flag)) or "none"
+
+
+@register_scheme(
+    SchemeSpec(
+        "fv",
+        summary="finite volumes",
+        integrators=_finite_volume.RK_SCHEMES,
+        max_cfl=_finite_volume.POSITIVITY_LIMIT,
+        cfl_with_dt=True,
+        background=True,
+        adaptive_mesh=True,
+        weight_law=True,
+    )
+)
 def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
-    _no_step_control("fv", options)
     return TransportSolver(
         cv,
         attention,
@@ -117,7 +232,7 @@ def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> 
         density,
         background=options.background,
         reconstruction=options.reconstruction,
-        rk=options.rk or "ssp3",
+        rk=options.rk or _finite_volume.RK_SCHEMES[0],
         cfl=options.cfl,
         dt_max=options.dt if options.dt > 0 else math.inf,
         diffusion=options.diffusion,
@@ -125,31 +240,22 @@ def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> 
     )
 
 
-def _no_background(name: str, options: SchemeOptions) -> None:
-    """A scheme that does not apply ``options.background`` refuses it (never ignores it)."""
-    if options.background is not None:
-        raise ValueError(
-            f"the {name!r} scheme does not apply a background velocity (the feed-forward "
-            "layer): only 'fv' does"
-        )
-
-
-def _no_step_control(name: str, options: SchemeOptions) -> None:
-    """Only the JKO scheme has the adaptive step of ``options.step_control``."""
-    if options.step_control is not None:
-        raise ValueError(f"the {name!r} scheme has no adaptive step control: only 'jko' has")
-
-
-@register_scheme("particles")
-def _particles(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
-    _no_background("particles", options)
-    _no_step_control("particles", options)
+@register_scheme(
+    SchemeSpec(
+        "particles",
+        summary="the token ODE with weighted particles",
+        integrators=_particles.INTEGRATORS,
+        max_cfl=1.0,
+        state_per_cell=(1, 1),
+    )
+)
+def _mesh_particles(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
     return MeshParticles(
         cv,
         attention,
         weights,
         density,
-        integrator=options.rk or "rk4",
+        integrator=options.rk or _particles.INTEGRATORS[0],
         dt=options.dt,
         cfl=options.cfl,
         diffusion=options.diffusion,
@@ -157,9 +263,22 @@ def _particles(cv, attention, weights, density, options: SchemeOptions) -> Token
     )
 
 
-@register_scheme("jko")
+@register_scheme(
+    SchemeSpec(
+        "jko",
+        title="JKO",
+        summary="minimizing movements (one optimal-transport problem a step)",
+        needs_dt=True,
+        adaptive_step=True,
+        adaptive_mesh=True,
+        velocity="gradient",
+        # that of the explicit schemes, and the harmonic basis of its Hessian (about (p + 1)^2
+        # doubles) and the sparse direct factorisation
+        bytes_per_cell=(2.0 + 8.0) * 1024,
+        state_per_cell=(2, 0),
+    )
+)
 def _jko(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
-    _no_background("jko", options)
     return JKOSolver(
         cv,
         attention,
