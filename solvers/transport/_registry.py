@@ -19,9 +19,8 @@ from meshes import ControlVolumes
 from solvers.attention import Attention
 from solvers.stepping import TokenScheme
 from solvers.transport._finite_volume import TransportSolver
-from solvers.transport._jko import JKOSolver
-from solvers.transport._jko_adaptive import StepControl
 from solvers.transport._particles import MeshParticles
+from solvers.transport.jko import JKOSolver, StepControl
 from solvers.weights import WeightDynamics
 
 __all__ = ["SCHEMES", "SchemeFactory", "SchemeOptions", "make_scheme", "register_scheme"]
