@@ -191,7 +191,7 @@ def full_matrix_check(study: Path, M: int) -> list[dict]:
     """
     import json
 
-    from drivers._paper1 import Setup
+    from drivers._paper1_setup import Setup
     from drivers.paper1_ou_s2 import ou_weights
 
     setup = Setup(out=study, **json.loads((study / "summary.json").read_text())["setup"])
