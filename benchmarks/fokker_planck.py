@@ -1,6 +1,6 @@
 r"""Time per implicit step and KSP iterations of the Fokker-Planck solver on p = 2, 3 boxes.
 
-Problem: the Fokker-Planck equation of :mod:`solvers.fokker_planck` on the box [-4, 4]^p with
+Problem: the Fokker-Planck equation of :mod:`solvers.weights` (``FokkerPlanckSolver``) on the box [-4, 4]^p with
 a rotating, time-periodic linear drift (non-symmetric A, so the matrices are non-symmetric and
 change every step)
 

@@ -1,10 +1,10 @@
 r"""Cost of one JKO step on the icosphere: time, Newton and Krylov counts per level and rank count.
 
-Problem: the minimizing movement of ``solvers.jko`` for one identity head, beta = 3,
+Problem: the minimizing movement of ``solvers.transport.jko`` for one identity head, beta = 3,
 s = -1 (tokens descend E: the convex case of [P1]'s experiments), the density
 ``exp(2 z) + 0.5 exp(2 x)`` and a fixed step tau on S^2 levels (3: 1,280 cells ... 7: 327,680,
 8: 1,310,720), with the solver's default options (fieldsplit, ASM blocks with local LU and an
-overlap that follows the Courant number: ``solvers/transport/_jko_solver.py``). For each
+overlap that follows the Courant number: ``solvers/transport/jko/_solver.py``). For each
 level and rank count the table reports
 
 - ``setup``: the constructor (PETSc objects, KSP set-up);
@@ -143,7 +143,7 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
     from solvers.attention import Attention, Head
     from solvers.attention.lowrank import lowrank_kernel_sums
     from solvers.transport import JKOSolver, initial_density
-    from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian
+    from solvers.transport.jko._hessian import ExpansionHessian, KernelHessian
     from solvers.weights import make_weights
 
     comm = MPI.COMM_WORLD
@@ -262,7 +262,7 @@ def run_products(level: int, args: argparse.Namespace) -> dict:
     from meshes import control_volumes, icosphere
     from solvers.attention import GlobalSources
     from solvers.transport import circumcentres
-    from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian, checked_expansion
+    from solvers.transport.jko._hessian import ExpansionHessian, KernelHessian, checked_expansion
 
     comm = MPI.COMM_WORLD
     cv = control_volumes(icosphere(comm, level))

@@ -11,7 +11,7 @@ launched with:
 * ``fv``: explicit finite volumes (MUSCL, SSP-RK3, CFL 0.4, backend auto: certified spectral
   sums at beta = 32), the step from the CFL number for the whole run;
 * ``jko``: the minimizing movement with fixed tau (``--taus``, default 0.1 and 0.05);
-* ``adaptive``: the same with the adaptive step (``solvers.transport._jko_adaptive``: first
+* ``adaptive``: the same with the adaptive step (``solvers.transport.jko._adaptive``: first
   step 0.1, ``--target``, ``--rate``, tau_max ``--tau-max``);
 * ``plateau``: from the state of the first fixed-tau run at ``--t-plateau`` (default 30, on the
   plateau), the adaptive step to t_end: the plateau alone, against the fixed run's end state.

@@ -4,7 +4,7 @@ Issue 18 item 4, [P2]. From the same token density on an icosphere, two finite-v
 (solvers.transport.TransportSolver, MUSCL + SSP-RK3) to time T: one driven by H heads theta_h
 drawn iid from the weight measure rho (FrozenWeights, equal weights 1/H: the finite-head
 transformer), one by the integrated velocity X_rho (the cell quadrature of rho, frozen at
-t = 0: :class:`FrozenQuadrature`). Both use the same mesh, time stepping and numerical
+t = 0: :class:`solvers.weights.FrozenQuadrature`). Both use the same mesh, time stepping and numerical
 diffusion, so their difference is the effect of the velocity error X_H - X_rho alone. By
 Dobrushin-type stability, W_1(mu_T^H, mu_T) <= C_T sup_{t, x} |X_H - X_rho| =
 O(H^{-1/2} sqrt(log H)) ([P2]). Measured: W_1 between the two cell-mass measures at the cell
@@ -22,35 +22,17 @@ import numpy as np
 
 from drivers.engine import GatheredCells
 from meshes import control_volumes, icosphere
-from solvers.attention import Attention, Head
+from solvers.attention import Attention
 from solvers.diagnostics import binned_wasserstein, fit_power_law
 from solvers.transport import TransportSolver, initial_density
-from solvers.weights import FokkerPlanckWeights, WeightDynamics, make_weights
+from solvers.weights import (
+    FokkerPlanckWeights,
+    FrozenQuadrature,
+    WeightDynamics,
+    make_weights,
+)
 
-__all__ = ["FrozenQuadrature", "trajectory_study"]
-
-
-class FrozenQuadrature(WeightDynamics):
-    """The cell quadrature of rho at t = 0, frozen in time: heads theta_i with weights w_i.
-
-    Args:
-        measure: the weight measure (its heads and weights at t = 0 are taken).
-    """
-
-    kind = "frozen"
-
-    def __init__(self, measure: FokkerPlanckWeights) -> None:
-        self._heads = measure.heads_at(0.0)
-        self._weights = np.asarray(measure.head_weights_at(0.0), dtype=np.float64).copy()
-        self.n_heads, self.d = len(self._heads), measure.d
-
-    def heads_at(self, t: float) -> list[Head]:
-        """The quadrature heads (every t)."""
-        return list(self._heads)
-
-    def head_weights_at(self, t: float) -> np.ndarray:
-        """The quadrature weights (every t)."""
-        return self._weights
+__all__ = ["trajectory_study"]
 
 
 def _run(cv, attention: Attention, weights: WeightDynamics, rho0: np.ndarray, t_end: float):

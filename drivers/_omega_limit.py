@@ -1,10 +1,9 @@
-r"""The pieces of drivers/paper1_omega_limit_s2.py: OU heads in a parameter family, the summary.
+r"""The tables and figures of drivers/paper1_omega_limit_s2.py.
 
-- :class:`OUParameterHeads`: H heads :math:`D(\theta_h(t))` of a
-  :class:`solvers.weights.ParameterisedHeads` family, each parameter an independent
-  Ornstein-Uhlenbeck path :math:`d\theta = -\theta\,dt + \sigma\,dW` (Euler-Maruyama on a
-  grid of its own, seeded, piecewise linear in between, like
-  :class:`solvers.weights.OrnsteinUhlenbeckWeights` for full matrices);
+The heads (OU paths in a parameter family, :class:`solvers.weights.OUParameterHeads`, and the
+stationary law of the matrix OU process, :func:`solvers.weights.stationary_ou_heads`) are in
+:mod:`solvers.weights`; here:
+
 - :class:`Trajectory`, :func:`summarise`: the records of one run and the late-time table, the
   exponents in H (bootstrap over paths) and the exponential rate of the limit run;
 - :func:`plot_g2_limit`, :func:`plot_g2_vs_H`: the figures (rank 0).
@@ -13,89 +12,27 @@ r"""The pieces of drivers/paper1_omega_limit_s2.py: OU heads in a parameter fami
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from drivers._paper1 import time_average
-from solvers.attention import Attention, Head
+from solvers.attention import Attention
 from solvers.diagnostics import bootstrap_interval, fit_power_law, metric_diagnostics
-from solvers.weights import ParameterisedHeads, WeightDynamics
+from solvers.weights import stationary_ou_heads
 
 __all__ = [
-    "OUParameterHeads",
     "Trajectory",
     "full_matrix_check",
     "plot_g2_limit",
     "plot_g2_vs_H",
-    "stationary_ou_heads",
     "summarise",
     "summarise_full_matrix",
 ]
 
 #: the late-time quantities of summary.csv (each a time average over [T/2, T])
 LATE_KEYS = ("G2_sampled", "G2_limit", "slope_defect_limit")
-
-
-class OUParameterHeads(WeightDynamics):
-    r"""H heads :math:`D(\theta_h(t))`, :math:`\theta_h` independent OU paths in :math:`R^p`.
-
-    On the grid :math:`t_k = k\,\Delta t`:
-    :math:`\theta_{k+1} = \theta_k - \theta_k \Delta t + \sigma \sqrt{\Delta t}\,\xi_k`,
-    :math:`\xi_k` iid N(0, I) from ``np.random.default_rng(seed)``; the path is generated up
-    to ``t_end`` at construction (memory (t_end / dt) H p floats), identical on every rank.
-
-    Args:
-        family: the map :math:`\theta \mapsto (I, D(\theta), D(\theta))`.
-        theta0: (H, p) initial parameters.
-        sigma: the noise amplitude (>= 0).
-        dt: the grid step (> 0).
-        t_end: the last time that will be asked for.
-        seed: the seed of the noise.
-    """
-
-    kind = "ou"
-
-    def __init__(
-        self,
-        family: ParameterisedHeads,
-        theta0: np.ndarray,
-        sigma: float,
-        dt: float,
-        t_end: float,
-        seed: int | Sequence[int],
-    ) -> None:
-        theta0 = np.array(theta0, dtype=np.float64)
-        if theta0.ndim != 2 or theta0.shape[1] != family.p:
-            raise ValueError(f"theta0 must have shape (H, {family.p}), got {theta0.shape}")
-        if not (dt > 0 and sigma >= 0 and t_end > 0):
-            raise ValueError("dt > 0, sigma >= 0 and t_end > 0 are required")
-        self.family, self.dt = family, float(dt)
-        self.n_heads, self.d = theta0.shape[0], family.d
-        n = math.ceil(t_end / dt) + 1
-        xi = np.random.default_rng(seed).standard_normal((n, *theta0.shape))
-        path = np.empty((n + 1, *theta0.shape))
-        path[0] = theta0
-        for k in range(n):
-            path[k + 1] = path[k] * (1.0 - dt) + sigma * math.sqrt(dt) * xi[k]
-        self.path = path
-
-    def parameters_at(self, t: float) -> np.ndarray:
-        """theta_h(t), shape (H, p): the grid values, linear in between."""
-        s = float(t) / self.dt
-        if not (math.isfinite(s) and -1e-9 <= s <= len(self.path) - 1):
-            raise ValueError(
-                f"t = {t} is outside the generated path [0, {self.dt * (len(self.path) - 1):g}]"
-            )
-        k = min(max(math.floor(s + 1e-9), 0), len(self.path) - 2)
-        theta = min(max(s - k, 0.0), 1.0)
-        return (1.0 - theta) * self.path[k] + theta * self.path[k + 1]
-
-    def heads_at(self, t: float) -> list[Head]:
-        """The heads (I, D(theta_h(t)), D(theta_h(t)))."""
-        return self.family.heads(self.parameters_at(t))
 
 
 @dataclass
@@ -238,20 +175,6 @@ def plot_g2_vs_H(path: Path, table: list[dict], exponents: dict) -> None:
     plt.close(fig)
 
 
-def stationary_ou_heads(M: int, d: int, sigma: float, seed: int | Sequence[int]) -> list[Head]:
-    r"""M heads (I, D, D) drawn from the stationary law of [P1]'s matrix OU process.
-
-    :math:`dD = (I - D)\,dt + \sigma\,dW_{sym}` (``solvers.weights.OrnsteinUhlenbeckWeights``)
-    has the stationary law :math:`D_{ii} \sim N(1, \sigma^2/2)`,
-    :math:`D_{ij} \sim N(0, \sigma^2/4)` (i < j), independent:
-    :math:`D = I + \sigma (Z + Z^T) / (2\sqrt 2)` with Z iid N(0, 1).
-    """
-    Z = np.random.default_rng(seed).standard_normal((M, d, d))
-    D = np.eye(d) + sigma * (Z + Z.swapaxes(1, 2)) / (2.0 * math.sqrt(2.0))
-    eye = np.eye(d)
-    return [Head(eye, D[m], D[m]) for m in range(M)]
-
-
 def full_matrix_check(study: Path, M: int) -> list[dict]:
     """G^2 of the final particle states of drivers/paper1_ou_s2.py under their own heads at T
     and under two independent M-sample Monte Carlo quadratures of the stationary law.
@@ -268,7 +191,7 @@ def full_matrix_check(study: Path, M: int) -> list[dict]:
     """
     import json
 
-    from drivers._paper1 import Setup
+    from drivers._paper1_setup import Setup
     from drivers.paper1_ou_s2 import ou_weights
 
     setup = Setup(out=study, **json.loads((study / "summary.json").read_text())["setup"])

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from drivers._paper1 import Run
+    from drivers._paper1_setup import Run
 
 __all__ = ["plot_g2", "plot_maximal_slope", "plot_scaling", "plot_snapshots"]
 

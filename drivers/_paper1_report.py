@@ -26,18 +26,18 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from drivers._paper1_figures import plot_g2, plot_maximal_slope, plot_scaling, plot_snapshots
+from drivers._paper1_setup import Run
 from drivers.engine import plot_budget, write_final, write_json
 from solvers.diagnostics import EDI_COLUMNS, bootstrap_interval, fit_power_law
 
 if TYPE_CHECKING:
-    from drivers._paper1 import Setup
+    from drivers._paper1_setup import Setup
 
 __all__ = [
     "LATE_KEYS",
@@ -57,19 +57,6 @@ LATE_KEYS = ("G2", "slope2", "slope_defect", "uphill_mass", "relative_defect")
 
 #: The exponent of the late-time G^2 in H reported by [P1], section 6.
 PAPER_SLOPE = {"ou": -1.0, "oscillating": 0.0}
-
-
-@dataclass
-class Run:
-    """One trajectory: metrics rows (rank 0 gets all), snapshots (rank 0), wall time."""
-
-    scheme: str
-    H: int
-    path: int
-    rows: list[dict[str, float]]
-    snapshots: dict[float, np.ndarray]
-    final: np.ndarray | None
-    wall: float
 
 
 # %% Output

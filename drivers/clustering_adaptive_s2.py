@@ -38,8 +38,8 @@ densities: final.npz, and density.xdmf at the output nearest ``--t-mid``) and th
 both measures are quantised onto adaptive bins of the icosphere hierarchy (split while a bin's
 mass times its radius exceeds ``--w1-tol`` = 1e-7; coarser, by factors of 4, until neither
 measure occupies more than ``--w1-bins`` = 8000 bins), and the exact W1 between the binned
-measures is computed by POT's network simplex (``drivers/_adaptive_study.py``). The method's
-error is bounded per pair by the exact cost of the quantisation,
+measures is computed by POT's network simplex (``solvers.diagnostics.wasserstein1``). The
+method's error is bounded per pair by the exact cost of the quantisation,
 
     sum_i a_i d(x_i, Q x_i) + sum_j b_j d(y_j, Q y_j)
 
@@ -120,11 +120,11 @@ from drivers._adaptive_study import (
     plot_meshes,
     plot_w1,
     series_measure,
-    wasserstein1,
     write_table,
 )
 from drivers._experiment import Experiment
 from drivers.engine import run, validate, write_final
+from solvers.diagnostics import wasserstein1
 
 comm = MPI.COMM_WORLD
 

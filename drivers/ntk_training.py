@@ -11,7 +11,7 @@ r_{k+1} = (I - eta K(w_k)) r_k + O(|r|^2) with the NTK Gram matrix
     K(w) = J P J^T,   J = df/dw (rows: exact discrete-adjoint gradients of int phi_j dmu_T),
 
 so near the optimum L decays per step at the predicted rate -2 log|1 - eta lambda_min(K)|
-(-> 2 lambda_min per unit training time s = k eta); see drivers/_ntk.py.
+(-> 2 lambda_min per unit training time s = k eta); see solvers/training/_ntk.py.
 
 Three cases (start w0 = w* + 0.05 dw, eta = 0.5 / lambda_max(K(w*))):
   nondegenerate: heads (I, I, I), (I, I, R), (I, diag(1, -1), diag(1, 0)) (R the rotation by
@@ -64,9 +64,13 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._ntk import (
+from drivers.engine import MetricsWriter, write_final
+from meshes import circle, control_volumes
+from solvers.attention import Attention, GlobalSources, Head
+from solvers.training import (
     FEATURES,
     FeatureLoss,
+    TokenTransportModel,
     features,
     gradient_descent,
     jacobian,
@@ -74,10 +78,6 @@ from drivers._ntk import (
     ntk,
     predicted_rate,
 )
-from drivers.engine import MetricsWriter, write_final
-from meshes import circle, control_volumes
-from solvers.attention import Attention, GlobalSources, Head
-from solvers.training import TokenTransportModel
 from solvers.transport import initial_density
 
 #: Columns of ntk.csv.

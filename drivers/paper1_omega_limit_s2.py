@@ -86,7 +86,6 @@ import numpy as np
 
 from drivers._experiment import Experiment
 from drivers._omega_limit import (
-    OUParameterHeads,
     Trajectory,
     full_matrix_check,
     plot_g2_limit,
@@ -103,6 +102,7 @@ from solvers.transport import ParticleSystem
 from solvers.weights import (
     FokkerPlanckSolver,
     FokkerPlanckWeights,
+    OUParameterHeads,
     ParameterisedHeads,
     WeightDynamics,
     gaussian_density,

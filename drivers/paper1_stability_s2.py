@@ -7,7 +7,7 @@ beta = 1, s = -1 (also s = +1 below), head weights w_h = 1/H:
     X[mu](x) = s sum_h w_h P_x V_h ybar_h(x),   ybar_h(x) = int y e^{beta <x, A_h y>} dmu(y) / Z_h(x),
 
 A_h = Q_h^T K_h, P_x = I - x x^T. With a_h = ||A_h||_2, v_h = ||V_h||_2 and chordal distances
-(drivers/_stability.py and docs/model.md derive them):
+(solvers/diagnostics/_stability.py and docs/model.md derive them):
 
     L_x = sum_h w_h v_h (1 + beta a_h)          Lipschitz constant of x -> X[mu](x), any mu,
     L   = 2 sum_h w_h v_h (1 + beta a_h)        d/dt max_i |x_i - y_i| <= L max_i |x_i - y_i|,
@@ -91,27 +91,25 @@ import numpy as np
 
 from drivers._experiment import Experiment
 from drivers._paper1 import caps_expression, octahedron_tokens, write_csv
-from drivers._stability import (
+from drivers._stability import exponent_rows, plot_input, plot_weights
+from drivers.engine import GatheredCells, write_final
+from meshes import ControlVolumes, control_volumes, icosphere, mesh_quality
+from solvers.attention import Attention, Head, gather_measure, measure_diagnostics
+from solvers.diagnostics import (
     LipschitzBound,
     decayed_heads,
     dirac_energy,
     distances,
-    exponent_rows,
     fit_rate,
     lipschitz_bound,
     min_dirac_energy,
     perturbed_heads,
-    plot_input,
-    plot_weights,
     rest_point,
     sampled_lipschitz,
     tangent_perturbation,
     transport_w1,
     two_point_measure,
 )
-from drivers.engine import GatheredCells, write_final
-from meshes import ControlVolumes, control_volumes, icosphere, mesh_quality
-from solvers.attention import Attention, Head, gather_measure, measure_diagnostics
 from solvers.transport import ParticleSystem, TransportSolver, initial_density
 from solvers.weights import FrozenWeights, random_symmetric
 
@@ -421,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     # %% Problem
     # ----------
     # Constant heads (I, D_h, D_h), D_h = Z + Z^T as drivers/paper1_ou_s2.py at t = 0; the
-    # Lipschitz constants of drivers/_stability.py, and a sampled check of L_x (on the
-    # initial tokens and on the two-point measure that nearly attains it).
+    # Lipschitz constants (solvers.diagnostics.lipschitz_bound), and a sampled check of L_x (on
+    # the initial tokens and on the two-point measure that nearly attains it).
     all_H = sorted(set(args.heads) | set(args.mesh_heads))
     D = {H: random_symmetric(H, 3, [args.seed, H, 0]) for H in all_H}
     bounds = {H: lipschitz_bound(heads_of(D[H]), args.beta) for H in all_H}

@@ -11,39 +11,11 @@
   training;
 - :mod:`solvers.gaussian`: the Gaussian moment dynamics of [P3];
 - :mod:`solvers.stepping`: the one stepping interface every scheme implements;
+- :mod:`solvers.adjoint`, :mod:`solvers.initial`, :mod:`solvers.losses`: the paths of the first
+  version, kept as re-exports of :mod:`solvers.training` and :mod:`solvers.transport`;
 - :mod:`solvers.errors`: the exceptions a run stops on; :mod:`solvers.threads`: how ranks and
   numba threads share the cores (call :func:`solvers.threads.configure_threads` once at
   start-up; the command line and the drivers do).
 
 Solvers neither print nor write files; the engine in :mod:`drivers.engine` does.
 """
-
-from solvers.compat import register_moves
-
-register_moves(
-    {
-        "solvers.kernels": "solvers.attention._kernels",
-        "solvers.lowrank": "solvers.attention.lowrank._expansion",
-        "solvers.lowrank_bounds": "solvers.attention.lowrank._bounds",
-        "solvers.lowrank_monomial": "solvers.attention.lowrank._monomial",
-        "solvers.lowrank_sphere": "solvers.attention.lowrank._sphere",
-        "solvers.sphere_basis": "solvers.attention.sphere_basis",
-        "solvers.particles": "solvers.transport._particles",
-        "solvers.jko": "solvers.transport._jko",
-        "solvers._jko_fv": "solvers.transport._jko_fv",
-        "solvers._jko_hessian": "solvers.transport._jko_hessian",
-        "solvers.initial": "solvers.transport._initial",
-        "solvers.deposit": "solvers.transport._deposit",
-        "solvers.fokker_planck": "solvers.weights._fokker_planck",
-        "solvers.weight_measure": "solvers.weights._weight_measure",
-        "solvers.edi": "solvers.diagnostics._edi",
-        "solvers.distances": "solvers.diagnostics._distances",
-        "solvers.adjoint": "solvers.training._adjoint",
-        "solvers.losses": "solvers.training._losses",
-        "solvers.training_particles": "solvers.training._particles",
-        "solvers.reachability": "solvers.gaussian._reachability",
-        "solvers.gaussianity": "solvers.gaussian._gaussianity",
-        "solvers.io": "drivers.engine",
-        "solvers.checkpoint": "drivers.engine._checkpoint",
-    }
-)

@@ -162,7 +162,7 @@ def test_distributed_losses_equal_the_gathered_form(comm):
 
 
 class _OldInterface:
-    """A loss of the old interface only (the gathered measure), e.g. drivers/_ntk.FeatureLoss."""
+    """A loss of the old interface only (the gathered measure), e.g. solvers.training.FeatureLoss."""
 
     kind = "old"
 

@@ -1,4 +1,5 @@
-"""Energy-dissipation budget (solvers/edi.py): derivatives, and the EDI residual of each scheme.
+"""Energy-dissipation budget (solvers/diagnostics/_edi.py): derivatives, and the EDI residual of
+each scheme.
 
 What is asserted (rates fitted by least squares on log residual against log step):
 

@@ -207,7 +207,7 @@ def test_step_minimises_the_discrete_functional(sign):
     beta, tau = 3.0, 0.3
     s = _jko(cv, Attention(beta, sign), S2_DENSITY, tau, prefix="jko_min_")
     r = s.step()
-    # the solver works with E / sigma and b / sigma (solvers._jko_energy): w in units of b
+    # the solver works with E / sigma and b / sigma (solvers.transport.jko._energy): w in units of b
     ctx = s._system.ctx
     op, w, rho_old = s._op, ctx["w"] / s.energy_scale, ctx["rho_old"]
     p = s.points

@@ -1,4 +1,4 @@
-"""Adaptive tau of the JKO scheme (``solvers/transport/_jko_adaptive.py``): the activity and
+"""Adaptive tau of the JKO scheme (``solvers/transport/jko/_adaptive.py``): the activity and
 rate rules, the Newton and retry guards, invariants along an adaptive run, identical steps on
 any number of ranks, bitwise restarts, and bad input.
 
@@ -18,7 +18,7 @@ import pytest
 from meshes import control_volumes, icosphere
 from solvers.attention import Attention, Head
 from solvers.transport import JKOSolver, SchemeOptions, StepControl, initial_density, make_scheme
-from solvers.transport._jko_adaptive import CEILING_RISE, REJECT, StepController
+from solvers.transport.jko._adaptive import CEILING_RISE, REJECT, StepController
 from solvers.weights import make_weights
 
 S2_DENSITY = "exp(2 * x[2]) + 0.5 * exp(2 * x[0])"

@@ -1,5 +1,5 @@
 """The JKO scheme with the entropy term nu c int rho log rho (noisy tokens,
-``solvers/transport/_jko_entropy.py``): heat-kernel decay with rates in tau and h, mass,
+``solvers/transport/jko/_entropy.py``): heat-kernel decay with rates in tau and h, mass,
 positivity, free-energy decrease, the mobility scale, parallel parity and bad input.
 
 Runs serially and under ``timeout 900 mpiexec -n 2 python -m pytest -q tests/test_jko_diffusion.py``.

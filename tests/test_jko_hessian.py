@@ -1,4 +1,4 @@
-"""The dense block of the JKO Newton system (``solvers/transport/_jko_hessian.py``): the
+"""The dense block of the JKO Newton system (``solvers/transport/jko/_hessian.py``): the
 expansion's BLAS products against an extended-precision evaluation of the same expansion and
 against the exact kernel, its degree, and the kernel-sum operator.
 
@@ -16,7 +16,7 @@ import pytest
 from meshes import control_volumes, icosphere
 from solvers.attention import GlobalSources
 from solvers.transport import circumcentres
-from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian, make_hessian
+from solvers.transport.jko._hessian import ExpansionHessian, KernelHessian, make_hessian
 
 
 def _gather(comm, a):

@@ -1,4 +1,4 @@
-"""The JKO Newton system's default preconditioner (``solvers/transport/_jko_solver.py``):
+"""The JKO Newton system's default preconditioner (``solvers/transport/jko/_solver.py``):
 refinement-independent Newton and Krylov counts, the Courant-number overlap of the ASM
 blocks, the subdomain solvers' options, the direct solve as an option, and a failed linear
 solve reported with PETSc's reasons.
@@ -19,7 +19,7 @@ from meshes import control_volumes, icosphere
 from solvers.attention import Attention, Head
 from solvers.errors import SolverError
 from solvers.transport import JKOSolver, initial_density
-from solvers.transport._jko_solver import MAX_OVERLAP, overlap_for
+from solvers.transport.jko._solver import MAX_OVERLAP, overlap_for
 from solvers.weights import make_weights
 
 S2_DENSITY = "exp(2 * x[2]) + 0.5 * exp(2 * x[0])"

@@ -1,4 +1,4 @@
-"""Low-rank expansion of the attention kernel (solvers/lowrank.py) and its backends.
+"""Low-rank expansion of the attention kernel (solvers/attention/lowrank/) and its backends.
 
 Runs serially and under ``timeout 600 mpiexec -n 2 python -m pytest tests/test_lowrank.py``;
 only :func:`test_distributed_matches_serial` communicates.

@@ -1,7 +1,8 @@
 """The NTK of the deep token-transport model and the local linear rate of training (issue 18).
 
-drivers/_ntk.py: outputs f_j = int phi_j dmu_T of the deep model on S^1 (16 composed upwind
-steps), L = |f - y|^2 / 2, projected gradient descent on the head weights, K = J P J^T.
+solvers/training/_ntk.py (``solvers.training``): outputs f_j = int phi_j dmu_T of the deep
+model on S^1 (16 composed upwind steps), L = |f - y|^2 / 2, projected gradient descent on the
+head weights, K = J P J^T.
 
 - K matches its definition: symmetric, PSD, J (adjoint) against central finite differences
   of the forward map (1e-6 relative), and grad L = J^T (f - y);
@@ -19,9 +20,13 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers._ntk import (
+from drivers.ntk_training import make_heads
+from meshes import circle, control_volumes
+from solvers.attention import Attention
+from solvers.training import (
     FEATURES,
     FeatureLoss,
+    TokenTransportModel,
     features,
     gradient_descent,
     jacobian,
@@ -30,10 +35,6 @@ from drivers._ntk import (
     predicted_rate,
     simplex_projector,
 )
-from drivers.ntk_training import make_heads
-from meshes import circle, control_volumes
-from solvers.attention import Attention
-from solvers.training import TokenTransportModel
 from solvers.transport import initial_density
 
 
@@ -103,3 +104,18 @@ def test_degenerate_ntk_does_not_give_the_rate(comm):
     rate, _ = measured_rate(run.loss, len(run.loss) // 2)
     assert rate == pytest.approx(predicted_rate(lam[-1], eta), rel=1e-5)
     assert run.loss[-1] < 1e-20 * run.loss[0]
+
+
+def test_rates_of_an_exact_geometric_decay():
+    """measured_rate of L_k = C q^k is -log q (the round-off floor cut off), predicted_rate
+    of lam, eta is -2 log|1 - eta lam|, and P = I - 11^T/H projects onto sum-zero vectors."""
+    q, eta, lam = 0.8, 0.3, 1.5
+    loss = [2.0 * q**k for k in range(40)] + [1e-30] * 5
+    rate, residual = measured_rate(loss, first=10)
+    assert rate == pytest.approx(-np.log(q), rel=1e-12) and residual < 1e-12
+    assert np.isnan(measured_rate(loss[:12], first=10)[0])  # fewer than 3 steps in the window
+    assert predicted_rate(lam, eta) == pytest.approx(-2.0 * np.log(abs(1.0 - eta * lam)))
+    assert predicted_rate(4.0 / eta, eta) == pytest.approx(-2.0 * np.log(3.0))  # |1 - 4| = 3
+    P = simplex_projector(4)
+    np.testing.assert_allclose(P @ np.ones(4), 0.0, atol=1e-15)
+    np.testing.assert_allclose(P @ P, P, atol=1e-15)

@@ -19,10 +19,15 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers._omega_limit import OUParameterHeads, stationary_ou_heads
 from solvers.attention import Attention, Head
 from solvers.diagnostics import metric_diagnostics
-from solvers.weights import OrnsteinUhlenbeckWeights, ParameterisedHeads, random_symmetric
+from solvers.weights import (
+    OrnsteinUhlenbeckWeights,
+    OUParameterHeads,
+    ParameterisedHeads,
+    random_symmetric,
+    stationary_ou_heads,
+)
 
 SIGMA = math.sqrt(2.0)
 

@@ -1,4 +1,5 @@
-"""Tests of solvers.particles: the discrete multi-head transformer (docs/model.md, M1, section 2)."""
+"""Tests of the particle scheme (``solvers.transport.ParticleSystem``): the discrete multi-head
+transformer (docs/model.md, M1, section 2)."""
 
 from __future__ import annotations
 

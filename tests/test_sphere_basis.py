@@ -1,5 +1,6 @@
-"""Orthonormal polynomial bases on S^1 and S^2 (solvers/sphere_basis.py) and the sphere-basis
-form of the attention kernel (solvers/lowrank_sphere.py). No communication."""
+"""Orthonormal polynomial bases on S^1 and S^2 (solvers/attention/sphere_basis.py) and the
+sphere-basis form of the attention kernel (solvers/attention/lowrank/_sphere.py). No
+communication."""
 
 from __future__ import annotations
 

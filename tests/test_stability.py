@@ -1,4 +1,4 @@
-"""Stability of the attention flow (drivers/_stability.py, drivers/paper1_stability_s2.py).
+"""Stability of the attention flow (solvers/diagnostics/_stability.py, drivers/paper1_stability_s2.py).
 
 The Lipschitz bounds of the velocity (docs/model.md, "Stability"), checked by sampling, with
 non-vacuity checks (the bound in x is nearly attained; a too small rate fails); the coupled
@@ -18,12 +18,16 @@ import numpy as np
 import pytest
 
 from drivers._paper1 import octahedron_tokens
-from drivers._stability import (
+from solvers.attention import Attention, Head, gather_measure, measure_diagnostics
+from solvers.diagnostics import (
     assignment_w1,
     decayed_heads,
+    dirac_energy,
+    distances,
     fit_rate,
     growth_exponents,
     lipschitz_bound,
+    min_dirac_energy,
     perturbed_heads,
     rest_point,
     sampled_lipschitz,
@@ -31,7 +35,6 @@ from drivers._stability import (
     transport_w1,
     two_point_measure,
 )
-from solvers.attention import Attention, Head, gather_measure, measure_diagnostics
 from solvers.transport import ParticleSystem
 from solvers.weights import FrozenWeights, random_symmetric
 
@@ -148,6 +151,47 @@ def test_rates_and_exponents_on_known_data():
     y = tangent_perturbation(x, 1e-3, [0, 11])
     assert np.allclose(np.linalg.norm(y, axis=1), 1.0)
     assert np.allclose(np.linalg.norm(x - y, axis=1), 2 * np.sin(np.arctan(1e-3) / 2))
+
+
+def test_bound_constants_and_dirac_energies_on_exact_heads():
+    """The constants of lipschitz_bound for heads with known spectral norms (a_h, v_h), against
+    their closed forms; E(delta_x) of identity heads; the minimum over x of E(delta_x) of one
+    diagonal head is e^{beta lambda_min} / (2 beta), approached from above by sampling."""
+    beta = 0.5
+    A1, V1 = np.diag([2.0, -1.0, 0.5]), np.diag([3.0, 1.0, -0.5])  # a = 2, v = 3
+    A2, V2 = np.diag([1.0, 0.0, 0.0]), 2.0 * np.eye(3)  # a = 1, v = 2
+    heads = [Head(np.eye(3), A1, V1), Head(np.eye(3), A2, V2)]
+    b = lipschitz_bound(heads, beta, head_weights=np.array([1.0, 3.0]))  # w = (1/4, 3/4)
+    np.testing.assert_allclose(b.a, [2.0, 1.0])
+    np.testing.assert_allclose(b.v, [3.0, 2.0])
+    L_x = 0.25 * 3.0 * (1.0 + 1.0) + 0.75 * 2.0 * (1.0 + 0.5)
+    assert b.L_x == pytest.approx(L_x, rel=1e-14) and b.L_sources == pytest.approx(L_x)
+    assert b.L == pytest.approx(2.0 * L_x, rel=1e-14)
+    extra = 0.25 * 3.0 * math.e**2 * 3.0 + 0.75 * 2.0 * math.e * 2.0
+    assert b.L_w1 == pytest.approx(L_x + extra, rel=1e-14)
+    assert lipschitz_bound(heads, beta).w.tolist() == [0.5, 0.5]
+    eye = [Head(np.eye(3), np.eye(3), np.eye(3))] * 2
+    x = np.array([0.6, 0.0, 0.8])
+    assert dirac_energy(eye, 2.0, x) == pytest.approx(math.exp(2.0) / 4.0, rel=1e-14)
+    assert dirac_energy(heads[:1], beta, x) == pytest.approx(
+        math.exp(beta * (2.0 * 0.36 + 0.5 * 0.64)) / (2.0 * beta), rel=1e-14
+    )
+    lowest = math.exp(-beta) / (2.0 * beta)  # lambda_min(A1) = -1
+    sampled = min_dirac_energy(heads[:1], beta, 20_000, seed=3)
+    assert lowest <= sampled <= lowest * (1.0 + 1e-3)
+
+
+def test_paired_distances_of_a_rigid_rotation():
+    """distances(x, R x) for a rotation by angle a about e_3 of points on the equator: every
+    chord is 2 sin(a/2), so d_max = d_mean = 2 sin(a/2), and W1 <= d_mean."""
+    phi = np.linspace(0.0, 2.0 * np.pi, 12, endpoint=False)
+    x = np.stack([np.cos(phi), np.sin(phi), np.zeros_like(phi)], axis=1)
+    a = 0.1
+    y = np.stack([np.cos(phi + a), np.sin(phi + a), np.zeros_like(phi)], axis=1)
+    d = distances(x, y)
+    assert d["d_max"] == pytest.approx(2.0 * math.sin(a / 2.0), rel=1e-13)
+    assert d["d_mean"] == pytest.approx(2.0 * math.sin(a / 2.0), rel=1e-13)
+    assert d["w1"] <= d["d_mean"] + 1e-15 and d["w1"] == pytest.approx(assignment_w1(x, y))
 
 
 # ----------------------------------------------------------------------- input perturbation

@@ -1,4 +1,4 @@
-"""``transformer-pde view``: animations of a results folder (drivers/view.py).
+"""``transformer-pde view``: animations of a results folder (drivers/engine/_view.py).
 
 Tiny S^2, S^1, R^1 and R^2 runs (collective, so the file also runs under ``mpiexec -n 2``),
 then on rank 0: the GIF has one frame per output step (= rows of metrics.csv), no frame is

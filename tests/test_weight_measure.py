@@ -17,6 +17,7 @@ from solvers.weights import (
     MAX_CELLS,
     FokkerPlanckSolver,
     FokkerPlanckWeights,
+    FrozenQuadrature,
     ParameterisedHeads,
     gaussian_density,
     ou_drift,
@@ -134,6 +135,27 @@ def test_sampled_heads_converge_like_inverse_sqrt_H(comm):
     theta = measure.sample_parameters(20000, t, 0)
     _, mean, cov = measure.moments_at(t)
     assert abs(theta.mean() - mean[0]) < 4 * np.sqrt(cov[0, 0] / 20000)
+    measure.solver.destroy()
+
+
+def test_frozen_quadrature_holds_the_initial_law(comm):
+    """FrozenQuadrature: the cells' heads (I, D_0 + theta_i B, same) and weights of Theta_0 at
+    every t, while the measure itself moves on (its weights at t = 1 differ)."""
+    measure = make_measure(comm, prefix="wmf_")
+    w0 = measure.head_weights_at(0.0).copy()
+    frozen = FrozenQuadrature(measure)
+    assert frozen.kind == "frozen" and frozen.n_heads == 64 and frozen.d == 3
+    assert np.max(np.abs(measure.head_weights_at(1.0) - w0)) > 1e-3  # the law moves
+    D = np.eye(3) + measure.centres[:, 0, None, None] * B1[0]
+    for t in (0.0, 0.4, 1.0, 7.5):
+        np.testing.assert_array_equal(frozen.head_weights_at(t), w0)
+        heads = frozen.heads_at(t)
+        assert len(heads) == 64
+        for h, Di in zip(heads, D, strict=True):
+            np.testing.assert_allclose(h.K, Di, rtol=0, atol=1e-15)
+            np.testing.assert_allclose(h.V, Di, rtol=0, atol=1e-15)
+            np.testing.assert_array_equal(h.Q, np.eye(3))
+    assert abs(w0.sum() - 1.0) < 1e-14
     measure.solver.destroy()
 
 

@@ -358,7 +358,7 @@ def paraview(
 
 # --------------------------------------------------------------------------- command line
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``paraview`` (shared by this module's main and drivers.cli)."""
+    """The arguments of ``paraview`` (shared with the command line, ``_cli``)."""
     parser.add_argument("dir", help="results folder with density.xdmf/.h5")
     parser.add_argument(
         "--out", default=None, metavar="FOLDER", help="folder of the frames (default DIR/paraview)"

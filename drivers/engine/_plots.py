@@ -286,7 +286,7 @@ def plot_metrics(path: str | Path, rows: Sequence[dict[str, float]], keys: Seque
 def plot_budget(path: str | Path, rows: Sequence[dict[str, float]], title: str = "") -> None:
     """Energy balance against t: every EDI term, and the residuals on a log scale (rank 0).
 
-    ``rows``: dicts with ``t`` and the columns :data:`solvers.edi.EDI_COLUMNS` (e.g. the
+    ``rows``: dicts with ``t`` and the columns :data:`solvers.diagnostics.EDI_COLUMNS` (e.g. the
     metrics rows of a run), cumulative from the first row. When the rows carry the
     maximal-slope columns (``G2, slope2, slope_defect, uphill_mass``), a third panel shows
     them on a log scale (docs/model.md, M1).

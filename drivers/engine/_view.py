@@ -445,7 +445,7 @@ def view(
 
 # --------------------------------------------------------------------------- command line
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``view`` (shared by this module's main and drivers.cli)."""
+    """The arguments of ``view`` (shared with the command line, ``_cli``)."""
     parser.add_argument("dir", help="results folder with density.xdmf/.h5 (or an .xdmf file)")
     parser.add_argument(
         "--out", default=None, help="animation file, .gif or .mp4 (default DIR/density.gif)"
@@ -517,7 +517,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m drivers.view DIR [--out FILE] [--fps N] [--every K] [--log | --linear]
+    """``transformer-pde view DIR [--out FILE] [--fps N] [--every K] [--log | --linear]
     [--clim LO HI] [--range global|frame]``."""
     parser = _Parser(prog="transformer-pde view", description=__doc__.splitlines()[0])
     add_arguments(parser)

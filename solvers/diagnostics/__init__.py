@@ -20,9 +20,17 @@ super-level sets of a smoothed density on fixed reference bins, ``_persistence``
 (:class:`ClusterTracker`: identities, merge/split/birth/death events, the rows of
 ``clusters.csv``).
 ``_distances`` holds the distances between measures used by the limit studies (binned
-Wasserstein on the sphere, MMD, power-law fits with confidence intervals).
+Wasserstein on the sphere, MMD, power-law fits with confidence intervals), and
+``_adaptive_w1`` the W1 distance of two weighted point clouds on S^2 by adaptive icosphere bins
+with a computed bound of its binning error (:func:`wasserstein1`, :func:`bin_points`).
+``_stability`` bounds the flow's sensitivity to its data and its heads
+(:func:`lipschitz_bound`: the Lipschitz constants of the velocity and the Gronwall rates of
+docs/model.md, "Stability") and measures it (perturbed tokens and heads, W1 by assignment or
+network simplex, growth exponents, rates in the perturbation size, a sampled Lipschitz
+constant, the Dirac rest points of the flow).
 """
 
+from solvers.diagnostics._adaptive_w1 import W1Result, bin_points, wasserstein1
 from solvers.diagnostics._cluster_tracker import (
     CLUSTER_EVENT_KINDS,
     EVENT_COLUMNS,
@@ -86,6 +94,23 @@ from solvers.diagnostics._metric import (
     MetricDiagnostics,
     metric_diagnostics,
 )
+from solvers.diagnostics._stability import (
+    LipschitzBound,
+    assignment_w1,
+    decayed_heads,
+    dirac_energy,
+    distances,
+    fit_rate,
+    growth_exponents,
+    lipschitz_bound,
+    min_dirac_energy,
+    perturbed_heads,
+    rest_point,
+    sampled_lipschitz,
+    tangent_perturbation,
+    transport_w1,
+    two_point_measure,
+)
 
 __all__ = [
     "CLUSTER_EVENT_KINDS",
@@ -130,6 +155,24 @@ __all__ = [
     "fit_power_law",
     "geodesic_cost",
     "interaction_energy",
+    "LipschitzBound",
+    "assignment_w1",
+    "decayed_heads",
+    "dirac_energy",
+    "distances",
+    "fit_rate",
+    "growth_exponents",
+    "lipschitz_bound",
+    "min_dirac_energy",
+    "perturbed_heads",
+    "rest_point",
+    "sampled_lipschitz",
+    "tangent_perturbation",
+    "transport_w1",
+    "two_point_measure",
+    "W1Result",
+    "bin_points",
+    "wasserstein1",
     "metric_diagnostics",
     "mmd_vmf",
     "noise_contraction",

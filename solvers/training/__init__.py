@@ -8,8 +8,12 @@ rho by mean-field Langevin dynamics through the Fokker-Planck solver, and
 :class:`ParticleTraining` trains N tokens / H heads as particles for comparison.
 
 Poincare / log-Sobolev constants of the Gibbs measure and the predicted rates: ``_lsi``.
+The neural tangent kernel of the deep model, K = J P J^T with J the
+discrete-adjoint Jacobian of readout features (:func:`jacobian`, :func:`ntk`), and projected
+gradient descent on the head weights against the rate it predicts (:func:`gradient_descent`,
+:func:`predicted_rate`, :func:`measured_rate`): ``_ntk``.
 
-Modules: ``_adjoint``, ``_losses``, ``_lsi``, ``_mean_field``, ``_particles``.
+Modules: ``_adjoint``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``, ``_particles``.
 """
 
 from solvers.training._adjoint import (
@@ -33,12 +37,27 @@ from solvers.training._lsi import (
     spectral_rate,
 )
 from solvers.training._mean_field import MeanFieldTraining, TrainingState, fit_exponential_rate
+from solvers.training._ntk import (
+    FEATURES,
+    FeatureLoss,
+    GradientDescent,
+    features,
+    gradient_descent,
+    jacobian,
+    measured_rate,
+    ntk,
+    predicted_rate,
+    simplex_projector,
+)
 from solvers.training._particles import ParticleState, ParticleTraining
 
 __all__ = [
+    "FEATURES",
     "AdjointGradient",
+    "FeatureLoss",
     "ForwardSolution",
     "GibbsConstants",
+    "GradientDescent",
     "MMDLoss",
     "MeanFieldTraining",
     "ParticleState",
@@ -47,11 +66,18 @@ __all__ = [
     "TokenTransportModel",
     "TrainingState",
     "distributed_gaussian_kernel_sums",
+    "features",
     "fit_exponential_rate",
     "gaussian_kernel_sums",
     "gibbs_constants",
+    "gradient_descent",
+    "jacobian",
     "linearised_rate",
     "lsi_rate",
+    "measured_rate",
+    "ntk",
+    "predicted_rate",
+    "simplex_projector",
     "softmax_sums",
     "softmax_transposed_sums",
     "spectral_rate",

@@ -175,7 +175,7 @@ class MeanFieldTraining:
         if not (math.isfinite(ds) and ds > 0):
             raise ValueError(f"ds must be finite and > 0, got {ds}")
         if not (hasattr(loss, "value") and hasattr(loss, "first_variation")):
-            raise ValueError(f"loss must be a readout loss of solvers.losses, got {loss!r}")
+            raise ValueError(f"loss must be a readout loss of solvers.training, got {loss!r}")
         pcv = (
             parameter_mesh
             if isinstance(parameter_mesh, BoxControlVolumes)

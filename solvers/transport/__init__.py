@@ -6,7 +6,9 @@ Public face of the transport package: every scheme that the run loop steps.
   SSP Runge-Kutta, dt from the CFL number; the rate of change compiled, ``_fv_kernels``; noise
   by the two-point Laplace-Beltrami operator :class:`TwoPointDiffusion`, ``_diffusion``);
 - :class:`JKOSolver` ("jko"): the minimizing-movement step, a variational finite-volume
-  optimal-transport problem solved by Newton (PETSc SNES);
+  optimal-transport problem solved by Newton (PETSc SNES); the subpackage
+  :mod:`solvers.transport.jko` (its operator, energy, Hessian, entropy, Newton system,
+  preconditioner, adaptive step :class:`StepControl` and result :class:`JKOStep`);
 - :class:`ParticleSystem`: the discrete transformer (weighted particles, RK4/Euler; noise by
   a Brownian step on the sphere, :func:`brownian_mean_factor`), and
   :class:`MeshParticles` ("particles"): particles started at the cell centres of a mesh, with
@@ -16,16 +18,11 @@ Public face of the transport package: every scheme that the run loop steps.
   :mod:`meshes.adaptive`; ``_adaptive``).
 
 Initial data (:func:`initial_density`) and the particle deposit (:func:`deposit_to_cells`)
-live here too. Modules: ``_finite_volume``, ``_jko`` (with ``_jko_fv``: the two-point operator,
-``_jko_energy``: the interaction energy, ``_jko_hessian``: its Hessian, ``_jko_entropy``: the entropy term of noisy tokens,
-``_jko_newton``: the nonlinear system of a step and its SNES callbacks, ``_jko_adaptive``:
-the adaptive step (:class:`StepControl`),
-``_jko_result``: the
-step's result and the PETSc defaults),
-``_particles``, ``_initial``, ``_deposit``, ``_expression`` (the safe grammar of density
-expressions: :class:`Expression`, :data:`EXPRESSION_FUNCTIONS`), ``_registry`` (the scheme registry: ``[time]
-scheme`` names to constructors, :func:`make_scheme`, :func:`register_scheme`, and what each
-scheme accepts: :class:`SchemeSpec`, :func:`scheme_spec`).
+live here too. Modules: ``_finite_volume``, ``_particles``, ``_initial``, ``_deposit``,
+``_expression`` (the safe grammar of density expressions: :class:`Expression`,
+:data:`EXPRESSION_FUNCTIONS`), ``_registry`` (the scheme registry: ``[time] scheme`` names to
+constructors, :func:`make_scheme`, :func:`register_scheme`, and what each scheme accepts:
+:class:`SchemeSpec`, :func:`scheme_spec`); the subpackage ``jko``.
 """
 
 from solvers.transport._adaptive import AdaptiveScheme, AdaptOptions
@@ -48,16 +45,6 @@ from solvers.transport._initial import (
     initial_density,
     random_field,
 )
-from solvers.transport._jko import (
-    DEFAULT_OPTIONS,
-    DIFFUSION_OPTIONS,
-    HESSIANS,
-    VARIANTS,
-    JKOSolver,
-    JKOStep,
-    circumcentres,
-)
-from solvers.transport._jko_adaptive import StepControl
 from solvers.transport._particles import (
     INTEGRATORS,
     MeshParticles,
@@ -74,6 +61,16 @@ from solvers.transport._registry import (
     make_scheme,
     register_scheme,
     scheme_spec,
+)
+from solvers.transport.jko import (
+    DEFAULT_OPTIONS,
+    DIFFUSION_OPTIONS,
+    HESSIANS,
+    VARIANTS,
+    JKOSolver,
+    JKOStep,
+    StepControl,
+    circumcentres,
 )
 
 __all__ = [

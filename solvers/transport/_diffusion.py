@@ -62,7 +62,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes, arc_length
-from solvers.transport._jko_fv import circumcentres
+from solvers.transport.jko import circumcentres
 
 __all__ = ["CELL_POINTS", "SUBSTEP_COURANT", "DiffusionSplit", "TwoPointDiffusion"]
 

@@ -26,9 +26,8 @@ from solvers.attention import Attention
 from solvers.stepping import TokenScheme
 from solvers.transport import _finite_volume, _particles
 from solvers.transport._finite_volume import TransportSolver
-from solvers.transport._jko import JKOSolver
-from solvers.transport._jko_adaptive import StepControl
 from solvers.transport._particles import MeshParticles
+from solvers.transport.jko import JKOSolver, StepControl
 from solvers.weights import WeightDynamics
 
 __all__ = [
@@ -63,12 +62,12 @@ class SchemeOptions:
         petsc_options_prefix: the options prefix of the PETSc objects (jko).
         diffusion: the tokens' noise nu >= 0 (``[attention] diffusion``): fv adds nu Delta_S
             by two-point fluxes, particles a Brownian motion on the sphere, jko
-            the entropy term nu c int rho log rho (``solvers.transport._jko_entropy``).
+            the entropy term nu c int rho log rho (``solvers.transport.jko._entropy``).
         diffusion_step: how fv steps the diffusion, "coupled", "strang" or "implicit"
             (:data:`solvers.transport.DIFFUSION_STEPS`; "implicit": PETSc options prefix
             ``diffusion_``).
         seed: the seed of the particles' Brownian increments (``[weights] seed``).
-        step_control: adaptive step of the "jko" scheme (``solvers.transport._jko_adaptive``;
+        step_control: adaptive step of the "jko" scheme (``solvers.transport.jko._adaptive``;
             ``dt`` is then the first step), or None; fv and particles refuse it.
     """
 

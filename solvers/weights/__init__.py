@@ -5,10 +5,15 @@ frozen, Ornstein-Uhlenbeck (Euler-Maruyama on a grid of its own, seeded) or osci
 (closed form); :func:`make_weights` builds them from configured heads. In the many-head limit
 the heads are a measure Theta_t on a parameter box of R^p, whose density solves a
 Fokker-Planck equation (:class:`FokkerPlanckSolver`: Scharfetter-Gummel finite volumes,
-implicit Euler/BDF2, PETSc); :class:`FokkerPlanckWeights` turns its cells into weighted heads.
+implicit Euler/BDF2, PETSc); :class:`FokkerPlanckWeights` turns its cells into weighted heads,
+:class:`FrozenQuadrature` holds them fixed at t = 0 (the head limit of iid heads).
+:class:`OUParameterHeads` moves H heads of a parameter family by independent OU paths, and
+:func:`stationary_ou_heads` draws heads from the stationary law of the matrix OU process.
 
 Modules: ``_dynamics`` (frozen, OU, oscillating), ``_fokker_planck`` (the solver),
-``_drifts`` (drifts, diffusion and closed forms), ``_weight_measure`` (the measure as heads, sampled heads).
+``_drifts`` (drifts, diffusion and closed forms), ``_weight_measure`` (the measure as heads,
+sampled heads, the frozen quadrature), ``_ou_heads`` (OU paths of parameters, the stationary
+law).
 """
 
 from solvers.weights._drifts import Drift
@@ -41,9 +46,11 @@ from solvers.weights._fokker_planck import (
     ou_drift,
     periodic_drift,
 )
+from solvers.weights._ou_heads import OUParameterHeads, stationary_ou_heads
 from solvers.weights._weight_measure import (
     MAX_CELLS,
     FokkerPlanckWeights,
+    FrozenQuadrature,
     ParameterisedHeads,
     SampledWeights,
 )
@@ -57,9 +64,11 @@ __all__ = [
     "FokkerPlanckSolver",
     "FokkerPlanckStep",
     "FokkerPlanckWeights",
+    "FrozenQuadrature",
     "FrozenWeights",
     "GradientDrift",
     "LinearDrift",
+    "OUParameterHeads",
     "OrnsteinUhlenbeckWeights",
     "OscillatingWeights",
     "ParameterisedHeads",
@@ -79,4 +88,5 @@ __all__ = [
     "periodic_drift",
     "oscillation_phases",
     "random_symmetric",
+    "stationary_ou_heads",
 ]

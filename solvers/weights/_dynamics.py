@@ -122,7 +122,7 @@ class WeightDynamics:
     def head_weights_at(self, t: float) -> np.ndarray | None:
         """Weights w_h(t) >= 0 of the heads (sum 1), shape (H,); None means uniform 1/H.
 
-        Weight measures quadratured over cells (:mod:`solvers.weight_measure`) override this;
+        Weight measures quadratured over cells (``solvers/weights/_weight_measure.py``) override this;
         the token solvers pass it to :meth:`solvers.attention.Attention.velocity`.
         """
         return None

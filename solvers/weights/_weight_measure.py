@@ -15,7 +15,7 @@ on :math:`\mathbb{R}^p` and the token velocity is
         w_i(t) = |K_i|\,\Theta_i(t) \Big/ \sum_j |K_j|\,\Theta_j(t),
 
 the midpoint rule over the cells :math:`K_i` (centres :math:`\theta_i`) of the box mesh on
-which :class:`solvers.fokker_planck.FokkerPlanckSolver` evolves :math:`\Theta_t`: every cell is
+which :class:`solvers.weights.FokkerPlanckSolver` evolves :math:`\Theta_t`: every cell is
 one head with weight :math:`w_i` (``Attention.velocity(..., head_weights=w)``). The finite-head
 model it approximates draws :math:`H` heads iid from :math:`\Theta_t`
 (:meth:`FokkerPlanckWeights.sample_heads`); its velocity differs from the quadrature by
@@ -27,6 +27,9 @@ Time. :class:`FokkerPlanckWeights` advances the Fokker-Planck solver lazily on a
 does), stores the cell weights of every grid time, and returns the piecewise-linear interpolant
 in t (still >= 0, still of sum 1). So the weights are a deterministic function of t, independent
 of the token solver's adaptive steps and Runge-Kutta stages.
+
+Frozen. :class:`FrozenQuadrature` is the quadrature at :math:`t = 0` held fixed: the
+integrated velocity :math:`X_\rho` of a weight measure that does not move.
 
 Parallel. The cell weights are gathered to every rank in the order of the input cell index
 (``Allgatherv``), so the token solver sees the same heads and weights on every rank. The
@@ -51,7 +54,13 @@ from solvers.attention import Head
 from solvers.weights._dynamics import WeightDynamics
 from solvers.weights._fokker_planck import FokkerPlanckSolver, FokkerPlanckStep
 
-__all__ = ["MAX_CELLS", "ParameterisedHeads", "FokkerPlanckWeights", "SampledWeights"]
+__all__ = [
+    "MAX_CELLS",
+    "FokkerPlanckWeights",
+    "FrozenQuadrature",
+    "ParameterisedHeads",
+    "SampledWeights",
+]
 
 Array = npt.NDArray[np.float64]
 #: Largest parameter mesh accepted by :class:`FokkerPlanckWeights` (one head per cell).
@@ -268,3 +277,29 @@ class SampledWeights(WeightDynamics):
 
     def heads_at(self, t: float) -> list[Head]:
         return self.measure.sample_heads(self.n_heads, t, self.seed)
+
+
+class FrozenQuadrature(WeightDynamics):
+    """The cell quadrature of rho at t = 0, frozen in time: heads theta_i with weights w_i.
+
+    The integrated velocity X_rho of a weight measure that does not move (the head limit of
+    H heads drawn iid from rho at t = 0; drivers/limit_heads.py ``--trajectories``).
+
+    Args:
+        measure: the weight measure (its heads and weights at t = 0 are taken).
+    """
+
+    kind = "frozen"
+
+    def __init__(self, measure: FokkerPlanckWeights) -> None:
+        self._heads = measure.heads_at(0.0)
+        self._weights = np.asarray(measure.head_weights_at(0.0), dtype=np.float64).copy()
+        self.n_heads, self.d = len(self._heads), measure.d
+
+    def heads_at(self, t: float) -> list[Head]:
+        """The quadrature heads (every t)."""
+        return list(self._heads)
+
+    def head_weights_at(self, t: float) -> np.ndarray:
+        """The quadrature weights (every t)."""
+        return self._weights

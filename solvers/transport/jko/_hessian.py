@@ -19,7 +19,7 @@ forming an :math:`N \times N` array:
   once per set of heads. One kernel sum (:math:`O(N^2)`) per product.
 * :class:`ExpansionHessian` - a truncated expansion in the orthonormal basis
   :math:`(Y_a)` of the polynomials of degree :math:`\le p` on the sphere of
-  :mod:`solvers.sphere_basis` (real spherical harmonics on :math:`S^2`, Fourier modes on
+  :mod:`solvers.attention.sphere_basis` (real spherical harmonics on :math:`S^2`, Fourier modes on
   :math:`S^1`): :math:`k(x, y) \approx \sum_{a, b} Y_a(x) C_{ab} Y_b(y)` with
   :math:`C = \Phi_Q^T W K_{QQ} W \Phi_Q` (its product quadrature :math:`(q, w)`, exact to
   degree :math:`2p`; :math:`K_{QQ}` the kernel at the nodes; computed by factorised
@@ -36,7 +36,7 @@ forming an :math:`N \times N` array:
   2.5-3x faster than the compiled loops over the stored basis that it replaced, levels
   5-7, one thread; ``benchmarks/jko.py --products``).
 
-The operator applies the Jacobian's dense block. With the expansion, ``solvers.jko`` also
+The operator applies the Jacobian's dense block. With the expansion, ``_scheme`` also
 evaluates residuals as :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)` (exact kernel sum at
 :math:`\rho^k` only): the solution then differs from the exact-kernel one by at most the
 checked relative error (1e-12) times :math:`|m - m^k|_1 = O(\tau)`, far below the Newton
@@ -167,7 +167,7 @@ class ExpansionHessian:
 
 def _coefficients(d: int, A: Array, coef: float, degree: int) -> Array:
     """C = Phi_Q^T W K_QQ W Phi_Q, the (R, R) expansion coefficients (module docstring), by
-    the factorised projections of :func:`solvers.sphere_basis.project`."""
+    the factorised projections of :func:`solvers.attention.sphere_basis.project`."""
     nodes, _ = sphere_basis.quadrature(d, degree)
     projected = sphere_basis.project(_kernel(nodes, nodes, A, coef), degree, d)  # in y
     return np.ascontiguousarray(sphere_basis.project(projected.T, degree, d).T)  # then in x

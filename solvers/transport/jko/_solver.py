@@ -1,7 +1,7 @@
-r"""The preconditioner of the JKO Newton system (``solvers.jko``): set-up and ASM overlap.
+r"""The preconditioner of the JKO Newton system (``_scheme``): set-up and ASM overlap.
 
 Structure. In the ordering :math:`(\psi, \rho)` the sparse part of the Jacobian
-(``solvers._jko_fv``) is block lower triangular,
+(``_fv``) is block lower triangular,
 
 .. math::
     P = \begin{pmatrix} A_{\psi\psi} & 0 \\ A_{\rho\psi} & A_{\rho\rho} \end{pmatrix},

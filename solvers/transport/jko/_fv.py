@@ -1,4 +1,4 @@
-r"""The two-point finite-volume operator of the JKO step (``solvers.jko``): geometry,
+r"""The two-point finite-volume operator of the JKO step (``_scheme``): geometry,
 residual rows and the sparse Jacobian, on one rank's cells (owned first, then ghosts).
 
 Geometry. Two-point fluxes :math:`a_\sigma (\psi_L - \psi_K)` with
@@ -135,7 +135,7 @@ class TwoPointOperator:
 
     def coo_pattern(self, entropy: bool = False) -> tuple[Index, Index]:
         """Global (rows, cols) of the sparse Jacobian, in the order of :meth:`coo_values`;
-        ``entropy``: with the diagonal of the (psi, rho) block (``solvers._jko_entropy``)."""
+        ``entropy``: with the diagonal of the (psi, rho) block (``_entropy``)."""
         n, L, R = self.n, self.L, self.R
         rr, rp = self.row_rho, self.row_psi
         own = np.arange(n)

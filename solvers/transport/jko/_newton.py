@@ -1,14 +1,14 @@
-r"""The nonlinear system of one JKO step (``solvers.jko``) as SNES sees it.
+r"""The nonlinear system of one JKO step (``_scheme``) as SNES sees it.
 
 :class:`StepSystem` holds what a step of size :math:`\tau` from :math:`\rho^k` needs: the
 frozen facet weights :math:`w_\sigma` (from :math:`c / b` at :math:`\mu^k`), the first
 variation at :math:`\rho^k`, the dense-block operator, the entropy weight, and the reference
 value :math:`F(\mu^k)` of the minimizing-movement inequality; and it provides the SNES
-callbacks on it: the residual and the sparse Jacobian (``solvers._jko_fv``), the matrix-free
+callbacks on it: the residual and the sparse Jacobian (``_fv``), the matrix-free
 Jacobian (sparse part plus :math:`s' |K|^{1/2} \partial(\delta E / \delta\mu) / \partial\rho`,
-``solvers._jko_hessian``), and the line-search pre-check.
+``_hessian``), and the line-search pre-check.
 
-Units. Everything here is divided by the normalisation :math:`s` of ``solvers._jko_energy``
+Units. Everything here is divided by the normalisation :math:`s` of ``_energy``
 (:math:`\delta E / s`, :math:`w_\sigma = a_\sigma \frac12 (s / b_K + s / b_L)`, the potential
 :math:`\psi / s`, the entropy weight :math:`\nu c / s`); :class:`~solvers.transport.JKOSolver`
 reports in the units of the model.
@@ -42,10 +42,10 @@ import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
 from solvers.attention import DistributedSources
-from solvers.transport._jko_energy import InteractionEnergy
-from solvers.transport._jko_entropy import entropy, entropy_gradient
-from solvers.transport._jko_fv import TwoPointOperator
-from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian, make_hessian
+from solvers.transport.jko._energy import InteractionEnergy
+from solvers.transport.jko._entropy import entropy, entropy_gradient
+from solvers.transport.jko._fv import TwoPointOperator
+from solvers.transport.jko._hessian import ExpansionHessian, KernelHessian, make_hessian
 
 __all__ = ["FRACTION", "StepSystem", "dot"]
 
@@ -71,7 +71,7 @@ class StepSystem:
         sign_prime: s' = -s.
         variant: "implicit" or "semi-implicit".
         diffusion: nu >= 0 (the entropy term).
-        hessian_kind: "auto", "kernel" or "expansion" (``solvers._jko_hessian``).
+        hessian_kind: "auto", "kernel" or "expansion" (``_hessian``).
         backend: the attention's kernel-sum backend (for the kernel-sum dense block).
     """
 
@@ -119,7 +119,7 @@ class StepSystem:
         return self.diffusion * math.exp(log_c - log_norm) if self.diffusion > 0 else None
 
     def scales_for(self, A: Array, coef: float, H: int, mass: float) -> tuple[float, float]:
-        """(log c, log sigma) for the heads A (``solvers._jko_energy``: the scale of the
+        """(log c, log sigma) for the heads A (``_energy``: the scale of the
         entropy term and the normalisation); recomputed when the heads change. Collective."""
         key = A.tobytes() + np.float64(coef).tobytes()
         if key != self._scale_key:
@@ -150,7 +150,7 @@ class StepSystem:
         return s[:, 0].copy(), s[:, 1].copy()
 
     def dE_at(self, rho_owned: Array) -> Array:
-        """dE/dmu(rho) / sigma at the owned points with the heads of the step (``solvers.jko``:
+        """dE/dmu(rho) / sigma at the owned points with the heads of the step (``_scheme``:
         an increment through the expansion, or an exact kernel sum)."""
         h, ctx = self.hessian, self.ctx
         if self.variant == "implicit" and isinstance(h, ExpansionHessian):

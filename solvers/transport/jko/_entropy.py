@@ -1,6 +1,6 @@
 r"""The entropy term of the JKO step: noisy tokens as :math:`\nu \int \rho \log \rho`.
 
-Free energy. With diffusion :math:`\nu \ge 0` the minimizing movement of ``solvers.jko``
+Free energy. With diffusion :math:`\nu \ge 0` the minimizing movement of ``_scheme``
 minimises
 
 .. math::
@@ -46,7 +46,7 @@ scaled by :math:`|K|^{1/2}`):
     |K|^{1/2} \big(\psi_K + s' \delta E / \delta\mu (x_K) + \nu c (\log \rho_K + 1)\big)
     - \frac{\tau}{2 |K|^{1/2}} \sum_{\sigma \ni K} w_\sigma (\psi_L - \psi_K)_+^2 = 0,
 
-(the solver divides the whole system by :math:`c`, ``solvers._jko_energy``, so that its
+(the solver divides the whole system by :math:`c`, ``_energy``, so that its
 weight is :math:`\nu` itself) and the Hessian is the diagonal :math:`|K|^{1/2} \nu c / \rho_K` of the
 :math:`(\psi, \rho)` block of the sparse Jacobian (with respect to the density unknowns:
 :math:`|K|^{1/2} \nu c |K| / m_K`). At the solution the density flux of a facet is

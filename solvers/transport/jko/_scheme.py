@@ -23,14 +23,13 @@ Consistency with the velocity of M1. For symmetric :math:`A_h`,
 while the JKO velocity is :math:`s\, \overline{(1/Z)}\, \overline{\nabla_S Z} / \beta` (head
 means).
 
-Discretisation (in the spirit of Cancès-Gallouët-Todeschi [CGT20]). Densities
-:math:`\rho_K` on the spherical control volumes :math:`K` (measure :math:`|K|`), each with its
-spherical *circumcentre* :math:`x_K` as cell point (``solvers._jko_fv``: with the vertex means
-the two-point fluxes are inconsistent on the icosphere, measured there); each facet
-:math:`\sigma = K|L` has the two-point transmissivity :math:`a_\sigma = |\sigma| / d_\sigma`
-(:math:`d_\sigma` the geodesic distance of the two cell points) and the weight
-:math:`w_\sigma = a_\sigma \tfrac12 (1/b_K + 1/b_L)` (:math:`b` at the cell points, from
-:math:`\mu^k`). The discrete transport cost is the dual one-step Benamou-Brenier action
+Discretisation (in the spirit of Cancès-Gallouët-Todeschi [CGT20]). Densities :math:`\rho_K` on the
+spherical control volumes :math:`K` (measure :math:`|K|`), each with its spherical *circumcentre*
+:math:`x_K` as cell point (``_fv``: with the vertex means the two-point fluxes are inconsistent on
+the icosphere, measured there); each facet :math:`\sigma = K|L` has the two-point transmissivity
+:math:`a_\sigma = |\sigma| / d_\sigma` (:math:`d_\sigma` the geodesic distance of the two cell
+points) and the weight :math:`w_\sigma = a_\sigma \tfrac12 (1/b_K + 1/b_L)` (:math:`b` at the cell
+points, from :math:`\mu^k`). The discrete transport cost is the dual one-step Benamou-Brenier action
 
 .. math::
     \tfrac12 W^2(\rho^k, \rho) = \sup_\phi \sum_K \phi_K (\rho_K - \rho^k_K) |K|
@@ -65,54 +64,52 @@ scheme (checked at every step, below). The Newton system has twice the unknowns,
 blocks are sparse.
 
 Solver. Newton (PETSc SNES ``newtonls``, backtracking line search) on the system above. A
-line-search pre-check (i) shifts the density update uniformly so that every iterate has
-exactly the mass of :math:`\rho^k` (mass to round-off, whatever the Krylov tolerance) and
-(ii) limits the density update cell by cell so that
-:math:`\rho \ge (1 - \theta) \rho_{\mathrm{old}} > 0` (fraction to the boundary,
-:math:`\theta = 0.99`, then the mass restored by a scaling; ``solvers._jko_newton``). The Jacobian is a shell matrix: the sparse
-two-point blocks (AIJ, assembled by COO each Newton iteration) plus the dense block
-:math:`s' |K|^{1/2} \partial (\delta E/\delta\mu) / \partial \rho`, applied matrix-free
-(``solvers._jko_hessian``: direct kernel sums, or a harmonic expansion whose truncation error
-is measured below 1e-12; never an N x N array). The preconditioner is the sparse part. It is
+line-search pre-check (i) shifts the density update uniformly so that every iterate has exactly the
+mass of :math:`\rho^k` (mass to round-off, whatever the Krylov tolerance) and (ii) limits the
+density update cell by cell so that :math:`\rho \ge (1 - \theta) \rho_{\mathrm{old}} > 0` (fraction
+to the boundary, :math:`\theta = 0.99`, then the mass restored by a scaling; ``_newton``). The
+Jacobian is a shell matrix: the sparse two-point blocks (AIJ, assembled by COO each Newton
+iteration) plus the dense block :math:`s' |K|^{1/2} \partial (\delta E/\delta\mu) / \partial \rho`,
+applied matrix-free (``_hessian``: direct kernel sums, or a harmonic expansion whose truncation
+error is measured below 1e-12; never an N x N array). The preconditioner is the sparse part. It is
 block triangular in the ordering :math:`(\psi, \rho)`, so ``fieldsplit`` (multiplicative,
-:math:`\psi` first) with exact block solves applies its exact inverse; the preconditioned
-operator is the identity plus :math:`\tau\,\mathrm{div}(\rho b^{-1} \nabla \cdot)` times
-the smoothing kernel, a compact perturbation: 5 GMRES iterations per Newton step at every
-level (measured, levels 3-7, 1 and 2 ranks). The blocks (mass plus upwind advection) are
-solved by ASM with local LU and an overlap that follows the Courant number
-(``solvers._jko_solver``: scalable in parallel; GAMG, ILU(0) and block Jacobi are not mesh
-independent on them).
+:math:`\psi` first) with exact block solves applies its exact inverse; the preconditioned operator
+is the identity plus :math:`\tau\,\mathrm{div}(\rho b^{-1} \nabla \cdot)` times the smoothing
+kernel, a compact perturbation: 5 GMRES iterations per Newton step at every level (measured, levels
+3-7, 1 and 2 ranks). The blocks (mass plus upwind advection) are solved by ASM with local LU and an
+overlap that follows the Courant number (``_solver``: scalable in parallel; GAMG, ILU(0) and block
+Jacobi are not mesh independent on them).
 
-Residual cost. :math:`\delta E/\delta\mu` is linear in the masses; with the expansion
-operator a residual uses :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)`: one exact
-:math:`O(N^2)` kernel sum per step, at :math:`\rho^k`, and :math:`O(N R)` increments whose
-error is the expansion's (relative 1e-12) times :math:`|m - m^k|_1 = O(\tau)`. With
-``hessian="kernel"`` every residual is an exact kernel sum.
+Residual cost. :math:`\delta E/\delta\mu` is linear in the masses; with the expansion operator a
+residual uses :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)`: one exact :math:`O(N^2)` kernel
+sum per step, at :math:`\rho^k`, and :math:`O(N R)` increments whose error is the expansion's
+(relative 1e-12) times :math:`|m - m^k|_1 = O(\tau)`. With ``hessian="kernel"`` every residual is
+an exact kernel sum.
 
 Variants. ``variant="implicit"`` (default) evaluates :math:`\delta E/\delta\mu` at
-:math:`\rho^{k+1}`. For :math:`s = -1` (:math:`s'E = E`, convex: the kernel is positive
-definite) the step is a convex problem with a unique solution, and any :math:`\tau` decreases
-:math:`E`. ``variant="semi-implicit"`` freezes :math:`\delta E/\delta\mu` at :math:`\rho^k`
-(a linear potential, sparse Newton); for :math:`s = +1` (:math:`s'E = -E` concave) this is
-Eyre's convex-concave splitting and decreases :math:`-E` for every :math:`\tau`. Measured
-(level 3, beta = 3, 10 steps): implicit is monotone for both signs at 0.1x-10x the explicit CFL
-step; at 30x, s = +1, two Newton limits were non-minimising critical points (rejected by the
-check below, retried with tau / 2); semi-implicit is monotone for s = +1 at 30x but *not* for
-s = -1 (E rose by 1.1e-2 in a step): the implicit variant is the default because it is
-unconditionally energy-stable in [P1]'s case s = -1.
+:math:`\rho^{k+1}`. For :math:`s = -1` (:math:`s'E = E`, convex: the kernel is positive definite)
+the step is a convex problem with a unique solution, and any :math:`\tau` decreases :math:`E`.
+``variant="semi-implicit"`` freezes :math:`\delta E/\delta\mu` at :math:`\rho^k` (a linear
+potential, sparse Newton); for :math:`s = +1` (:math:`s'E = -E` concave) this is Eyre's
+convex-concave splitting and decreases :math:`-E` for every :math:`\tau`. Measured (level 3, beta =
+3, 10 steps): implicit is monotone for both signs at 0.1x-10x the explicit CFL step; at 30x, s =
++1, two Newton limits were non-minimising critical points (rejected by the check below, retried
+with tau / 2); semi-implicit is monotone for s = +1 at 30x but *not* for s = -1 (E rose by 1.1e-2
+in a step): the implicit variant is the default because it is unconditionally energy-stable in
+[P1]'s case s = -1.
 
-Adaptive step. An attempt is rejected and retried with :math:`\tau/2` (at most
-``max_halvings`` times, counted in :class:`JKOStep`) when SNES does not converge, a density is
-not positive, or the Newton limit violates :math:`W^2/(2\tau) + s'E^{k+1} \le s'E^k` (the
-minimiser's defining property; for the semi-implicit variant with its linearised energy).
-Then :class:`SolverError` is raised, naming the PETSc converged reason. With ``step_control``
-the step also adapts to the solution (``solvers._jko_adaptive``: the mass moved per step and
-the growth rate of the motion, up to ``tau_max``): long times through metastable plateaus.
+Adaptive step. An attempt is rejected and retried with :math:`\tau/2` (at most ``max_halvings``
+times, counted in :class:`JKOStep`) when SNES does not converge, a density is not positive, or the
+Newton limit violates :math:`W^2/(2\tau) + s'E^{k+1} \le s'E^k` (the minimiser's defining property;
+for the semi-implicit variant with its linearised energy). Then :class:`SolverError` is raised,
+naming the PETSc converged reason. With ``step_control`` the step also adapts to the solution
+(``_adaptive``: the mass moved per step and the growth rate of the motion, up to ``tau_max``): long
+times through metastable plateaus.
 
 Further terms and scales: the entropy :math:`\nu c \int \rho \log \rho` of noisy tokens
-(``diffusion``; ``solvers._jko_entropy``), and the normalisation of :math:`E` and :math:`b` by
-the uniform state's first variation :math:`\sigma` that keeps sharp attention (:math:`\beta = 32`)
-well conditioned (``solvers._jko_energy``).
+(``diffusion``; ``_entropy``), and the normalisation of :math:`E` and :math:`b` by the uniform
+state's first variation :math:`\sigma` that keeps sharp attention (:math:`\beta = 32`) well
+conditioned (``_energy``).
 
 References: [CGT20] C. Cancès, T. O. Gallouët, G. Todeschi, *A variational finite volume scheme
 for Wasserstein gradient flows*, Numer. Math. 146 (2020) 437-480; R. Jordan, D. Kinderlehrer,
@@ -144,20 +141,20 @@ from solvers.attention import (
 )
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
-from solvers.transport._jko_adaptive import StepControl, StepController
-from solvers.transport._jko_energy import InteractionEnergy
-from solvers.transport._jko_entropy import check_diffusion, entropy
-from solvers.transport._jko_fv import TwoPointOperator, circumcentres
-from solvers.transport._jko_hessian import ExpansionHessian, KernelHessian
-from solvers.transport._jko_newton import StepSystem, dot
-from solvers.transport._jko_result import (
+from solvers.transport.jko._adaptive import StepControl, StepController
+from solvers.transport.jko._energy import InteractionEnergy
+from solvers.transport.jko._entropy import check_diffusion, entropy
+from solvers.transport.jko._fv import TwoPointOperator, circumcentres
+from solvers.transport.jko._hessian import ExpansionHessian, KernelHessian
+from solvers.transport.jko._newton import StepSystem, dot
+from solvers.transport.jko._result import (
     DEFAULT_OPTIONS,
     DIFFUSION_OPTIONS,
     HESSIANS,
     VARIANTS,
     JKOStep,
 )
-from solvers.transport._jko_solver import BlockPreconditioner, set_up_nested
+from solvers.transport.jko._solver import BlockPreconditioner, set_up_nested
 from solvers.weights import WeightDynamics, head_weights_at
 
 __all__ = [
@@ -192,11 +189,10 @@ class JKOSolver:
             the residual increments) or "auto" (expansion when the check passes, else kernel).
         max_halvings: retries with tau / 2 after a failed attempt before SolverError.
         diffusion: nu >= 0, the weight of the entropy term nu c int rho log rho of the free
-            energy (noisy tokens; ``solvers._jko_entropy``: the scheme then discretises
-            d/dt rho + div(rho v) = nu div((c / b) grad rho), which is nu Delta rho at the
-            uniform state).
-        step_control: adaptive tau (``solvers._jko_adaptive``: local error control up to
-            ``tau_max``), or None for the fixed step tau (halved only after a failed solve).
+            energy (noisy tokens; ``_entropy``: the scheme then discretises d/dt rho +
+            div(rho v) = nu div((c / b) grad rho), which is nu Delta rho at the uniform state).
+        step_control: adaptive tau (``_adaptive``: local error control up to ``tau_max``), or
+            None for the fixed step tau (halved only after a failed solve).
     """
 
     def __init__(
@@ -332,7 +328,7 @@ class JKOSolver:
 
     @property
     def block_preconditioner(self) -> BlockPreconditioner:
-        """The fieldsplit blocks' ASM overlap control (``solvers._jko_solver``)."""
+        """The fieldsplit blocks' ASM overlap control (``_solver``)."""
         return self._blocks
 
     @property
@@ -438,7 +434,7 @@ class JKOSolver:
 
     def first_variation(self, masses: Array, A: Array, coef: float) -> tuple[Array, Array]:
         """dE/dmu at the owned points for owned masses m >= 0, and the log Z rows
-        (:class:`~solvers.transport._jko_energy.InteractionEnergy`; collective)."""
+        (:class:`~solvers.transport.jko._energy.InteractionEnergy`; collective)."""
         return self._energy.first_variation(masses, A, coef)
 
     def energy(self, density: Array | None = None, t: float | None = None) -> float:
@@ -450,15 +446,15 @@ class JKOSolver:
 
     @property
     def mobility_scale(self) -> float | None:
-        """c, the mobility of the uniform measure (``solvers._jko_energy``; the scale of
+        """c, the mobility of the uniform measure (``_energy``; the scale of
         the entropy term) for the heads of the last step (None before the first step)."""
         log_c = self._system.log_scale
         return None if log_c is None else math.exp(log_c)
 
     @property
     def energy_scale(self) -> float | None:
-        """sigma, the normalisation of E and b in the Newton system (``solvers._jko_energy``)
-        for the heads of the last step (None before the first step)."""
+        """sigma, the normalisation of E and b in the Newton system (``_energy``) for the heads
+        of the last step (None before the first step)."""
         log_s = self._system.log_norm
         return None if log_s is None else math.exp(log_s)
 
@@ -503,8 +499,8 @@ class JKOSolver:
         decrease the step's functional, ``W^2/(2 tau) + s' E(mu) <= s' E(mu^k)`` (the
         minimiser's defining property: a limit that violates it is a non-minimising critical
         point of the non-convex problem, s = +1 with large tau). With ``step_control`` the
-        activity rule of ``solvers._jko_adaptive`` may reject an accepted solve too (retried
-        with the controller's smaller step, counted in ``halvings``) and sets the next tau.
+        activity rule of ``_adaptive`` may reject an accepted solve too (retried with the
+        controller's smaller step, counted in ``halvings``) and sets the next tau.
 
         Raises:
             SolverError: every attempt failed; the message names the PETSc converged reason
@@ -556,7 +552,7 @@ class JKOSolver:
     def _control(
         self, result: JKOStep, rho: Array, base: float, halvings: int
     ) -> tuple[float | None, float]:
-        """Adaptive tau (``solvers._jko_adaptive``): (None, delta_k) to accept the attempt
+        """Adaptive tau (``_adaptive``): (None, delta_k) to accept the attempt
         (and set the next tau), or (the smaller step to retry it with, delta_k). Collective."""
         if self._controller is None:
             return None, math.nan
@@ -574,8 +570,8 @@ class JKOSolver:
     def _evaluate(
         self, tau: float, rho: Array, psi: Array, reason: int, halvings: int, failed_its: int
     ) -> tuple[JKOStep, float]:
-        """The attempt's result and the functional that the variant minimises (in the
-        normalised units of ``solvers._jko_newton``; collective)."""
+        """The attempt's result and the functional that the variant minimises (in the normalised
+        units of ``_newton``; collective)."""
         ctx = self._system.ctx
         energy, cost, H, functional = self._system.functionals(rho, self._x)
         nu_H = (ctx["entropy_weight"] or 0.0) * H

@@ -8,7 +8,7 @@ re-evaluating anything. The PETSc defaults apply under the solver's options pref
 command line and ``petsc_options`` override them (:mod:`solvers._petsc`).
 
 Preconditioner (:data:`DEFAULT_OPTIONS`; reasons and measurements in
-``solvers/transport/_jko_solver.py``). GMRES on the Jacobian (sparse two-point part plus the
+``solvers/transport/jko/_solver.py``). GMRES on the Jacobian (sparse two-point part plus the
 matrix-free dense block), preconditioned by the sparse part: a multiplicative ``fieldsplit``
 (``psi`` first; the sparse part is block triangular, so exact block solves give its exact
 inverse) whose two blocks, mass plus upwind advection, are solved by restricted additive
@@ -67,7 +67,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 }
 
 
-#: Defaults added with diffusion (``solvers._jko_entropy``): the entropy's Hessian couples the
+#: Defaults added with diffusion (``_entropy``): the entropy's Hessian couples the
 #: psi rows to rho (a diagonal block), so the sparse part is no longer block triangular and
 #: the multiplicative fieldsplit's GMRES count grows like 1/h (measured 29, 55, 100 per Newton
 #: iteration at levels 3, 4, 5, nu = 0.1, tau = 0.05, beta = 3). A Schur factorisation
@@ -99,10 +99,10 @@ class JKOStep(StepResult):
         energy: E(mu^{k+1}, t_{k+1}) (not multiplied by s').
         objective: W_b^2 / (2 tau) + F(mu^{k+1}), F the free energy.
         entropy: H(rho^{k+1}) = sum_K |K| rho_K log rho_K (0.0 without diffusion).
-        free_energy: F(mu^{k+1}) = s' E + nu c H (``solvers._jko_entropy``; s' E without
+        free_energy: F(mu^{k+1}) = s' E + nu c H (``_entropy``; s' E without
             diffusion).
         activity: the mass the step moved relative to the total mass, delta_k, with which
-            the adaptive step chooses the next (``solvers._jko_adaptive``; nan for a fixed
+            the adaptive step chooses the next (``_adaptive``; nan for a fixed
             step).
         failed_newton_its: Newton iterations spent in rejected attempts.
         damped_its: Newton steps shortened by the positivity pre-check.

@@ -1,9 +1,10 @@
 r"""The neural tangent kernel of the deep token-transport model and gradient descent on it.
 
-docs/model.md, M2, [P2] (issue 18). The head weights :math:`w \in \mathbb{R}^H` (a quadrature
-of the head law, :math:`\sum_k w_k = 1`) drive the tokens through the depth T by the discrete
-forward map of :class:`solvers.training.TokenTransportModel` (upwind, N forward Euler steps).
-The output is a vector of readout features of the final token measure,
+docs/model.md, M2, [P2] (issue 18; the experiment is drivers/ntk_training.py). The head
+weights :math:`w \in \mathbb{R}^H` (a quadrature of the head law, :math:`\sum_k w_k = 1`)
+drive the tokens through the depth T by the discrete forward map of
+:class:`solvers.training.TokenTransportModel` (upwind, N forward Euler steps). The output
+is a vector of readout features of the final token measure,
 
 .. math::
     f_j(w) = \int \phi_j\, d\mu_T(w) = \sum_i m^N_i(w)\, \phi_j(c_i), \qquad j < n_f,
@@ -42,7 +43,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from solvers.training import PotentialLoss, TokenTransportModel
+from solvers.training._adjoint import TokenTransportModel
+from solvers.training._losses import PotentialLoss
 
 __all__ = [
     "FEATURES",

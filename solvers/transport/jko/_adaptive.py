@@ -1,6 +1,6 @@
 r"""Adaptive step size for the JKO scheme: long times without the finest step through a plateau.
 
-The minimizing movement is unconditionally stable for :math:`s = -1` (``solvers.jko``; for
+The minimizing movement is unconditionally stable for :math:`s = -1` (``_scheme``; for
 :math:`s = +1` a failed or non-minimising Newton limit is retried with a smaller step), so its
 step is limited by accuracy and by Newton's basin alone, and both change by orders of magnitude
 along a clustering run: fast while clusters form or merge, nearly stationary on a metastable
