@@ -12,7 +12,7 @@ interrupted outcome into a failed one (exit 3); the ranks agree on each write
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from drivers.engine._folder import OutputError, describe
 from drivers.engine._plots import run_pictures
@@ -21,14 +21,14 @@ from drivers.engine._summary import Outcome, peak_rss_mb, run_summary
 from drivers.engine._writers import write_final, write_json
 
 if TYPE_CHECKING:
-    from drivers.engine._recorder import Recorder
     from solvers.stepping import TokenScheme
 
 __all__ = ["finish_run"]
 
 
-def finish_run(rec: Recorder, scheme: TokenScheme, outcome: Outcome, wall: float) -> RunResult:
-    """final.npz, the pictures, summary.json, the files closed (module docstring); the
+def finish_run(rec: Any, scheme: TokenScheme, outcome: Outcome, wall: float) -> RunResult:
+    """final.npz, the pictures, summary.json, the files closed (module docstring) of the
+    :class:`~drivers.engine.Recorder` ``rec`` (not imported here: it imports this module); the
     result of the run (collective)."""
     comm, guard = rec.comm, rec.guard
     already = guard.error is not None
@@ -75,7 +75,7 @@ def finish_run(rec: Recorder, scheme: TokenScheme, outcome: Outcome, wall: float
     )
 
 
-def _pictures(rec: Recorder, final_density) -> None:
+def _pictures(rec: Any, final_density) -> None:
     """density.png, metrics.png and edi.png (rank 0): a failed write is a failure of the
     run, any other error of a picture only a warning."""
     title = (
@@ -97,7 +97,7 @@ def _pictures(rec: Recorder, final_density) -> None:
         print(f"[transformer-pde] warning: could not render pictures: {exc}", file=sys.stderr)
 
 
-def _agreed(rec: Recorder, outcome: Outcome, already_failed: bool) -> Outcome:
+def _agreed(rec: Any, outcome: Outcome, already_failed: bool) -> Outcome:
     """The outcome after the ranks agreed on the writes of :func:`finish_run`."""
     try:
         rec.guard.agree()

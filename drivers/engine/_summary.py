@@ -26,7 +26,6 @@ from drivers.engine._provenance import library_versions
 from drivers.engine._result import RunResult
 
 if TYPE_CHECKING:
-    from drivers.engine._recorder import Recorder
     from solvers.attention import Attention
     from solvers.stepping import TokenScheme
     from solvers.weights import WeightDynamics
@@ -92,7 +91,7 @@ class Outcome:
 
 
 def run_summary(
-    rec: Recorder, scheme: TokenScheme, outcome: Outcome | None, wall: float | None
+    rec: Any, scheme: TokenScheme, outcome: Outcome | None, wall: float | None
 ) -> dict[str, Any]:
     """The content of summary.json (rank 0); ``outcome`` None: the run is starting."""
     budget = rec.budget
@@ -150,7 +149,7 @@ def scaled(value: float, log_scale: float) -> float:
     return float(value) * math.exp(-log_scale)
 
 
-def _adaptation(rec: Recorder, scheme: TokenScheme) -> dict[str, Any] | None:
+def _adaptation(rec: Any, scheme: TokenScheme) -> dict[str, Any] | None:
     """The adaptation history for summary.json (None on a uniform mesh): the options, the
     cells at the end and one entry per mesh (cells per level over time, what changed,
     mass and energy before and after each adaptation, energies in units of e^Lambda)."""
