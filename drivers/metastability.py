@@ -25,7 +25,8 @@ Every run is a config on the engine (``drivers.engine``: build_problem, a Record
 angular power spectrum as an extra table, ``advance``), with its own results folder
 (metrics.csv with n_clusters, clusters.csv, cluster_events.csv, power.csv, density.xdmf).
 
-Run (defaults: beta 4 .. 64, two seeds; about 20 minutes on 2 cores):
+Run (defaults: beta 4 .. 64, two seeds, S^2 level 5: hours on 2 cores, most of it the S^2 particle
+runs to t = 2000; see drivers/README.md for measured subsets):
 
     mpiexec -n 4 python drivers/metastability.py
     mpiexec -n 2 python drivers/metastability.py --tiny    # about a minute
