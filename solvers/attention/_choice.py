@@ -43,7 +43,7 @@ def clear_choices() -> None:
     _CHOICES.clear()
 
 
-def _key(*items: Any) -> bytes:
+def digest(*items: Any) -> bytes:
     """Digest of arrays (shape, dtype, bytes) and plain values (sha1: about 0.5 ms a MB)."""
     h = hashlib.sha1(usedforsecurity=False)
     for a in items:
@@ -140,7 +140,7 @@ def choose_methods(
     rank's share and ``n_sources`` the global number of sources. Collective with ``comm``.
 
     The result is kept (module docstring): the same inputs on every rank return it again."""
-    key = _key(targets, sources, A, tol, mode, brute, setup_once, n_sources)
+    key = digest(targets, sources, A, tol, mode, brute, setup_once, n_sources)
     hit = 1 if key in _CHOICES else 0
     if comm is not None and comm.Get_size() > 1:
         from mpi4py import MPI

@@ -44,7 +44,6 @@ request returns them (the ranks agree on the hit with one small ``Allreduce``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Callable
@@ -119,18 +118,6 @@ def _collective_error(comm: Any, error: str | None, what: str) -> None:
     errors = [f"rank {r}: {e}" for r, e in enumerate(comm.allgather(error)) if e is not None]
     if errors:
         raise ValueError(f"{what}: " + "; ".join(errors))
-
-
-def _digest(*arrays: Any) -> bytes:
-    h = hashlib.blake2b(digest_size=20)
-    for a in arrays:
-        if isinstance(a, np.ndarray):
-            a = np.ascontiguousarray(a)
-            h.update(repr((a.shape, a.dtype.str)).encode())
-            h.update(a.data)
-        else:
-            h.update(repr(a).encode())
-    return h.digest()
 
 
 # ----------------------------------------------------------------------------- choice
@@ -430,9 +417,11 @@ def distributed_kernel_sums(
     _collective_error(comm, error, "kernel sums")
     key = None
     if reuse:  # an evaluation with second moments also serves one without
-        key = _digest(X, Y, w, A, backend, tolerance, frozen_heads, second)
+        key = choice.digest(X, Y, w, A, backend, tolerance, frozen_heads, second)
         keys = (
-            [key] if second else [key, _digest(X, Y, w, A, backend, tolerance, frozen_heads, True)]
+            [key]
+            if second
+            else [key, choice.digest(X, Y, w, A, backend, tolerance, frozen_heads, True)]
         )
         found = [k for k in keys if k in _REUSE]
         hit = 1 if found else 0
