@@ -94,3 +94,17 @@ def test_too_many_bins_coarsen_the_tolerance():
     assert steps >= 1.0 and steps == pytest.approx(round(steps), abs=1e-9)
     assert max(r.bins) <= 250
     assert abs(r.value - _exact_w1(x, a, y, b)) <= r.bound + 1e-12
+
+
+def test_max_bins_below_the_occupied_base_bins_is_refused():
+    """The same clouds with max_bins = 40: about 200 base-level triangles hold a point and no
+    tolerance coarsens below the base level, so the call is refused up front (it used to grow
+    tol forever); bad tol and max_bins values too."""
+    x, y = _sphere(300, 7), _sphere(300, 8)
+    a, b = np.ones(300), np.ones(300)
+    with pytest.raises(ValueError, match="base level"):
+        wasserstein1(x, a, y, b, tol=1e-9, max_bins=40)
+    with pytest.raises(ValueError, match="tol"):
+        wasserstein1(x, a, y, b, tol=0.0)
+    with pytest.raises(ValueError, match="max_bins"):
+        wasserstein1(x, a, y, b, max_bins=0)

@@ -15,7 +15,8 @@ are fine where the mass is (the clusters) and coarse where it is not. The triang
 the right-hand side computed exactly for every pair (``bound``; plus pi times the mass of
 bins below ``drop`` = 1e-12, which are dropped before the simplex). When either measure would
 occupy more than ``max_bins`` bins, ``tol`` is multiplied by 4 and the quantisation redone, so
-the simplex stays within a ``max_bins``^2 cost matrix.
+the simplex stays within a ``max_bins``^2 cost matrix; when the base-level bins alone hold
+more than ``max_bins`` (no tolerance can coarsen below them) a ``ValueError`` says so up front.
 """
 
 from __future__ import annotations
@@ -154,10 +155,28 @@ def wasserstein1(
 
     Returns:
         A :class:`W1Result`.
+
+    Raises:
+        ValueError: ``tol`` not positive, ``max_bins`` below 1, or either measure occupying
+            more than ``max_bins`` bins of the base level (coarsening stops there).
     """
+    if not (tol > 0 and math.isfinite(tol)):
+        raise ValueError(f"wasserstein1: tol must be positive and finite, got {tol!r}")
+    if int(max_bins) < 1:
+        raise ValueError(f"wasserstein1: max_bins must be at least 1, got {max_bins!r}")
     a = np.asarray(a, dtype=np.float64) / math.fsum(a)
     b = np.asarray(b, dtype=np.float64) / math.fsum(b)
     n = len(x)
+    bin_of, centres = bin_points(np.concatenate([x, y]), np.concatenate([a, b]), math.inf)
+    coarsest = max(
+        int(np.count_nonzero(np.bincount(bin_of[s], weights=m, minlength=len(centres)) >= drop))
+        for s, m in ((slice(None, n), a), (slice(n, None), b))
+    )
+    if coarsest > max_bins:
+        raise ValueError(
+            f"wasserstein1: the measures occupy {coarsest} bins of the base level, more than "
+            f"max_bins = {max_bins}; no tolerance coarsens below the base level: raise max_bins"
+        )
     while True:
         bin_of, centres = bin_points(np.concatenate([x, y]), np.concatenate([a, b]), tol)
         qa = np.bincount(bin_of[:n], weights=a, minlength=len(centres))
