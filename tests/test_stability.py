@@ -144,7 +144,10 @@ def test_rates_and_exponents_on_known_data():
     assert g["amplification"] == pytest.approx(math.exp(4.0))
     fit = fit_rate([0.1, 0.01, 0.001], [3 * 0.1**1.5, 3 * 0.01**1.5, 3 * 0.001**1.5])
     assert fit["rate"] == pytest.approx(1.5) and fit["prefactor"] == pytest.approx(3.0)
-    assert math.isnan(fit_rate([0.1, 0.01], [1e-3, 1e-16])["rate"])
+    assert fit["below_floor"] is False
+    floored = fit_rate([0.1, 0.01], [1e-3, 1e-16])
+    assert math.isnan(floored["rate"]) and floored["below_floor"] is True
+    assert set(floored) == set(fit)
     x = _sphere(30, 4)
     perm = np.random.default_rng(0).permutation(30)
     assert assignment_w1(x, x[perm]) == pytest.approx(0.0, abs=1e-15)

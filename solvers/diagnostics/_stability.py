@@ -250,7 +250,8 @@ def fit_rate(eps: Sequence[float], values: Sequence[float], floor: float = 1e-11
 
     Values at or below ``floor`` mean that the perturbation did not move the quantity (round-off
     and the unconverged remainder of the long run): the slope is then NaN and
-    ``below_floor`` True.
+    ``below_floor`` True. The keys are always ``rate``, ``prefactor``, ``local`` and
+    ``below_floor``.
     """
     e, v = np.asarray(eps, dtype=np.float64), np.asarray(values, dtype=np.float64)
     if len(e) < 2 or np.any(v <= floor):
@@ -261,7 +262,7 @@ def fit_rate(eps: Sequence[float], values: Sequence[float], floor: float = 1e-11
         "rate": float(p),
         "prefactor": float(np.exp(c)),
         "local": local.tolist(),
-        "at_round_off": False,
+        "below_floor": False,
     }
 
 
