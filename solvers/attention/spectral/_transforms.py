@@ -92,17 +92,23 @@ def sphere_moments(points: np.ndarray, weights: np.ndarray, L: int) -> np.ndarra
 
 
 def sphere_values(
-    directions: np.ndarray, moments: np.ndarray, coefficients: np.ndarray, L: int
+    directions: np.ndarray,
+    moments: np.ndarray,
+    coefficients: np.ndarray,
+    L: int,
+    loc: np.ndarray | None = None,
 ) -> np.ndarray:
     r"""(F, m) real values :math:`\sum_{lm} c_l a^{(f)}_{lm} Y_{lm}(\omega_i)` at the (m, 3) unit
-    directions, for moments (F, nalm) of degree up to at least L and coefficients (L + 1,)."""
+    directions, for moments (F, nalm) of degree L and coefficients (L + 1,); ``loc``: the
+    directions' :func:`sphere_locations` when the caller has them."""
     from ducc0.sht import experimental as sht
 
     F, m = moments.shape[0], directions.shape[0]
     out = np.zeros((F, m))
     if m == 0:
         return out
-    loc = sphere_locations(directions)
+    if loc is None:
+        loc = sphere_locations(directions)
     scale = coefficients[l_index(L)]
     for f in range(F):
         out[f] = sht.synthesis_general(
