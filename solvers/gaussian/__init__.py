@@ -7,7 +7,8 @@ closed forms for the isotropic case and for V = vI (through P = S^-1); :func:`cl
 time-invariant parameters; :func:`covariance_equilibrium` finds the stable equilibrium (the
 algebraic Riccati equation, own Newton-Kleinman :func:`newton_kleinman`; Newton with
 generalised Lyapunov steps for general V), :func:`equilibrium_rates` the linearised rates
-towards it and :func:`steer_mean` a bias steering the mean to a target; :func:`reach`
+towards it and :func:`steer_mean` a bias steering the mean to a target;
+:func:`mixture_departure` measures how a two-component mixture leaves its family; :func:`reach`
 constructs controls steering a Gaussian to any target of equal rank (:func:`reach_attention`: with the attention (B, V) as the only
 controls); :func:`gaussianity` measures how far the layers of a network (random, or the
 pretrained all-MiniLM-L6-v2) are from Gaussian. :class:`GaussianParticles` is the
@@ -15,7 +16,7 @@ particle system of the same model.
 
 Modules: ``_moments`` (controls, the moment ODE, blow-up detection), ``_closed_forms``
 (isotropic controls, V = vI through P = S^-1), ``_classification`` (time-invariant
-parameters), ``_riccati`` (equilibria), ``_linearisation`` (rates), ``_mean_control``,
+parameters), ``_riccati`` (equilibria), ``_linearisation`` (rates), ``_mean_control``, ``_mixture``,
 ``_particles`` (the particle system), ``_reachability``, ``_reach_attention``,
 ``_gaussianity``.
 """
@@ -57,6 +58,15 @@ from solvers.gaussian._mean_control import (
     controllability_gramian,
     holding_control,
     steer_mean,
+)
+from solvers.gaussian._mixture import (
+    Mixture,
+    MixtureDeparture,
+    best_mixture,
+    departure_coefficient,
+    mixture_departure,
+    mixture_field,
+    mixture_nodes,
 )
 from solvers.gaussian._moments import (
     BlowUp,
@@ -109,11 +119,14 @@ __all__ = [
     "GaussianParticles",
     "Gaussianity",
     "MeanSteering",
+    "Mixture",
+    "MixtureDeparture",
     "MomentSolution",
     "OnnxGraph",
     "OnnxNode",
     "ReachPlan",
     "bass_stabilizer",
+    "best_mixture",
     "blowup_time_vI",
     "care_residual",
     "classify",
@@ -122,6 +135,7 @@ __all__ = [
     "covariance_jacobian",
     "covariance_residual",
     "decay_rate",
+    "departure_coefficient",
     "equilibrium_rates",
     "gaussian_floor",
     "gaussian_rank",
@@ -136,6 +150,9 @@ __all__ = [
     "load_minilm",
     "mean_matrix",
     "minilm_dir",
+    "mixture_departure",
+    "mixture_field",
+    "mixture_nodes",
     "modal_coordinates",
     "moment_care",
     "moment_rhs",
