@@ -13,7 +13,10 @@ discrete-adjoint Jacobian of readout features (:func:`jacobian`, :func:`ntk`), a
 gradient descent on the head weights against the rate it predicts (:func:`gradient_descent`,
 :func:`predicted_rate`, :func:`measured_rate`): ``_ntk``.
 
-Modules: ``_adjoint``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``, ``_particles``.
+The depth limit: the L-layer transformer (Euler steps T/L) against the token ODE, W1 and the
+gradient at rate 1/L (:func:`depth_study`): ``_depth``.
+
+Modules: ``_adjoint``, ``_depth``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``, ``_particles``.
 """
 
 from solvers.training._adjoint import (
@@ -22,6 +25,13 @@ from solvers.training._adjoint import (
     TokenTransportModel,
     softmax_sums,
     softmax_transposed_sums,
+)
+from solvers.training._depth import (
+    DepthStudy,
+    depth_study,
+    power_law_fit,
+    rk4_tokens,
+    token_w1,
 )
 from solvers.training._losses import (
     MMDLoss,
@@ -54,6 +64,7 @@ from solvers.training._particles import ParticleState, ParticleTraining
 __all__ = [
     "FEATURES",
     "AdjointGradient",
+    "DepthStudy",
     "FeatureLoss",
     "ForwardSolution",
     "GibbsConstants",
@@ -65,6 +76,7 @@ __all__ = [
     "PotentialLoss",
     "TokenTransportModel",
     "TrainingState",
+    "depth_study",
     "distributed_gaussian_kernel_sums",
     "features",
     "fit_exponential_rate",
@@ -76,9 +88,12 @@ __all__ = [
     "lsi_rate",
     "measured_rate",
     "ntk",
+    "power_law_fit",
     "predicted_rate",
+    "rk4_tokens",
     "simplex_projector",
     "softmax_sums",
     "softmax_transposed_sums",
     "spectral_rate",
+    "token_w1",
 ]

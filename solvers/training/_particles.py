@@ -150,34 +150,46 @@ class ParticleTraining:
         self.state = self._evaluate()
 
     # ------------------------------------------------------------------ forward
-    def final_tokens(self, theta: np.ndarray) -> np.ndarray:
-        """Tokens after depth T for a batch of head sets theta (B, H, p) (real or complex)."""
-        B = theta.shape[0]
-        D = self.heads.D0 + np.einsum("bhk,kij->bhij", theta, self.heads.B)
+    def velocity(self, x: np.ndarray, D: np.ndarray) -> np.ndarray:
+        """X_H at the tokens x (B, N, d) for the head matrices D (B, H, d, d) (real or complex)."""
         A = self.attention.beta * D
-        logm = np.log(self.masses)
-        x = np.broadcast_to(self.x0, (B, *self.x0.shape)).astype(theta.dtype)
-        for _ in range(self.n_steps):
-            xA = np.einsum("bnd,bhde->bhne", x, A)
-            logits = xA @ np.swapaxes(x, 1, 2)[:, None] + logm
-            logits = logits - logits.real.max(axis=-1, keepdims=True)
-            e = np.exp(logits)
-            ybar = (e @ x[:, None]) / e.sum(axis=-1)[..., None]
-            X = self.attention.sign * np.einsum("bhde,bhne->bnd", D, ybar) / D.shape[1]
-            if self.attention.manifold:
-                xhat = x / np.sqrt((x * x).sum(-1))[..., None]
-                X = X - xhat * (xhat * X).sum(-1)[..., None]
-            x = x + self.dt * X
+        xA = np.einsum("bnd,bhde->bhne", x, A)
+        logits = xA @ np.swapaxes(x, 1, 2)[:, None] + np.log(self.masses)
+        logits = logits - logits.real.max(axis=-1, keepdims=True)
+        e = np.exp(logits)
+        ybar = (e @ x[:, None]) / e.sum(axis=-1)[..., None]
+        X = self.attention.sign * np.einsum("bhde,bhne->bnd", D, ybar) / D.shape[1]
+        if self.attention.manifold:
+            xhat = x / np.sqrt((x * x).sum(-1))[..., None]
+            X = X - xhat * (xhat * X).sum(-1)[..., None]
+        return X
+
+    def head_matrices(self, theta: np.ndarray) -> np.ndarray:
+        """D(theta) for a batch of head sets theta (B, H, p): shape (B, H, d, d)."""
+        return self.heads.D0 + np.einsum("bhk,kij->bhij", theta, self.heads.B)
+
+    def final_tokens(self, theta: np.ndarray, n_steps: int | None = None) -> np.ndarray:
+        """Tokens after depth T for a batch of head sets theta (B, H, p) (real or complex).
+
+        ``n_steps`` Euler steps of size T / n_steps (the layers; default ``self.n_steps``).
+        """
+        n = self.n_steps if n_steps is None else int(n_steps)
+        dt = self.t_end / n
+        D = self.head_matrices(theta)
+        x = np.broadcast_to(self.x0, (theta.shape[0], *self.x0.shape)).astype(theta.dtype)
+        for _ in range(n):
+            x = x + dt * self.velocity(x, D)
             if self.attention.manifold:
                 x = x / np.sqrt((x * x).sum(-1))[..., None]
         return x
 
-    def readout(self, theta: np.ndarray) -> np.ndarray:
+    def readout(self, theta: np.ndarray, n_steps: int | None = None) -> np.ndarray:
         """Readout loss R(mu_T) for a batch of head sets theta (B, H, p); shape (B,)."""
-        return self.loss.value(self.final_tokens(theta), self.masses)
+        return self.loss.value(self.final_tokens(theta, n_steps), self.masses)
 
-    def gradient(self, theta: Array) -> tuple[float, Array]:
-        """(R(mu_T), dR/dtheta (H, p)) by complex steps, spread over the ranks."""
+    def gradient(self, theta: Array, n_steps: int | None = None) -> tuple[float, Array]:
+        """(R(mu_T), dR/dtheta (H, p)) by complex steps, spread over the ranks (``n_steps``
+        layers, default ``self.n_steps``)."""
         H, p = theta.shape
         n_dir = H * p
         chunks = [range(a, min(a + CHUNK, n_dir)) for a in range(0, n_dir, CHUNK)]
@@ -187,14 +199,14 @@ class ParticleTraining:
             batch = np.repeat(theta[None].astype(np.complex128), len(chunk), axis=0)
             for b, direction in enumerate(chunk):
                 batch[b, direction // p, direction % p] += 1j * _STEP
-            local.append(np.imag(self.readout(batch)) / _STEP)
+            local.append(np.imag(self.readout(batch, n_steps)) / _STEP)
         parts = self.comm.allgather(local)  # rank r holds chunks r, r + size, ...
         grad = np.empty(n_dir)
         for r, values in enumerate(parts):
             for j, v in enumerate(values):
                 chunk = chunks[r + j * self.comm.size]
                 grad[chunk.start : chunk.stop] = v
-        value = float(np.real(self.readout(theta[None]))[0])
+        value = float(np.real(self.readout(theta[None], n_steps))[0])
         return value, grad.reshape(H, p)
 
     # ------------------------------------------------------------------ training
