@@ -42,7 +42,8 @@ RUN_EPILOG = """\
 config keys: `transformer-pde keys` prints every key with its type, default, allowed values
 and meaning (the same text as docs/config.md); examples for every scheme are in configs/.
 outputs in DIR: density.xdmf + density.h5 (ParaView), metrics.csv, final.npz, summary.json,
-density.png, metrics.png, edi.png, checkpoint/ (every output.checkpoint_minutes of wall time,
+density.png, density_map.png (S2), metrics.png, edi.png (not with --no-pictures or
+[output] pictures = false), checkpoint/ (every output.checkpoint_minutes of wall time,
 default 10, every output.checkpoint_every steps, and on SIGINT/SIGTERM).
 one run per folder: DIR must be writable with room for the first outputs; a DIR holding
 another run's results is refused unless --overwrite (which removes the files the project
