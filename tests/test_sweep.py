@@ -187,11 +187,13 @@ def test_bad_grid_value_fails_up_front(tmp_path):
 
 @pytest.mark.serial
 def test_jobs_run_as_subprocesses(tmp_path):
+    """--jobs 2: single-rank subprocesses, each with its run.log."""
     config = tmp_path / "tiny.toml"
     config.write_text(TINY)
     out = tmp_path / "sweep"
-    proc = _cli("sweep", str(config), "--grid", "time.scheme=fv,particles", "--out", str(out),
-                "--jobs", "2", "--quiet")  # fmt: skip
+    args = ["sweep", str(config), "--grid", "time.scheme=fv,particles", "--out", str(out)]
+    args += ["--jobs", "2", "--quiet"]
+    proc = _cli(*args)
     assert proc.returncode == 0, proc.stderr
     rows = _table(out / "sweep.csv")
     assert [(r["run"], r["status"]) for r in rows] == [
@@ -200,3 +202,21 @@ def test_jobs_run_as_subprocesses(tmp_path):
     ]
     assert (out / "scheme=particles" / "run.log").is_file()
     assert _summary(out / "scheme=particles")["config"]["time"]["scheme"] == "particles"
+
+
+def test_subprocess_commands(tmp_path):
+    """The command of a --jobs subprocess: a new run from the point's config.toml; a
+    continued one with --restart and the point's values of the keys a restart may change."""
+    from drivers.engine._sweep import _child_command
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY)
+    (point,) = plan_sweep(config, ["time.t_end=0.5"], tmp_path / "out")
+    new = _child_command(point, "new")
+    assert new[1:] == ["-m", "drivers", "run", str(point.out / "config.toml"), "--quiet",
+                       "--out", str(point.out)]  # fmt: skip
+    assert _child_command(point, "rerun")[-1] == "--overwrite"
+    again = _child_command(point, "restart")
+    assert again[again.index("--restart") + 1] == str(point.out)
+    assert "time.t_end=0.5" in again and "output.pictures=false" in again
+    assert str(point.out / "config.toml") not in again  # not read on --restart

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import re
 import signal
@@ -49,9 +48,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drivers.engine._config import DEFAULTS, ConfigError, dimension, read_toml, validate
-from drivers.engine._folder import config_hash, read_summary
-from drivers.engine._sweep_table import sweep_figure, sweep_rows, value_text, write_sweep_csv
+from drivers.engine._config import (
+    DEFAULTS,
+    RESTART_KEYS,
+    ConfigError,
+    dimension,
+    read_toml,
+    validate,
+)
+from drivers.engine._folder import config_hash, describe, read_summary
+from drivers.engine._sweep_table import (
+    sweep_figure,
+    sweep_rows,
+    toml_text,
+    toml_value,
+    value_text,
+    write_sweep_csv,
+)
 
 __all__ = ["Grid", "Point", "parse_grid", "plan_sweep", "run_from_args", "run_sweep", "toml_text"]
 
@@ -276,35 +289,6 @@ def plan_sweep(
     return points
 
 
-# ------------------------------------------------------------------------------ TOML
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value} has no TOML form here")
-        return repr(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string (JSON escapes are TOML's)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    raise ValueError(f"{type(value).__name__} has no TOML form")
-
-
-def toml_text(cfg: dict[str, Any], header: str = "") -> str:
-    """A resolved configuration as TOML (tables of values; what ``tomllib`` reads back
-    equal)."""
-    lines = [f"# {line}" for line in header.splitlines()]
-    for section, table in cfg.items():
-        lines += ["", f"[{section}]"]
-        lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
 # ------------------------------------------------------------------------------ resuming
 def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
     """The configuration as summary.json stores it, without :data:`_IGNORED`."""
@@ -363,18 +347,28 @@ def _write_config(point: Point, command: str) -> None:
     tmp.replace(path)
 
 
-def _finish(points: list[Point], out: Path, comm: Any, say: _Say) -> None:
-    """sweep.csv and sweep.png of the runs that have a summary (rank 0)."""
-    if comm.rank != 0:
-        return
-    rows = sweep_rows(points)
-    write_sweep_csv(out / "sweep.csv", rows, list(points[0].params))
-    try:
-        sweep_figure(out / "sweep.png", points)
-    except Exception as exc:  # a picture must never lose a sweep
-        print(f"[transformer-pde] warning: could not draw sweep.png: {exc}", file=sys.stderr)
-    done = sum(r["status"] in DONE for r in rows)
-    say(f"{done} of {len(points)} runs in {out / 'sweep.csv'}, {out / 'sweep.png'}")
+def _agreed(comm: Any, error: str | None) -> str | None:
+    """Rank 0's error (a failed write), on every rank."""
+    return comm.bcast(error, root=0) if comm.size > 1 else error
+
+
+def _finish(points: list[Point], out: Path, comm: Any, say: _Say) -> str | None:
+    """sweep.csv and sweep.png of the runs that have a summary (rank 0 writes); the error of
+    a failed write of sweep.csv, on every rank (None: written)."""
+    error = None
+    if comm.rank == 0:
+        rows = sweep_rows(points)
+        try:
+            write_sweep_csv(out / "sweep.csv", rows, list(points[0].params))
+        except OSError as exc:
+            error = f"cannot write {out / 'sweep.csv'}: {describe(exc)}"
+        try:
+            sweep_figure(out / "sweep.png", points)
+        except Exception as exc:  # a picture must never lose a sweep
+            print(f"[transformer-pde] warning: could not draw sweep.png: {exc}", file=sys.stderr)
+        done = sum(r["status"] in DONE for r in rows)
+        say(f"{done} of {len(points)} runs in {out / 'sweep.csv'}, {out / 'sweep.png'}")
+    return _agreed(comm, error)
 
 
 def run_sweep(
@@ -403,12 +397,19 @@ def run_sweep(
     if other is not None:
         raise ConfigError("--out", other)
     command = " ".join(argv or ["transformer-pde", "sweep"])
+    error = None
     if comm.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        for p, (state, _) in zip(points, states, strict=True):
-            if state != "done":
-                _write_config(p, command)
-    comm.barrier()
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for p, (state, _) in zip(points, states, strict=True):
+                if state != "done":
+                    _write_config(p, command)
+        except OSError as exc:
+            where = f" {exc.filename}" if exc.filename else f" in {out}"
+            error = f"cannot write{where}: {describe(exc)}"
+    error = _agreed(comm, error)
+    if error is not None:
+        raise ConfigError("--out", error)
     todo = [(p, s) for p, s in zip(points, states, strict=True) if s[0] != "done"]
     for p, (state, why) in zip(points, states, strict=True):
         if state == "done":
@@ -420,7 +421,11 @@ def run_sweep(
         code = _run_processes(todo, jobs, say)
     else:
         code = _run_here(todo, comm, say, quiet, argv)
-    _finish(points, out, comm, say)
+    error = _finish(points, out, comm, say)
+    if error is not None:
+        if comm.rank == 0:
+            print(f"transformer-pde: error: {error}", file=sys.stderr, flush=True)
+        return code or 3
     return code
 
 
@@ -452,10 +457,14 @@ def _run_here(
 
 
 def _child_command(p: Point, state: str) -> list[str]:
-    cmd = [sys.executable, "-m", "drivers", "run", str(p.out / "config.toml"), "--quiet"]
+    """``python -m drivers run`` of a point: its config.toml, or on a restart its own stored
+    configuration with the point's values of the keys a restart may change."""
+    cmd = [sys.executable, "-m", "drivers", "run"]
     if state == "restart":
-        return [*cmd, "--restart", str(p.out)]
-    return [*cmd, "--out", str(p.out), *(["--overwrite"] if state == "rerun" else [])]
+        keys = [f"{s}.{k}={toml_value(p.cfg[s][k])}" for s, k in RESTART_KEYS]
+        return [*cmd, "--quiet", "--restart", str(p.out), *(a for k in keys for a in ("--set", k))]
+    cmd += [str(p.out / "config.toml"), "--quiet", "--out", str(p.out)]
+    return [*cmd, *(["--overwrite"] if state == "rerun" else [])]
 
 
 def _last_line(path: Path) -> str:
@@ -537,6 +546,7 @@ def run_from_args(args: Any, comm: Any, argv: list[str], error: Any) -> int:
     import numpy as np
 
     from meshes.sphere import MeshError
+    from solvers.transport import DensityError
 
     if args.jobs < 1:
         error(comm, f"error: --jobs: must be >= 1, got {args.jobs}")
@@ -549,11 +559,11 @@ def run_from_args(args: Any, comm: Any, argv: list[str], error: Any) -> int:
             return run_sweep(points, args.out, comm, jobs=args.jobs, quiet=args.quiet, argv=argv)
     except (ConfigError, MeshError) as exc:
         failed = (2, f"error: {exc}")
+    except DensityError as exc:  # found when a run builds its density
+        failed = (2, f"error: initial.density: {exc}")
     except KeyboardInterrupt:  # between runs, or while a mesh is built
         failed = (130, "sweep interrupted by SIGINT; start it again to resume it")
-    except OSError as exc:  # config.toml, sweep.csv
-        from drivers.engine._folder import describe
-
+    except OSError as exc:  # a run's folder
         where = f" {exc.filename}" if exc.filename else ""
         failed = (3, f"error: cannot write{where}: {describe(exc)}")
     gc.collect()  # collective destructors, on every rank at once

@@ -1,4 +1,5 @@
-"""The results of a sweep (:mod:`drivers.engine._sweep`): ``sweep.csv`` and ``sweep.png``.
+"""The files of a sweep (:mod:`drivers.engine._sweep`) besides those of its runs: each point's
+``config.toml`` (:func:`toml_text`), ``sweep.csv`` and ``sweep.png``.
 
 ``sweep.csv``: one row per run, in the order of the grid: ``run`` (the folder name), one
 column per grid key (the value as given), ``status`` (from summary.json: "ok", "failed",
@@ -29,6 +30,8 @@ __all__ = [
     "read_metrics",
     "sweep_figure",
     "sweep_rows",
+    "toml_text",
+    "toml_value",
     "value_text",
     "write_sweep_csv",
 ]
@@ -51,6 +54,34 @@ def value_text(value: Any) -> str:
     if isinstance(value, (int, str)):
         return str(value)
     return json.dumps(value, separators=(",", ":"))
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} has no TOML form here")
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string (JSON escapes are TOML's)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise ValueError(f"{type(value).__name__} has no TOML form")
+
+
+def toml_text(cfg: dict[str, Any], header: str = "") -> str:
+    """A resolved configuration as TOML (tables of values; what ``tomllib`` reads back
+    equal)."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    for section, table in cfg.items():
+        lines += ["", f"[{section}]"]
+        lines += [f"{key} = {toml_value(value)}" for key, value in table.items()]
+    return "\n".join(lines).lstrip("\n") + "\n"
 
 
 def sweep_rows(points: list[Any]) -> list[dict[str, Any]]:
