@@ -334,3 +334,101 @@ def test_fine_meshes_drawn_as_images(tmp_path, monkeypatch):
     top = choose_scale(rho).colours(rho[:1])[0]
     np.testing.assert_allclose(front[20, 20, :3], top[:3], atol=0.02)
     assert front[0, 0, 3] == 0.0 and front[20, 20, 3] == 1.0  # outside the disc: transparent
+
+
+# ------------------------------------------------------------------------ issue 29
+@root_only
+def test_metrics_min_density_on_a_log_axis(tmp_path):
+    t = np.linspace(0.0, 6.0, 7)
+    rows = [{"t": s, "min_density": 0.1 * 10.0 ** (-s), "G2": 1.0} for s in t]
+    rows[-1]["min_density"] = 0.0  # an exact zero is left out, not a failure of the log axis
+    fig = plot_metrics(tmp_path / "m.png", rows, ["G2", "min_density"])
+    ax = fig.axes[1]
+    assert ax.get_title() == "min_density" and ax.get_yscale() == "log"
+    y = ax.get_lines()[0].get_ydata()
+    assert np.isnan(y[-1]) and np.allclose(y[:-1], 0.1 * 10.0 ** (-t[:-1]))
+
+
+@root_only
+def test_strip_scale_shows_the_initial_data(tmp_path, monkeypatch):
+    """A strip whose last snapshot spans 9 decades: the log colour range starts at the low end
+    of the initial data (not 6 decades below the peak), which fills a good part of it."""
+    vertices = _sphere()
+    initial = 0.05 + 0.3 * _bump(vertices, 1.0)  # 0.05 .. 0.35
+    final = np.maximum(_bump(vertices, 0.02) * 30.0, 1e-9)
+    calls = []
+    monkeypatch.setattr(plots, "render_density", lambda *a, **k: calls.append(k))
+    monkeypatch.setattr(plots, "read_series", lambda path: (_ for _ in ()).throw(ValueError()))
+    plots.density_strip(tmp_path / "d.png", "none.xdmf", vertices, final, 1.0)  # no series
+    assert "clim" not in calls[0]  # a final state alone: choose_scale's own range
+    lo, hi = choose_scale([initial, final], reference=initial).lo, 30.0
+    assert lo == pytest.approx(0.5 * np.quantile(initial, 0.02)) and lo > hi * LOG_FLOOR
+    share = np.log(initial.max() / initial.min()) / np.log(hi / lo)  # of the colour range
+    assert choose_scale([initial, final]).lo == pytest.approx(hi * LOG_FLOOR, rel=1e-6)
+    assert share > 0.2 and share > 1.8 * np.log(initial.max() / initial.min()) / np.log(1e6)
+
+
+def _antipodal(vertices: np.ndarray) -> np.ndarray:
+    centres = vertices.mean(axis=1)
+    centres /= np.linalg.norm(centres, axis=1)[:, None]
+    a = np.array([0.0, 1.0, 0.2]) / np.linalg.norm([0.0, 1.0, 0.2])
+    return np.exp(10 * (centres @ a - 1)) + 0.5 * np.exp(10 * (-centres @ a - 1)) + 1e-4
+
+
+@root_only
+def test_density_map_marks_both_antipodal_clusters(tmp_path):
+    """Two antipodal bumps: both are marked (the density's own cluster statistics), away from
+    the map's seam, and the map is a picture, not a blank."""
+    from drivers.engine._density_map import density_map
+
+    x, cells = icosphere_arrays(2)
+    vertices = x[cells]
+    rho = _antipodal(vertices)
+    fig = density_map(tmp_path / "map.png", vertices, rho, t=1.0)
+    marked = fig.marked
+    assert marked.shape == (2, 2)
+    assert np.all(np.abs(marked[:, 0]) < np.radians(170))  # none on the seam
+    assert np.all(
+        np.abs(marked[:, 1] + np.array([-1, 1]) * np.arcsin(0.2 / np.hypot(1, 0.2))) < 0.15
+    )
+    pixels = np.asarray(Image.open(tmp_path / "map.png").convert("L"), dtype=np.float64)
+    assert pixels.std() > 20.0
+    # given clusters are the ones marked
+    centre = np.array([[0.0, 0.0, 1.0]])
+    fig = density_map(tmp_path / "map1.png", vertices, rho, clusters=(centre, np.array([1.0])))
+    np.testing.assert_allclose(fig.marked, [[0.0, np.pi / 2]])
+
+
+def test_run_pictures_and_no_pictures(tmp_path_factory):
+    """An S^2 run draws density_map.png with the clusters of its clusters.csv; --no-pictures
+    and [output] pictures = false draw no png (the data files are the same)."""
+    comm = MPI.COMM_WORLD
+    root = Path(comm.bcast(str(tmp_path_factory.mktemp("maps")) if comm.rank == 0 else None))
+    config = root / "s2.toml"
+    if comm.rank == 0:
+        config.write_text(
+            '[mesh]\nmanifold = "S2"\nrefinement = 2\n[initial]\n'
+            'density = "exp(6 * x[1]) + 0.5 * exp(-6 * x[1])"\n[attention]\nbeta = 4.0\n'
+            "[time]\nt_end = 0.2\ndt = 0.1\n[output]\nevery = 1\nedi = false\n"
+        )
+    comm.barrier()
+    args = ["run", str(config), "--quiet", "--out"]
+    assert cli_main([*args, str(root / "pics")]) == 0
+    assert cli_main([*args, str(root / "flag"), "--no-pictures"]) == 0
+    assert cli_main([*args, str(root / "key"), "--set", "output.pictures=false"]) == 0
+    if comm.rank != 0:
+        return
+    names = {"density.png", "density_map.png", "metrics.png"}
+    assert names <= {p.name for p in (root / "pics").glob("*.png")}
+    for folder in ("flag", "key"):
+        assert not list((root / folder).glob("*.png")), folder
+        assert (root / folder / "final.npz").is_file() and (
+            root / folder / "clusters.csv"
+        ).is_file()
+    import csv
+
+    with open(root / "pics" / "clusters.csv", newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if float(r["t"]) == 0.2]
+    assert len(rows) == 2  # the two bumps on opposite sides, both clusters
+    pixels = np.asarray(Image.open(root / "pics" / "density_map.png").convert("L"), dtype=float)
+    assert pixels.std() > 20.0

@@ -1,7 +1,7 @@
 """The engine behind ``transformer-pde``: config -> problem -> run loop -> recorder.
 
-Public face of the engine. :func:`main` is the command line (``run``, ``gaussian``, ``view``,
-``paraview``, ``keys``);
+Public face of the engine. :func:`main` is the command line (``run``, ``sweep``, ``gaussian``,
+``view``, ``paraview``, ``keys``);
 :func:`run` runs a config (:func:`load_config`) and writes the results folder, returning a
 :class:`RunResult` (the outcome, the folder, the final state as :class:`FinalState` and the
 metrics table, on every rank); :func:`advance` is the time loop (a scheme and a recorder to a
@@ -19,7 +19,9 @@ Modules: ``_cli``, ``_schema`` (every config key: type, default, allowed values,
 ``_config`` (TOML reading, ``--set``, validation), ``_problem``, ``_run``, ``_result`` (what
 ``run`` returns), ``_recorder``, ``_cadence`` (when outputs are due), ``_finish`` (the end of
 a run), ``_writers`` (XDMF, CSV, npz, json), ``_plots`` and ``_pictures`` (the
-pictures of a run and of ``view``), ``_checkpoint``, ``_view``,
+pictures of a run and of ``view``), ``_density_map`` (the equal-area map of an S^2 density),
+``_sweep`` and ``_sweep_table`` (``transformer-pde sweep``: grids of runs, sweep.csv and
+sweep.png), ``_checkpoint``, ``_view``,
 ``_paraview`` (the ``paraview`` command; its pvbatch script is ``paraview_density.py``),
 ``_gaussian_command``, ``_resources`` (the memory check), ``_provenance`` (version, commit, command line, host, threads, PETSc
 options of a results folder).

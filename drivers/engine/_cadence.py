@@ -140,7 +140,8 @@ class OutputOptions:
         edi_every: add the state to the budget every k-th step (0: at the outputs and
             checkpoint steps only, which it always is).
         clusters: cluster statistics at every output (S1/S2 only; none on boxes).
-        pictures: draw density.png, metrics.png and edi.png at the end (rank 0).
+        pictures: draw density.png, density_map.png (S^2), metrics.png and edi.png at the
+            end (rank 0).
     """
 
     checkpoint_every: int = 0

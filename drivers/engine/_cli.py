@@ -1,6 +1,9 @@
 """The command line ``transformer-pde`` (also ``python -m drivers``).
 
 - ``transformer-pde run CONFIG.toml [--out DIR] [--set section.key=value ...]``;
+- ``transformer-pde sweep CONFIG.toml --grid KEY=v1,v2 [--grid ...] --out DIR [--jobs K]``:
+  one run per point of the grid, ``DIR/sweep.csv`` and ``DIR/sweep.png``
+  (:mod:`drivers.engine._sweep`);
 - ``transformer-pde gaussian CONFIG.toml``: the moment ODE alone;
 - ``transformer-pde view DIR``: an animation of a results folder's density;
 - ``transformer-pde paraview DIR``: the same series rendered by ParaView (``pvbatch``), with
@@ -39,7 +42,8 @@ RUN_EPILOG = """\
 config keys: `transformer-pde keys` prints every key with its type, default, allowed values
 and meaning (the same text as docs/config.md); examples for every scheme are in configs/.
 outputs in DIR: density.xdmf + density.h5 (ParaView), metrics.csv, final.npz, summary.json,
-density.png, metrics.png, edi.png, checkpoint/ (every output.checkpoint_minutes of wall time,
+density.png, density_map.png (S2), metrics.png, edi.png (not with --no-pictures or
+[output] pictures = false), checkpoint/ (every output.checkpoint_minutes of wall time,
 default 10, every output.checkpoint_every steps, and on SIGINT/SIGTERM).
 one run per folder: DIR must be writable with room for the first outputs; a DIR holding
 another run's results is refused unless --overwrite (which removes the files the project
@@ -82,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument(
+        "--no-pictures",
+        action="store_true",
+        help="draw no density.png, metrics.png, edi.png (as [output] pictures = false; the "
+        "data files are the same)",
+    )
+    r.add_argument(
         "--restart",
         metavar="DIR",
         default=None,
@@ -99,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a PETSc option of the prefixes jko_/theta_ that no solver reads is an error",
     )
+    sw = sub.add_parser(
+        "sweep",
+        help="run a config over a grid of parameters (one folder per run, sweep.csv, sweep.png)",
+        epilog=SWEEP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _sweep_arguments(sw)
     g = sub.add_parser("gaussian", help="the Gaussian moment ODE of docs/model.md, M3 alone")
     g.add_argument("config", help="TOML file with a [gaussian] table")
     g.add_argument("--out", default=None, help="output folder (default results/<config name>)")
@@ -133,6 +150,57 @@ def _parser() -> argparse.ArgumentParser:
         "allowed values, meaning.",
     )
     return p
+
+
+SWEEP_EPILOG = """\
+grid keys: dotted config keys, section.key (attention.beta, time.scheme) or inside a list of
+tables section.key.N.field (attention.heads.0.V, also written attention.heads[0].V); values:
+a comma-separated TOML list (1,2.5,4 or "fv","jko"; bare words are strings: fv,jko). Every
+point is validated before any run starts (exit 2, one line naming the key and the point).
+outputs in DIR: one results folder per point, named from its parameters (DIR/beta=2,
+DIR/beta=2,sign=-1; a value that is not a plain word as #k, its place in the grid), each with
+config.toml (its resolved configuration); DIR/sweep.csv (parameters, status, steps, wall
+time and final metrics of every run) and DIR/sweep.png (metrics against t, one line per run).
+resuming: the same command again skips the runs that ended (status ok or failed, same
+configuration), continues unfinished ones from their newest checkpoint (else from t = 0).
+exit codes: 0 every run ok; 2 invalid input; 3 a run failed (the others still ran);
+130/143 interrupted (the running runs checkpoint)."""
+
+
+def _sweep_arguments(s: argparse.ArgumentParser) -> None:
+    """The options of ``transformer-pde sweep`` (module ``_sweep`` runs it)."""
+    s.add_argument("config", help="TOML configuration file every run starts from")
+    s.add_argument(
+        "--grid",
+        dest="grids",
+        action="append",
+        default=[],
+        metavar="KEY=v1,v2,...",
+        help="a config key and its values (repeat for a product of grids)",
+    )
+    s.add_argument("--out", required=True, help="the sweep's folder (one sub-folder per run)")
+    s.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value of every run (TOML syntax)",
+    )
+    s.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="K",
+        help="K runs at once as single-rank subprocesses sharing the cores (serial launches "
+        "only; under mpiexec the runs go one after the other on all ranks); default 1",
+    )
+    s.add_argument(
+        "--pictures",
+        action="store_true",
+        help="draw each run's density.png, metrics.png, edi.png (default: off in sweeps)",
+    )
+    s.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def _petsc_arguments(parser: argparse.ArgumentParser, rest: list[str]) -> list[str]:
@@ -195,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     command_line = ["transformer-pde", *argv]
     if args.command == "gaussian":
         return _gaussian(args, comm, command_line)
+    if args.command == "sweep":
+        from drivers.engine._sweep import run_from_args as sweep_run
+
+        return sweep_run(args, comm, command_line, _error)
     return _run(args, comm, command_line)
 
 
@@ -232,6 +304,7 @@ def _run(args: argparse.Namespace, comm: Any, command_line: list[str]) -> int:
                 command_line,
                 overwrite=args.overwrite,
                 strict_petsc=args.strict_petsc,
+                pictures=False if args.no_pictures else None,
             )
     except (ConfigError, MeshError, DensityError) as exc:
         key = getattr(exc, "key", None)

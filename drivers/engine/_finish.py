@@ -76,7 +76,7 @@ def finish_run(rec: Any, scheme: TokenScheme, outcome: Outcome, wall: float) -> 
 
 
 def _pictures(rec: Any, final_density) -> None:
-    """density.png, metrics.png and edi.png (rank 0): a failed write is a failure of the
+    """density.png, density_map.png (S^2), metrics.png and edi.png (rank 0): a failed write is a failure of the
     run, any other error of a picture only a warning."""
     title = (
         f"energy budget: {rec.scheme_name}, {rec.weights.n_heads} head(s), "

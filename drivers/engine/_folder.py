@@ -87,6 +87,7 @@ PROJECT_FILES = (
     "theta.xdmf",
     "theta.h5",
     "density.png",
+    "density_map.png",
     "metrics.png",
     "edi.png",
     "moments.png",

@@ -7,7 +7,8 @@ same colours:
 - :func:`choose_scale` picks the colour range of one or several snapshots: a logarithmic scale
   when the data are non-negative and span more than :data:`LOG_RANGE` (max / smallest positive
   value), floored at ``max * LOG_FLOOR`` so that exact zeros or 1e-9 backgrounds do not swamp
-  it; a linear one otherwise (or as asked: ``log=True/False``, ``clim=(lo, hi)``);
+  it (or at the low end of a ``reference``, the initial data of a strip); a linear one
+  otherwise (or as asked: ``log=True/False``, ``clim=(lo, hi)``);
 - :class:`SurfacePanel` draws S^2 (one hemisphere, orthographic projection of the faces that
   look at the viewer, shaded a little) or R^2 (the cells) as a ``PolyCollection``, or as an
   image (nearest cell per pixel) on meshes finer than the pixels;
@@ -32,6 +33,7 @@ __all__ = [
     "LOG_RANGE",
     "RASTER_CELLS",
     "RASTER_PIXELS",
+    "REFERENCE_QUANTILE",
     "ColourScale",
     "CurvePanel",
     "SurfacePanel",
@@ -48,6 +50,8 @@ Array = npt.NDArray[np.float64]
 LOG_RANGE = 1e3
 #: the bottom of a logarithmic colour range, relative to its top
 LOG_FLOOR = 1e-6
+#: a log range with a ``reference`` starts at half this quantile of the reference's values
+REFERENCE_QUANTILE = 0.02
 #: the colour map of every density picture
 CMAP = "viridis"
 #: S^2 and R^2 meshes with more cells are drawn as images (nearest cell per pixel)
@@ -132,6 +136,7 @@ def choose_scale(
     snapshots: Iterable[Array] | Array,
     log: bool | None = None,
     clim: tuple[float, float] | None = None,
+    reference: Array | None = None,
 ) -> ColourScale:
     """The colour scale of one or several snapshots (one pass over them).
 
@@ -141,11 +146,15 @@ def choose_scale(
             non-negative (up to round-off) and max / smallest positive value > ``LOG_RANGE``
             (with ``clim``: when 0 < lo and hi / lo > ``LOG_RANGE``).
         clim: a fixed range (lo, hi) instead of the data's.
+        reference: values the scale must resolve (the initial data of a strip whose later
+            snapshots span many decades): a log range starts no lower than half their
+            :data:`REFERENCE_QUANTILE` quantile (of their positive values), so that they
+            fill a good part of it instead of a sliver at the top of ``1 / LOG_FLOOR``.
 
     Returns:
-        On a log scale [max(smallest positive, hi * LOG_FLOOR), max]; on a linear one
-        [min, max] (widened when constant). A log scale asked for data without a positive
-        value falls back to linear.
+        On a log scale [max(smallest positive, hi * LOG_FLOOR), max] (raised by
+        ``reference``); on a linear one [min, max] (widened when constant). A log scale
+        asked for data without a positive value falls back to linear.
 
     Raises:
         ValueError: ``clim`` not finite or not lo < hi, or lo <= 0 with ``log=True``.
@@ -178,6 +187,10 @@ def choose_scale(
         log = positive and not signed and vmax / pmin > LOG_RANGE
     if log and positive:
         lo = max(pmin, vmax * LOG_FLOOR)
+        ref = np.asarray(reference if reference is not None else [], dtype=np.float64).ravel()
+        ref = ref[np.isfinite(ref) & (ref > 0.0)]
+        if ref.size:
+            lo = max(lo, 0.5 * float(np.quantile(ref, REFERENCE_QUANTILE)))
         return ColourScale(lo if lo < vmax else vmax / 10.0, vmax, True)
     if vmax - vmin <= 1e-12 * max(1.0, abs(vmax)):
         vmin, vmax = vmin - 0.5 * max(abs(vmin), 1e-12), vmax + 0.5 * max(abs(vmax), 1e-12)

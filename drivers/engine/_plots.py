@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from drivers.engine._density_map import density_map, final_clusters
 from drivers.engine._pictures import (
     CurvePanel,
     SurfacePanel,
@@ -192,7 +193,9 @@ def density_strip(
     ``xdmf_path`` (those before ``t_final``), then the final state; each snapshot on its
     own mesh (the series' meshes may change: adaptive runs; a step on the final state's
     cells is drawn with ``final_vertices``). The final state alone when the series cannot be
-    read (or, on one mesh, does not have the final state's number of cells).
+    read (or, on one mesh, does not have the final state's number of cells). A log colour
+    scale starts at the low end of the t = 0 snapshot (:func:`choose_scale`, ``reference``),
+    so that the initial data show their shape.
 
     Args:
         path: the PNG file.
@@ -229,6 +232,9 @@ def density_strip(
         snapshots, times, meshes = [final_density], [t_final], [final_vertices]
     span = f"{times[0]:.3g} to {t_final:.3g}" if len(times) > 1 else f"{t_final:.3g}"
     one = all(m is final_vertices for m in meshes)
+    # a log scale that starts at the low end of the initial data, not 6 decades below the
+    # final peaks (where the initial data would be one colour)
+    scale = choose_scale(snapshots, reference=snapshots[0]) if len(snapshots) > 1 else None
     return render_density(
         path,
         final_vertices if one else meshes,
@@ -236,6 +242,7 @@ def density_strip(
         title=f"{title_prefix}, t = {span}",
         times=times,
         label="density",
+        **({"log": True, "clim": (scale.lo, scale.hi)} if scale and scale.log else {}),
     )
 
 
@@ -262,7 +269,8 @@ def plot_metrics(path: str | Path, rows: Sequence[dict[str, float]], keys: Seque
     """Small multiples of metrics against t (rank 0); returns the (closed) figure.
 
     ``mass`` is plotted as ``mass - 1`` (its drift is what matters: round-off, or outflow
-    from a box), G2 on a log scale when positive, and no axis uses offset notation.
+    from a box), G2 on a log scale when positive, ``min_density`` on a log scale (its zeros
+    left out), and no axis uses offset notation.
     """
     plt = pyplot()
     t = np.array([r["t"] for r in rows])
@@ -275,6 +283,9 @@ def plot_metrics(path: str | Path, rows: Sequence[dict[str, float]], keys: Seque
         ax.set_xlabel("t")
         ax.set_title(key)
         if key == "G2" and np.all(y > 0):
+            ax.set_yscale("log")
+        if key == "min_density" and np.any(y > 0):  # it falls by decades as clusters form
+            ax.lines[-1].set_ydata(np.where(y > 0, y, np.nan))
             ax.set_yscale("log")
         plain_ticks(ax)
     fig.tight_layout()
@@ -366,10 +377,15 @@ def run_pictures(
 ) -> None:
     """The pictures of a run (rank 0): density.png, a strip of snapshots (t = 0,
     intermediate times, the final state) read back from density.xdmf on one colour scale, each
-    on its own mesh (:func:`density_strip`); metrics.png; edi.png when there is a budget
-    (``budget_title`` not None)."""
+    on its own mesh (:func:`density_strip`); on S^2 density_map.png, the final density on an
+    equal-area map with the clusters of clusters.csv marked
+    (:func:`drivers.engine._density_map.density_map`); metrics.png; edi.png when there is a
+    budget (``budget_title`` not None)."""
     out = Path(out)
     density_strip(out / "density.png", out / "density.xdmf", vertices, final_density, t)
+    if manifold_of(np.asarray(vertices)) == "S2":
+        clusters = final_clusters(out / "clusters.csv", t)
+        density_map(out / "density_map.png", vertices, final_density, t, clusters)
     plot_metrics(out / "metrics.png", rows, ["mass", "energy", "G2", "min_density"])
     if budget_title is not None and rows:
         plot_budget(out / "edi.png", rows, title=budget_title)

@@ -90,8 +90,9 @@ def run(
         overwrite: a folder holding another run's results is cleared of them (only the files
             the project writes) instead of refused.
         strict_petsc: an unused PETSc option of the run's prefixes is an error (exit 2).
-        pictures: draw (True) or skip (False) density.png, metrics.png and edi.png, whatever
-            ``[output] pictures`` says (None: as it says).
+        pictures: draw (True) or skip (False) density.png, density_map.png, metrics.png and
+            edi.png, whatever ``[output] pictures`` says (None: as it says; the command
+            line's ``--no-pictures`` is False).
         quiet: no progress lines (``verbose=False``); notices and warnings still go to
             stderr.
 
