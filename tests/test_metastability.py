@@ -67,3 +67,35 @@ def test_linear_prediction_counts_the_grown_mode_on_the_circle() -> None:
     c[0] = 1.0
     _, n = linear_prediction(c, sigma, "S1", _circle_maxima)
     assert 4 <= n <= 8
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_two_particles_close_in_the_pair_merge_time(d: int) -> None:
+    """Two equal particles at angle 1.2 on S^1 and S^2 (identity head, beta = 6), stepped by
+    the particle system (RK4): the angle reaches 0.4 at the time pair_merge_time gives (the
+    independent quadrature of the pair ODE), to 1e-6; at a fixed angle the time grows like
+    e^{beta (1 - cos theta0)} (the slope of log T in beta tends to 1 - cos theta0)."""
+    import dolfinx_solver  # noqa: F401
+
+    from solvers.attention import Attention, Head
+    from solvers.diagnostics import pair_merge_rate, pair_merge_time
+    from solvers.transport import ParticleSystem
+    from solvers.weights import FrozenWeights
+
+    beta, theta0, theta1 = 6.0, 1.2, 0.4
+    T = pair_merge_time(beta, theta0, theta1)
+    x0 = np.zeros((2, d))
+    x0[:, 0] = np.cos(theta0 / 2)
+    x0[:, 1] = [np.sin(theta0 / 2), -np.sin(theta0 / 2)]
+    ps = ParticleSystem(
+        Attention(beta, 1, backend="numpy"), FrozenWeights([Head.identity(d)]), x0, np.ones(2)
+    )
+    ps.advance(0.0, T, 500)
+    angle = float(np.arccos(np.clip(ps.points[0] @ ps.points[1], -1.0, 1.0)))
+    assert angle == pytest.approx(theta1, abs=1e-6)
+    rates = [pair_merge_rate(b, theta0, theta1) for b in (10.0, 40.0, 160.0)]
+    target = 1.0 - np.cos(theta0)
+    assert rates[0] < rates[1] < rates[2] < target
+    assert target - rates[2] < 0.1 * (target - rates[0])
+    with pytest.raises(ValueError):
+        pair_merge_time(4.0, 0.4, 1.2)

@@ -86,6 +86,8 @@ from solvers.diagnostics._metastability import (
     fit_growth_rates,
     linear_prediction,
     linear_window,
+    pair_merge_rate,
+    pair_merge_time,
     plateaus,
 )
 from solvers.diagnostics._metric import (
@@ -129,6 +131,8 @@ __all__ = [
     "fit_growth_rates",
     "linear_prediction",
     "linear_window",
+    "pair_merge_rate",
+    "pair_merge_time",
     "plateaus",
     "angular_power",
     "critical_diffusion",
