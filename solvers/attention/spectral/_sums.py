@@ -41,8 +41,10 @@ and shared by all heads; the values at the targets are one transform per field
 scattered points on :math:`S^2`, exact per-target Bessel coefficients on :math:`S^1`). A head
 whose :math:`\kappa` differs between targets (:math:`A^T A \ne c^2 I`) is evaluated on
 :math:`S^2` at Chebyshev nodes :math:`\kappa_q` of the global range :math:`[\kappa_-,
-\kappa_+]` of the targets and interpolated in :math:`\kappa` (one transform per node and field).
-Cost per head :math:`O(F n_q (N + L^3))`: the degree grows like
+\kappa_+]` of the targets and interpolated in :math:`\kappa`; the node coefficients are
+compressed to :math:`R` common rows (:func:`compress_nodes`: :math:`R \approx 12` for any
+beta), so each field costs :math:`R` syntheses at all targets.
+Cost per head :math:`O(F R (N + L^3))`: the degree grows like
 :math:`\sqrt{2 \kappa \log(1/\varepsilon)}` while brute force costs :math:`N^2`.
 
 Error bound. Per pair, the truncated series is off by at most the tail
@@ -50,13 +52,15 @@ Error bound. Per pair, the truncated series is off by at most the tail
 :math:`c_l > 0`) or :math:`2 \sum_{k > K} e^{-\kappa} I_k` (:math:`S^1`), rigorously; the
 interpolation in :math:`\kappa` by at most :math:`\varepsilon_\kappa`
 (:func:`~solvers.attention.spectral._bounds.interpolation_bound`), the node values' errors
-being amplified by at most the Lebesgue constant :math:`\Lambda`; the transforms add an
-estimated :math:`\varepsilon_T \max \hat S` (ducc0; measured, not proved). So every field obeys
+being amplified by at most the Lebesgue constant :math:`\Lambda`; the compression by
+:math:`\Lambda \rho` (:math:`\rho` its exact residual); the transforms add an estimated
+:math:`\varepsilon_T \sum_r |u_r(\kappa_i)| \max |T_r|` at target :math:`i` (synthesis
+:math:`T_r` with weight :math:`u_r`; ducc0; measured, not proved). So every field obeys
 
 .. math::
 
-    |\tilde S_f - \hat S_f| \le E_f = (\Lambda \tau + \varepsilon_\kappa) \textstyle\sum_j
-    |W^{(f)}_j| + \Lambda \varepsilon_T \max \hat S_0,
+    |\tilde S_f - \hat S_f| \le E_f = (\Lambda \tau + \varepsilon_\kappa + \Lambda \rho)
+    \textstyle\sum_j |W^{(f)}_j| + \varepsilon_T \sum_r |u_r| \max |T_r|,
 
 an *absolute* bound: the relative error of :math:`Z` at a target is
 :math:`r = E_0 / (\tilde S_0 - E_0)` and the mean is off by at most :math:`2 r R_y`
