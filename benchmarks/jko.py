@@ -71,6 +71,15 @@ DIRECT = {
     for key, value in (("pc_type", "lu"), ("pc_factor_mat_solver_type", "mumps"))
 }
 
+
+def solver_options(args: argparse.Namespace) -> dict | None:
+    """The PETSc options of the benchmark's solver: ``--direct`` and ``--lag-pc``."""
+    options = dict(DIRECT) if args.direct else {}
+    if args.lag_pc is not None:
+        options["snes_lag_preconditioner"] = args.lag_pc
+    return options or None
+
+
 #: ``--paths old``: the dense-block products as they were before the BLAS rewrite (compiled
 #: loops over the stored basis), kept here only for the comparison.
 _OLD_KERNELS = None
@@ -160,7 +169,7 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
 
         return wrapper
 
-    from solvers.transport import _jko_hessian
+    from solvers.transport.jko import _hessian as _jko_hessian
 
     if args.path == "old":
         ExpansionHessian.apply = old_apply
@@ -212,7 +221,7 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
         petsc_options_prefix="bench_jko_",
         variant=args.variant,
         hessian=args.hessian,
-        petsc_options=DIRECT if args.direct else None,
+        petsc_options=solver_options(args),
     )
     row["setup"] = cmax(time.perf_counter() - t0)
     row["steps"] = []
@@ -401,6 +410,13 @@ def main() -> None:
         default=None,
         help="the stored basis allowed for the whole mesh (default: the solver's, 4 GiB)",
     )
+    parser.add_argument(
+        "--lag-pc",
+        type=int,
+        default=None,
+        help="SNES preconditioner lag (-2: build it once per step; 2: every second Newton "
+        "iteration; default: every iteration)",
+    )
     parser.add_argument("--products", action="store_true", help="dense-block products only")
     parser.add_argument("--kernel-products", action="store_true", help="with --products")
     parser.add_argument("--repeat-products", type=int, default=3)
@@ -429,6 +445,7 @@ def main() -> None:
                     cmd += ["--variant", args.variant, "--hessian", args.hessian]
                     cmd += ["--path", path]
                     cmd += ["--direct"] if args.direct else []
+                    cmd += ["--lag-pc", str(args.lag_pc)] if args.lag_pc is not None else []
                     if args.max_basis_gb is not None:
                         cmd += ["--max-basis-gb", str(args.max_basis_gb)]
                     if args.products:
