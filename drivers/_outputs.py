@@ -18,6 +18,8 @@ Several schemes advanced to the same output times (a reference and its perturbat
 quadrature against sampled heads) are one :class:`Lockstep`: each reaches the next output
 time in turn, in the order given, before the outputs are written, as a loop over the schemes
 inside a loop over the output times would step them.
+
+:class:`Outcome` (how the loop ended: status, message, exit code) is the engine's.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from mpi4py import MPI
 from drivers.engine._summary import Outcome
 from solvers.stepping import Stepper, StepResult
 
-__all__ = ["Lockstep", "OutputTimes"]
+__all__ = ["Lockstep", "Outcome", "OutputTimes"]
 
 
 class OutputTimes:
