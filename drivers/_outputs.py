@@ -69,12 +69,15 @@ class OutputTimes:
         if any(b <= a for a, b in zip(self.times, self.times[1:], strict=False)):
             raise ValueError("output times must increase")
         self.write, self.stops = write, stops
+        self._due = 0  # the index of the next output time to write
         self.last: StepResult | None = None
         self.interrupted: tuple[str, float, int] | None = None
 
     def next_stop(self, t: float) -> float:
-        """The next output time after t (or the next of ``stops`` if it comes first)."""
+        """The next output time after t (or the next of ``stops`` if it comes first); the
+        output times up to t are no longer due (the loop asks before every step)."""
         k = bisect.bisect_right(self.times, t)
+        self._due = max(self._due, k)
         stop = self.times[k] if k < len(self.times) else math.inf
         return stop if self.stops is None else min(stop, self.stops(t))
 
@@ -83,11 +86,15 @@ class OutputTimes:
         return False
 
     def record(self, scheme: Any, result: StepResult, checkpoint_due: bool = False) -> None:
-        """After a step: the outputs when it reached an output time (collective)."""
+        """After a step: the outputs when it reached the next output time (collective; once
+        per output time, also when a :class:`Lockstep` stays there while its schemes take
+        their turns)."""
         self.last = result
         k = bisect.bisect_left(self.times, scheme.t)
-        if self.write is not None and k < len(self.times) and self.times[k] == scheme.t:
-            self.write(scheme, result)
+        if k < len(self.times) and self.times[k] == scheme.t and k >= self._due:
+            self._due = k + 1
+            if self.write is not None:
+                self.write(scheme, result)
 
     def interrupt(self, scheme: Any, signum: int) -> Outcome:
         """A signal stopped the loop after this step: the outcome (exit code 128 + signal)."""
