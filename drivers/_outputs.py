@@ -19,6 +19,10 @@ quadrature against sampled heads) are one :class:`Lockstep`: each reaches the ne
 time in turn, in the order given, before the outputs are written, as a loop over the schemes
 inside a loop over the output times would step them.
 
+A study that runs a scheme to a time as one of its steps (a reference solution, one run of a
+sweep) calls :func:`run_to`: the same loop, and a failure or a signal stops the study
+(:func:`stop_on`).
+
 :class:`Outcome` (how the loop ended: status, message, exit code) is the engine's.
 """
 
@@ -33,10 +37,12 @@ from typing import Any
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
+from drivers.engine import advance
 from drivers.engine._summary import Outcome
+from solvers.errors import SolverError
 from solvers.stepping import Stepper, StepResult
 
-__all__ = ["Lockstep", "Outcome", "OutputTimes"]
+__all__ = ["Lockstep", "Outcome", "OutputTimes", "run_to", "stop_on"]
 
 
 class OutputTimes:
@@ -163,3 +169,31 @@ class Lockstep:
 
     def restore(self, state: Any) -> None:
         raise NotImplementedError("a Lockstep keeps no checkpoints")
+
+
+def stop_on(outcome: Outcome) -> Outcome:
+    """``outcome`` if the loop completed; else stop the study: SystemExit(128 + signal) after a
+    signal (the exit code of ``transformer-pde run``), :class:`solvers.errors.SolverError`
+    after a failure."""
+    if outcome.status == "interrupted":
+        raise SystemExit(outcome.exit_code)
+    if outcome.status != "ok":
+        raise SolverError(outcome.message)
+    return outcome
+
+
+def run_to(
+    scheme: Stepper,
+    t_end: float,
+    comm: MPI.Comm,
+    times: Sequence[float] = (),
+    write: Callable[[Any, StepResult], None] | None = None,
+    *,
+    stops: Callable[[float], float] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> None:
+    """Advance ``scheme`` to ``t_end`` (:func:`drivers.engine.advance`), ``write`` at the
+    output ``times`` (:class:`OutputTimes`); a failure or a signal stops the study
+    (:func:`stop_on`). Collective. ``log``: progress lines (default: none)."""
+    outputs = OutputTimes(comm, times, write, stops=stops)
+    stop_on(advance(scheme, outputs, t_end, log=log or (lambda message: None)))
