@@ -23,7 +23,9 @@ A study that runs a scheme to a time as one of its steps (a reference solution, 
 sweep) calls :func:`run_to`: the same loop, and a failure or a signal stops the study
 (:func:`stop_on`).
 
-:class:`Outcome` (how the loop ended: status, message, exit code) is the engine's.
+How the loop ended is the outcome ``advance`` returns: ``status`` ("ok", "failed" or
+"interrupted"), ``message`` and ``exit_code`` (0, 3 or 128 + the signal, as
+``transformer-pde run``).
 """
 
 from __future__ import annotations
@@ -32,17 +34,26 @@ import bisect
 import math
 import signal
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
 from drivers.engine import advance
-from drivers.engine._summary import Outcome
 from solvers.errors import SolverError
 from solvers.stepping import Stepper, StepResult
 
-__all__ = ["Lockstep", "Outcome", "OutputTimes", "run_to", "stop_on"]
+__all__ = ["Interrupted", "Lockstep", "OutputTimes", "run_to", "stop_on"]
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The outcome of a loop that a signal stopped (the fields of the engine's outcomes)."""
+
+    message: str
+    exit_code: int
+    status: str = "interrupted"
 
 
 class OutputTimes:
@@ -102,12 +113,12 @@ class OutputTimes:
             if self.write is not None:
                 self.write(scheme, result)
 
-    def interrupt(self, scheme: Any, signum: int) -> Outcome:
+    def interrupt(self, scheme: Any, signum: int) -> Interrupted:
         """A signal stopped the loop after this step: the outcome (exit code 128 + signal)."""
         name = signal.Signals(signum).name
         self.interrupted = (name, scheme.t, scheme.steps)
         message = f"interrupted by {name} at t = {scheme.t:.6g} (step {scheme.steps})"
-        return Outcome("interrupted", message, 128 + signum)
+        return Interrupted(message, 128 + signum)
 
 
 class Lockstep:
@@ -171,7 +182,7 @@ class Lockstep:
         raise NotImplementedError("a Lockstep keeps no checkpoints")
 
 
-def stop_on(outcome: Outcome) -> Outcome:
+def stop_on(outcome: Any) -> Any:
     """``outcome`` if the loop completed; else stop the study: SystemExit(128 + signal) after a
     signal (the exit code of ``transformer-pde run``), :class:`solvers.errors.SolverError`
     after a failure."""

@@ -76,6 +76,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -83,7 +84,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._outputs import Outcome, OutputTimes
+from drivers._outputs import OutputTimes
 from drivers.engine import (
     DensityWriter,
     GatheredCells,
@@ -186,7 +187,7 @@ def run_dynamics(
     times: list[float],
     wall0: float,
     log,
-) -> tuple[list[dict], Outcome]:
+) -> tuple[list[dict], Any]:
     """One dynamics to the last of ``times``: density.xdmf and metrics.csv at t = 0 and the
     output times, then final.npz and density.png of the final state (collective).
 
@@ -342,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
     histories: dict[str, list[dict[str, float]]] = {}
-    outcomes: list[Outcome] = []
+    outcomes: list[Any] = []
     for dynamics, solver in solvers.items():
         rows, outcome = run_dynamics(
             dynamics, solver, gathered, folders[dynamics], times, wall0, log
