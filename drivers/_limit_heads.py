@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import numpy as np
 
+from drivers._outputs import run_to
 from drivers.engine import GatheredCells
 from meshes import control_volumes, icosphere
 from solvers.attention import Attention
@@ -37,8 +38,7 @@ __all__ = ["trajectory_study"]
 
 def _run(cv, attention: Attention, weights: WeightDynamics, rho0: np.ndarray, t_end: float):
     solver = TransportSolver(cv, attention, weights, rho0)
-    while solver.t < t_end:
-        solver.step(t_end)
+    run_to(solver, t_end, cv.comm)
     return solver.masses, solver.steps
 
 

@@ -36,6 +36,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
+from drivers._outputs import run_to
 from drivers._paper1_report import (
     PAPER_SLOPE,
     fit_exponent,
@@ -235,26 +236,24 @@ def run_mesh(
     record_dt = setup.record_every * setup.dt
     n_records = max(1, round(setup.mesh_t_end / record_dt))
     snap_at = snapshot_steps(n_records, record_dt)
-    rows, snaps, steps = [], {}, 0
+    rows, snaps = [], {}
+    times = [r * record_dt for r in range(1, n_records + 1)]
 
-    def record() -> None:
+    def record(*_: object) -> None:
         metric = _record(budget, solver.t, cv.centres[:n], solver.masses, weights, attention, comm)
         metric["min_density"] = comm.allreduce(
             float(solver.density.min(initial=np.inf)), op=MPI.MIN
         )
-        metric["steps"] = steps
+        metric["steps"] = solver.steps
         rows.append(_row(budget, H, path, metric))
-
-    record()
-    snaps[0.0] = gathered.gather(solver.density)
-    for r in range(1, n_records + 1):
-        t_record = r * record_dt
-        while solver.t < t_record:
-            solver.step(_next_stop(solver.t, t_record, grid_dt))
-            steps += 1
-        record()
+        r = len(rows) - 1
         if r in snap_at:
             snaps[snap_at[r]] = gathered.gather(solver.density)
+
+    # steps stop on the record times and on the points of the weights' grid
+    record()
+    stops = None if grid_dt is None else lambda t: _next_stop(t, math.inf, grid_dt)
+    run_to(solver, times[-1], comm, times, record, stops=stops)
     final = gathered.gather(solver.density)
     return Run("mesh", H, path, rows, snaps, final, time.perf_counter() - wall0)
 

@@ -72,17 +72,19 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from drivers._experiment import Experiment
+from drivers._outputs import OutputTimes
 from drivers.engine import (
     DensityWriter,
     GatheredCells,
     MetricsWriter,
+    advance,
     plot_metrics,
     render_density,
     write_final,
 )
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head
-from solvers.errors import SolverError
+from solvers.stepping import StepResult
 from solvers.transport import TransportSolver, initial_density
 from solvers.weights import make_weights
 
@@ -156,55 +158,98 @@ def find_clusters(
     return [(float(masses[i]), sums[i]) for i in order]
 
 
-def output(
-    solver: TransportSolver,
-    gathered: GatheredCells,
-    writer: DensityWriter,
-    metrics: MetricsWriter,
-    dt: float,
-    factor: float,
-    wall0: float,
-) -> Clusters:
-    """Write the density and one metrics row (collective).
+class Outputs:
+    """density.xdmf, metrics.csv and the clusters at the output times (collective).
 
     Args:
-        solver: the transport solver, at an output time.
-        gathered: the cells of the mesh on rank 0.
-        writer: the density time series.
-        metrics: the metrics table (columns :data:`COLUMNS`).
-        dt: the last time step.
+        cv: the control volumes of the mesh.
+        out: the output folder.
         factor: the cluster threshold of :func:`find_clusters`.
         wall0: the start of the wall clock.
+        log: prints on rank 0.
 
-    Returns:
-        The clusters of the current density, on every rank.
+    Attributes:
+        gathered: the cells of the mesh on rank 0.
+        metrics: the metrics table (columns :data:`COLUMNS`).
+        clusters: the clusters of the last output, on every rank.
+        t, rho: the time and the owned densities of the last output (the last good state if
+            the run stopped early).
     """
-    rho = solver.density
-    diag = solver.diagnostics()
-    rho_all = gathered.gather(rho)
-    clusters = None
-    if comm.rank == 0:
-        clusters = find_clusters(
-            gathered.vertices, gathered.points, gathered.weights, rho_all, factor
+
+    def __init__(self, cv, out: Path, factor: float, wall0: float, log) -> None:
+        self.gathered = GatheredCells(cv)
+        self.writer = DensityWriter(cv, out / "density.xdmf")
+        self.metrics = MetricsWriter(comm, out / "metrics.csv", COLUMNS)
+        self.factor, self.wall0, self.log = factor, wall0, log
+        self.clusters: Clusters = []
+        self.t, self.rho = 0.0, np.zeros(0)
+
+    def write(self, solver: TransportSolver, result: StepResult | None = None) -> None:
+        """The density step and one metrics row of the solver's state after the step
+        ``result`` (None: the initial state, dt = 0); a log line after a step."""
+        rho, dt = solver.density, result.dt if result is not None else 0.0
+        diag = solver.diagnostics()
+        rho_all = self.gathered.gather(rho)
+        clusters = None
+        if comm.rank == 0:
+            g = self.gathered
+            clusters = find_clusters(g.vertices, g.points, g.weights, rho_all, self.factor)
+        self.clusters = comm.bcast(clusters, root=0)
+        self.writer.write(solver.t, rho)
+        self.metrics.write(
+            {
+                "t": solver.t,
+                "step": solver.steps,
+                "dt": dt,
+                "mass": diag.mass,
+                "energy": diag.energy,
+                "min_density": comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
+                "max_density": comm.allreduce(float(rho.max(initial=-np.inf)), op=MPI.MAX),
+                "G2": diag.G2,
+                "dissipation": diag.dissipation,
+                "n_clusters": len(self.clusters),
+                "wall": time.perf_counter() - self.wall0,
+            }
         )
-    clusters = comm.bcast(clusters, root=0)
-    writer.write(solver.t, rho)
-    metrics.write(
-        {
-            "t": solver.t,
-            "step": solver.steps,
-            "dt": dt,
-            "mass": diag.mass,
-            "energy": diag.energy,
-            "min_density": comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
-            "max_density": comm.allreduce(float(rho.max(initial=-np.inf)), op=MPI.MAX),
-            "G2": diag.G2,
-            "dissipation": diag.dissipation,
-            "n_clusters": len(clusters),
-            "wall": time.perf_counter() - wall0,
-        }
+        self.t, self.rho = solver.t, rho
+        if result is not None:
+            row = self.metrics.rows[-1]
+            self.log(
+                f"t = {row['t']:6.3f}  step {solver.steps:5d}  dt = {dt:.2e}  "
+                f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  "
+                f"max rho = {row['max_density']:.3g}  clusters {row['n_clusters']}"
+            )
+
+    def close(self) -> None:
+        self.writer.close()
+        self.metrics.close()
+
+
+def report(outputs: Outputs, log) -> tuple[float, float]:
+    """Log the growth of the maximum density, the energy gain against the time integral of
+    G^2 (equal for the exact flow, dE/dt = G^2; trapezoidal rule on the output times) and the
+    clusters of the last output; returns (gain, integral)."""
+    rows, clusters = outputs.metrics.rows, outputs.clusters
+    t = np.array([r["t"] for r in rows])
+    G2 = np.array([r["G2"] for r in rows])
+    gain = rows[-1]["energy"] - rows[0]["energy"]
+    integral = float(np.sum(0.5 * (G2[1:] + G2[:-1]) * np.diff(t)))
+    log(
+        f"max density {rows[0]['max_density']:.3g} -> {rows[-1]['max_density']:.3g} "
+        f"(x{rows[-1]['max_density'] / rows[0]['max_density']:.1f}); mass {rows[-1]['mass']:.15f}"
     )
-    return clusters
+    log(
+        f"energy {rows[0]['energy']:.6f} -> {rows[-1]['energy']:.6f}: gain {gain:.3e}, "
+        f"int G2 dt = {integral:.3e}"
+    )
+    log(
+        f"{len(clusters)} cluster(s) with rho > {outputs.factor:g} / (4 pi) at "
+        f"t = {outputs.t:.3g}, holding {sum(m for m, _ in clusters):.1%} of the mass:"
+    )
+    for i, (m, c) in enumerate(clusters):
+        lat, lon = np.degrees(np.arcsin(np.clip(c[2], -1, 1))), np.degrees(np.arctan2(c[1], c[0]))
+        log(f"  cluster {i + 1}: mass {m:.3f} at (lat {lat:+6.1f}, lon {lon:+7.1f}) deg")
+    return gain, integral
 
 
 def plot_clusters(
@@ -253,6 +298,21 @@ def plot_clusters(
     plt.close(fig)
 
 
+def pictures(out: Path, outputs: Outputs, final: np.ndarray) -> None:
+    """final.npz, density.png, clusters.png and metrics.png of the last output (rank 0;
+    ``final``: its gathered densities)."""
+    g, t = outputs.gathered, outputs.t
+    write_final(out / "final.npz", g.points, g.weights, final, t)
+    # Clusters are a few cells wide and the rest is almost empty: show log10 rho, cut at 1e-4
+    # of the maximum.
+    log_rho = np.log10(np.maximum(final, 1e-4 * final.max()))
+    render_density(out / "density.png", g.vertices, log_rho, title=f"log10 rho t={t:.3g}")
+    plot_clusters(out / "clusters.png", g.points, log_rho, outputs.clusters, t)
+    plot_metrics(
+        out / "metrics.png", outputs.metrics.rows, ["energy", "G2", "max_density", "n_clusters"]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -260,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the command line (default ``sys.argv[1:]``).
 
     Returns:
-        0, or 3 if the solver stopped early (NaN or blow-up), like the CLI.
+        0, or as the CLI 3 if the solver stopped early (NaN or blow-up), 128 + the signal
+        if SIGINT or SIGTERM stopped it.
     """
     # %% Parameters
     # -------------
@@ -318,80 +379,36 @@ def main(argv: list[str] | None = None) -> int:
 
     # %% Output
     # ---------
-    # density.xdmf: DG0 time series (collective); metrics.csv: one row per output time (rank 0).
-    gathered = GatheredCells(cv)
-    writer = DensityWriter(cv, out / "density.xdmf")
-    metrics = MetricsWriter(comm, out / "metrics.csv", COLUMNS)
+    # density.xdmf: DG0 time series (collective); metrics.csv: one row per output time (rank 0);
+    # the clusters of each output. First the initial state.
+    outputs = Outputs(cv, out, cluster_factor, wall0, log)
+    outputs.write(solver)
 
     # %% Main loop
     # ------------
-    # Steps of adaptive size, landing exactly on the output times.
+    # Steps of adaptive size, landing exactly on the output times; a NaN or blow-up stops the
+    # loop with what was computed kept (exit 3 like the CLI), a signal after the same step on
+    # every rank.
     log(f"beta = {beta:g}, sign = {sign:+d}, t_end = {t_end:g}, {n_outputs} outputs -> {out}")
-    dt = 0.0
-    clusters = output(solver, gathered, writer, metrics, dt, cluster_factor, wall0)
-    t_last, rho_last = solver.t, solver.density
-    status = 0
-    try:
-        for k in range(1, n_outputs + 1):
-            t_out = t_end * k / n_outputs
-            while solver.t < t_out:
-                dt = solver.step(t_out).dt
-            clusters = output(solver, gathered, writer, metrics, dt, cluster_factor, wall0)
-            t_last, rho_last = solver.t, solver.density
-            row = metrics.rows[-1]
-            log(
-                f"t = {row['t']:6.3f}  step {solver.steps:5d}  dt = {dt:.2e}  "
-                f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  max rho = {row['max_density']:.3g}  "
-                f"clusters {row['n_clusters']}"
-            )
-    except SolverError as exc:  # NaN or blow-up: keep what was computed, exit 3 like the CLI
-        log(f"stopped at t = {solver.t:.4g}: {exc}")
-        status = 3
+    times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
+    outcome = advance(solver, OutputTimes(comm, times, outputs.write), t_end, log=log)
 
     # %% Summary
     # ----------
-    # Growth of the maximum density, energy gain against the time integral of G^2 (equal for
-    # the exact flow, dE/dt = G^2; trapezoidal rule on the output times) and clusters.
-    rows = metrics.rows
-    t = np.array([r["t"] for r in rows])
-    G2 = np.array([r["G2"] for r in rows])
-    gain = rows[-1]["energy"] - rows[0]["energy"]
-    integral = float(np.sum(0.5 * (G2[1:] + G2[:-1]) * np.diff(t)))
-    log(
-        f"max density {rows[0]['max_density']:.3g} -> {rows[-1]['max_density']:.3g} "
-        f"(x{rows[-1]['max_density'] / rows[0]['max_density']:.1f}); mass {rows[-1]['mass']:.15f}"
-    )
-    log(
-        f"energy {rows[0]['energy']:.6f} -> {rows[-1]['energy']:.6f}: gain {gain:.3e}, "
-        f"int G2 dt = {integral:.3e}"
-    )
-    log(
-        f"{len(clusters)} cluster(s) with rho > {cluster_factor:g} / (4 pi) at t = {t_last:.3g}, "
-        f"holding {sum(m for m, _ in clusters):.1%} of the mass:"
-    )
-    for i, (m, c) in enumerate(clusters):
-        lat, lon = np.degrees(np.arcsin(np.clip(c[2], -1, 1))), np.degrees(np.arctan2(c[1], c[0]))
-        log(f"  cluster {i + 1}: mass {m:.3f} at (lat {lat:+6.1f}, lon {lon:+7.1f}) deg")
+    gain, integral = report(outputs, log)
 
     # %% Pictures
     # -----------
     # The last output state (the last good one if the run stopped early), gathered on rank 0.
-    final = gathered.gather(rho_last)
+    final = outputs.gathered.gather(outputs.rho)
+    rows, clusters = outputs.metrics.rows, outputs.clusters
     if comm.rank == 0:
-        write_final(out / "final.npz", gathered.points, gathered.weights, final, t_last)
-        # Clusters are a few cells wide and the rest is almost empty: show log10 rho, cut at
-        # 1e-4 of the maximum.
-        log_rho = np.log10(np.maximum(final, 1e-4 * final.max()))
-        render_density(
-            out / "density.png", gathered.vertices, log_rho, title=f"log10 rho t={t_last:.3g}"
-        )
-        plot_clusters(out / "clusters.png", gathered.points, log_rho, clusters, t_last)
-        plot_metrics(out / "metrics.png", rows, ["energy", "G2", "max_density", "n_clusters"])
+        pictures(out, outputs, final)
         experiment.write_summary(
             out,
             {
-                "status": "ok" if status == 0 else "failed",
-                "t_final": t_last,
+                "status": outcome.status,
+                "t_final": outputs.t,
                 "steps": solver.steps,
                 "final_metrics": rows[-1],
                 "energy_gain": gain,
@@ -400,10 +417,9 @@ def main(argv: list[str] | None = None) -> int:
                 "wall_time_s": time.perf_counter() - wall0,
             },
         )
-    writer.close()
-    metrics.close()
+    outputs.close()
     log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
-    return status
+    return outcome.exit_code
 
 
 if __name__ == "__main__":

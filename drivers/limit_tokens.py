@@ -87,6 +87,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from drivers._experiment import Experiment
+from drivers._outputs import run_to
 from drivers.engine import GatheredCells, write_final
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head, gather_measure
@@ -132,8 +133,7 @@ def mesh_solution(
     solver = TransportSolver(cv, attention, make_weights("frozen", [Head.identity(3)]), rho0)
     gathered = GatheredCells(cv)
     m0 = gathered.gather(rho0 * cv.measures[: cv.n_owned])
-    while solver.t < t_end:
-        solver.step(t_end)
+    run_to(solver, t_end, comm)
     m1 = gathered.gather(solver.masses)
     pts, weights = gathered.points, gathered.weights
     pts, weights, m0, m1 = comm.bcast((pts, weights, m0, m1) if comm.rank == 0 else None, root=0)
@@ -297,6 +297,67 @@ def plot(
     plt.close(fig)
 
 
+def distance_table(sizes: list[int], seeds: int, t_end: float, ot: dict, mmd: dict) -> list[dict]:
+    """The rows of table.csv: N, seed, time ("0" or "T"), t, distance, value.
+
+    Args:
+        sizes: the token numbers N.
+        seeds: the seeds per N.
+        t_end: the final time T.
+        ot: (N, seed, time) -> (W1, W2) of :meth:`Distances.solve`.
+        mmd: (N, seed, time) -> MMD.
+    """
+    table = []
+    for n in sizes:
+        for s in range(seeds):
+            for tk in ("0", "T"):
+                values = {"W1": ot[(n, s, tk)][0], "W2": ot[(n, s, tk)][1], "MMD": mmd[(n, s, tk)]}
+                for name in DISTANCES:
+                    t = 0.0 if tk == "0" else t_end
+                    table.append(
+                        {
+                            "N": n,
+                            "seed": s,
+                            "time": tk,
+                            "t": t,
+                            "distance": name,
+                            "value": values[name],
+                        }
+                    )
+    return table
+
+
+def write_tables(out: Path, table: list[dict], fits: dict, floors: dict[str, float]) -> None:
+    """table.csv (:func:`distance_table`) and fits.csv (the power laws in N, with the floor
+    of each distance); rank 0."""
+    with open(out / "table.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    with open(out / "fits.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(
+            [
+                *("distance", "time", "slope", "ci_low", "ci_high"),
+                *("t_low", "t_high", "prefactor", "floor"),
+            ]
+        )
+        for (name, tk), f in fits.items():
+            writer.writerow(
+                [
+                    name,
+                    tk,
+                    f.slope,
+                    f.ci_low,
+                    f.ci_high,
+                    f.t_low,
+                    f.t_high,
+                    f.prefactor,
+                    floors[name],
+                ]
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -380,23 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     # %% Summary
     # ----------
     # The table, power-law fits (all N, and N <= bins), floors and amplification D(T)/D(0).
-    table = []
-    for n in sizes:
-        for s in range(seeds):
-            for tk in ("0", "T"):
-                values = {"W1": ot[(n, s, tk)][0], "W2": ot[(n, s, tk)][1], "MMD": mmd[(n, s, tk)]}
-                for name in DISTANCES:
-                    t = 0.0 if tk == "0" else t_end
-                    table.append(
-                        {
-                            "N": n,
-                            "seed": s,
-                            "time": tk,
-                            "t": t,
-                            "distance": name,
-                            "value": values[name],
-                        }
-                    )
+    table = distance_table(sizes, seeds, t_end, ot, mmd)
     fits, fits_few = {}, {}
     for name in DISTANCES:
         for tk in ("0", "T"):
@@ -464,39 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     # %% Pictures
     # -----------
     if comm.rank == 0:
-        with open(out / "table.csv", "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(table[0]))
-            writer.writeheader()
-            writer.writerows(table)
-        with open(out / "fits.csv", "w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(
-                [
-                    "distance",
-                    "time",
-                    "slope",
-                    "ci_low",
-                    "ci_high",
-                    "t_low",
-                    "t_high",
-                    "prefactor",
-                    "floor",
-                ]
-            )
-            for (name, tk), f in fits.items():
-                writer.writerow(
-                    [
-                        name,
-                        tk,
-                        f.slope,
-                        f.ci_low,
-                        f.ci_high,
-                        f.t_low,
-                        f.t_high,
-                        f.prefactor,
-                        floors[name],
-                    ]
-                )
+        write_tables(out, table, fits, floors)
         experiment.write_summary(out, summary)
         plot(out / "limit_tokens.png", sizes, table, fits, floors, t_end)
         write_final(

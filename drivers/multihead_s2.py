@@ -76,6 +76,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -83,10 +84,18 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers.engine import DensityWriter, GatheredCells, MetricsWriter, render_density, write_final
+from drivers._outputs import OutputTimes
+from drivers.engine import (
+    DensityWriter,
+    GatheredCells,
+    MetricsWriter,
+    advance,
+    render_density,
+    write_final,
+)
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head
-from solvers.errors import SolverError
+from solvers.stepping import StepResult
 from solvers.transport import TransportSolver, initial_density
 from solvers.weights import WeightDynamics, make_weights
 
@@ -170,6 +179,80 @@ def plot_g2(path: Path, histories: dict[str, list[dict[str, float]]], title: str
     plt.close(fig)
 
 
+def run_dynamics(
+    name: str,
+    solver: TransportSolver,
+    gathered: GatheredCells,
+    folder: Path,
+    times: list[float],
+    wall0: float,
+    log,
+) -> tuple[list[dict], Any]:
+    """One dynamics to the last of ``times``: density.xdmf and metrics.csv at t = 0 and the
+    output times, then final.npz and density.png of the final state (collective).
+
+    Args:
+        name: the dynamics, for the log and the picture.
+        solver: its transport solver.
+        gathered: the cells of the mesh on rank 0.
+        folder: its output folder.
+        times: the output times.
+        wall0: the start of the wall clock.
+        log: prints on rank 0.
+
+    Returns:
+        The rows of metrics.csv and how the loop ended (a NaN or blow-up: "failed", the
+        rows up to there kept).
+    """
+    writer = DensityWriter(solver.cv, folder / "density.xdmf")
+    metrics = MetricsWriter(comm, folder / "metrics.csv", COLUMNS)
+    every = max(1, len(times) // 10)
+
+    def write(s: TransportSolver, result: StepResult | None = None) -> None:
+        rho = s.density
+        writer.write(s.t, rho)
+        metrics.write(metrics_row(s, rho, result.dt if result is not None else 0.0, wall0))
+        row = metrics.rows[-1]
+        if result is not None and (len(metrics.rows) - 1) % every == 0:
+            log(
+                f"{name:>11s}  t = {row['t']:6.3f}  step {row['step']:5d}  "
+                f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  "
+                f"max rho = {row['max_density']:.3g}  |D| = {row['D_norm']:.2f}"
+            )
+
+    write(solver)
+    outcome = advance(solver, OutputTimes(comm, times, write), times[-1], log=log)
+    final = gathered.gather(solver.density)
+    t_final = metrics.rows[-1]["t"]
+    if comm.rank == 0:
+        write_final(folder / "final.npz", gathered.points, gathered.weights, final, t_final)
+        render_density(
+            folder / "density.png",
+            gathered.vertices,
+            final,
+            title=f"density ({name}) t={t_final:.3g}",
+        )
+    writer.close()
+    metrics.close()
+    return metrics.rows, outcome
+
+
+def report(histories: dict[str, list[dict[str, float]]], log) -> None:
+    """Log the late-time level of G^2 of each dynamics (mean over the last third of the run),
+    its energy and mass."""
+    for dynamics, rows in histories.items():
+        t = np.array([r["t"] for r in rows])
+        G2 = np.array([r["G2"] for r in rows])
+        late = t >= t[-1] * 2 / 3
+        log(
+            f"{dynamics:>11s}: G2(0) = {G2[0]:.3e}, mean G2 over t in [{t[-1] * 2 / 3:.3g}, "
+            f"{t[-1]:.3g}] = {G2[late].mean():.3e} "
+            f"(min {G2[late].min():.3e}, max {G2[late].max():.3e}); "
+            f"energy {rows[0]['energy']:.4f} -> {rows[-1]['energy']:.4f}; "
+            f"mass {rows[-1]['mass']:.15f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -177,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the command line (default ``sys.argv[1:]``).
 
     Returns:
-        0, or 3 if a solver stopped early (NaN or blow-up), like the CLI.
+        0, or as the CLI 3 if a solver stopped early (NaN or blow-up), 128 + the signal if
+        SIGINT or SIGTERM stopped it.
     """
     # %% Parameters
     # -------------
@@ -244,74 +328,36 @@ def main(argv: list[str] | None = None) -> int:
 
     # %% Output
     # ---------
-    # One folder per dynamics: density.xdmf (collective), metrics.csv (rank 0), density.png;
-    # and g2.png for all of them.
-    writers = {d: DensityWriter(cv, experiment.folder(out / d) / "density.xdmf") for d in solvers}
-    tables = {d: MetricsWriter(comm, out / d / "metrics.csv", COLUMNS) for d in solvers}
+    # One folder per dynamics: density.xdmf (collective), metrics.csv (rank 0), density.png
+    # (run_dynamics); and g2.png for all of them.
+    folders = {d: experiment.folder(out / d) for d in solvers}
 
     # %% Main loop
     # ------------
     # For each dynamics: steps of adaptive size landing on the output times, one metrics row
-    # (and one XDMF step) per output time.
+    # (and one XDMF step) per output time; a NaN or blow-up stops that dynamics (exit 3 like
+    # the CLI), a signal the experiment.
     log(
         f"H = {n_heads}, beta = {beta:g}, s = {sign:+d}, weights {' and '.join(dynamics_list)} "
         f"(random D_h(0), seed {args.seed}), t_end = {t_end:g} -> {out}"
     )
+    times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
     histories: dict[str, list[dict[str, float]]] = {}
-    status = 0
+    outcomes: list[Any] = []
     for dynamics, solver in solvers.items():
-        writer, metrics = writers[dynamics], tables[dynamics]
-        rho, dt = solver.density, 0.0
-        writer.write(solver.t, rho)
-        metrics.write(metrics_row(solver, rho, dt, wall0))
-        try:
-            for k in range(1, n_outputs + 1):
-                t_out = t_end * k / n_outputs
-                while solver.t < t_out:
-                    dt = solver.step(t_out).dt
-                rho = solver.density
-                writer.write(solver.t, rho)
-                metrics.write(metrics_row(solver, rho, dt, wall0))
-                if k % max(1, n_outputs // 10) == 0:
-                    row = metrics.rows[-1]
-                    log(
-                        f"{dynamics:>11s}  t = {row['t']:6.3f}  step {row['step']:5d}  "
-                        f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  "
-                        f"max rho = {row['max_density']:.3g}  |D| = {row['D_norm']:.2f}"
-                    )
-        except SolverError as exc:  # NaN or blow-up: keep what was computed, exit 3 like the CLI
-            log(f"{dynamics}: stopped at t = {solver.t:.4g}: {exc}")
-            rho, status = solver.density, 3  # the last good state was written above
-        final = gathered.gather(rho)
-        t_final = metrics.rows[-1]["t"]
-        if comm.rank == 0:
-            write_final(
-                out / dynamics / "final.npz", gathered.points, gathered.weights, final, t_final
-            )
-            render_density(
-                out / dynamics / "density.png",
-                gathered.vertices,
-                final,
-                title=f"density ({dynamics}) t={t_final:.3g}",
-            )
-        writer.close()
-        metrics.close()
-        histories[dynamics] = metrics.rows
+        rows, outcome = run_dynamics(
+            dynamics, solver, gathered, folders[dynamics], times, wall0, log
+        )
+        histories[dynamics] = rows
+        outcomes.append(outcome)
+        if outcome.status == "interrupted":
+            break
+    status = max(o.exit_code for o in outcomes)
 
     # %% Summary
     # ----------
     # The late-time level of G^2 (mean over the last third of [0, t_end]).
-    for dynamics, rows in histories.items():
-        t = np.array([r["t"] for r in rows])
-        G2 = np.array([r["G2"] for r in rows])
-        late = t >= t[-1] * 2 / 3
-        log(
-            f"{dynamics:>11s}: G2(0) = {G2[0]:.3e}, mean G2 over t in [{t[-1] * 2 / 3:.3g}, "
-            f"{t[-1]:.3g}] = {G2[late].mean():.3e} "
-            f"(min {G2[late].min():.3e}, max {G2[late].max():.3e}); "
-            f"energy {rows[0]['energy']:.4f} -> {rows[-1]['energy']:.4f}; "
-            f"mass {rows[-1]['mass']:.15f}"
-        )
+    report(histories, log)
 
     # %% Pictures
     # -----------
@@ -321,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         experiment.write_summary(
             out,
             {
-                "status": "ok" if status == 0 else "failed",
+                "status": next((o.status for o in outcomes if o.exit_code == status), "ok"),
                 "cells": quality.n_cells,
                 "final_metrics": {dynamics: rows[-1] for dynamics, rows in histories.items()},
                 "wall_time_s": time.perf_counter() - wall0,

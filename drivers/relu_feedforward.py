@@ -85,6 +85,7 @@ import csv
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -94,6 +95,7 @@ from scipy.integrate import solve_ivp
 from scipy.special import ndtr, ndtri
 
 from drivers._experiment import Experiment
+from drivers._outputs import run_to
 from drivers.engine import GatheredCells, build_problem, validate, write_final
 from solvers.gaussian import Controls, GaussianParticles, solve_moments
 
@@ -339,6 +341,56 @@ def plot(path: Path, rows: list[dict], c1: float, final: dict) -> None:
     plt.close(fig)
 
 
+def summarise(
+    rows: list[dict], times: np.ndarray, c1: float, bias: float, sizes: dict, outflow: float
+) -> dict:
+    """The content of summary.json: the setup (``bias``, ``sizes``: n_particles and cells),
+    the fitted orders in t of the distances (over [T_MIN, T_FIT]) against the predicted
+    ones, D/t against c1, the affine control, mesh against particles at t_end and the
+    mesh's ``outflow``."""
+
+    def series(source: str, key: str, t_max: float = T_FIT) -> tuple[np.ndarray, np.ndarray]:
+        sel = [r for r in rows if r["source"] == source and 0 < r["t"] <= t_max * (1 + 1e-12)]
+        return np.array([r["t"] for r in sel]), np.array([r[key] for r in sel])
+
+    fits = {}
+    for source in ("particles", "mesh"):
+        fits[source] = {key: fit_order(*series(source, key)) for key in ("D_mm", "D_flow")}
+    fits["particles"]["d_moments"] = fit_order(*series("particles", "d_moments"))
+    t1, D1 = series("particles", "D_mm")
+    tm, Dm = series("mesh", "D_mm")
+    _, dmom = series("particles", "d_moments")
+    last = {r["source"]: r for r in rows if r["t"] == times[-1]}
+    summary = {
+        "setup": {"m0": M0, "S0": VAR0, "V": ATT_V, "B": ATT_B, "A": FF_A, "bias": bias},
+        **sizes,
+        "times": times,
+        "c1_predicted": c1,
+        "predicted_order": {"D_mm": 1, "D_flow": 1, "d_moments": 2},
+        "fit_window": [T_MIN, T_FIT],
+        "order": fits,
+        "D_mm_over_t_at_t_min": {"particles": D1[0] / t1[0], "mesh": Dm[0] / tm[0]},
+        "D_mm_over_t_relative_to_c1": D1[0] / t1[0] / c1 - 1.0,
+        # D/t = c1 + c2 t + ...: the intercept of a straight line through D/t over the window
+        "D_mm_over_t_extrapolated_to_0": float(np.polyfit(t1, D1 / t1, 1)[1]),
+        "d_moments_over_t2_at_t_min": dmom[0] / t1[0] ** 2,
+        "affine_control": {
+            "max_D_mm": max(r["D_mm"] for r in rows if r["source"] == "particles_affine"),
+            "max_d_moments_vs_M3_ode": max(
+                r["d_moments"] for r in rows if r["source"] == "particles_affine"
+            ),
+        },
+        "mesh_vs_particles_t_end": {
+            "D_mm": [last["mesh"]["D_mm"], last["particles"]["D_mm"]],
+            "mean": [last["mesh"]["mean"], last["particles"]["mean"]],
+            "var": [last["mesh"]["var"], last["particles"]["var"]],
+        },
+        "mesh_floor_D_mm_t0": rows[2]["D_mm"],
+        "mesh_outflow": outflow,
+    }
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -422,21 +474,21 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
 
-    # %% Main loop
-    # ------------
-    for k, t in enumerate(times):
+    def output(s: Any, result: object = None) -> None:
+        """At times[k], k = the outputs so far: the particles brought there (RK4 steps of at
+        most DT_MAX) and the rows of the particles and of the mesh solution ``s``."""
+        k = len(rows) // 3  # three rows per output time
+        t = times[k]
         if k:
             steps = max(1, int(np.ceil((t - times[k - 1]) / DT_MAX)))
             relu.advance(times[k - 1], t, steps)
             affine.advance(times[k - 1], t, steps)
-            while scheme.t < t:
-                scheme.step(t)
         # the affine control is compared with M3's ODE, the rest with the closure G_t
         for source, gp in (("particles", relu), ("particles_affine", affine)):
             ref = (ode.m[k, 0], ode.S[k, 0, 0]) if gp is affine else (mG[k, 0], SG[k, 0, 0])
             m, S, *D = particle_distances(gp, z, w, ref, comm)
             record(t, source, m, S, D, ref)
-        pts, mass = scheme.measure()
+        pts, mass = s.measure()
         centres = np.concatenate(comm.allgather(pts[:, 0]))
         masses = np.concatenate(comm.allgather(mass))
         m, S = cell_moments(centres, masses, h)
@@ -451,53 +503,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"{rows[-1]['D_mm'] / t:.6f} (mesh); |dm|+|dS| / t^2 = {r['d_moments'] / t**2:.5f}"
             )
 
+    # %% Main loop
+    # ------------
+    # The mesh solution to the output times (steps landing on them), the particles brought
+    # to each output time by the output.
+    output(scheme)
+    run_to(scheme, times[-1], comm, times[1:], output)
+
     # %% Summary
     # ----------
-    def series(source: str, key: str, t_max: float = T_FIT) -> tuple[np.ndarray, np.ndarray]:
-        sel = [r for r in rows if r["source"] == source and 0 < r["t"] <= t_max * (1 + 1e-12)]
-        return np.array([r["t"] for r in sel]), np.array([r[key] for r in sel])
-
-    fits = {}
-    for source in ("particles", "mesh"):
-        fits[source] = {key: fit_order(*series(source, key)) for key in ("D_mm", "D_flow")}
-    fits["particles"]["d_moments"] = fit_order(*series("particles", "d_moments"))
-    t1, D1 = series("particles", "D_mm")
-    tm, Dm = series("mesh", "D_mm")
-    _, dmom = series("particles", "d_moments")
-    last = {r["source"]: r for r in rows if r["t"] == times[-1]}
-    summary = {
-        "setup": {"m0": M0, "S0": VAR0, "V": ATT_V, "B": ATT_B, "A": FF_A, "bias": args.bias},
-        "n_particles": n,
-        "cells": cv.n_global,
-        "times": times,
-        "c1_predicted": c1,
-        "predicted_order": {"D_mm": 1, "D_flow": 1, "d_moments": 2},
-        "fit_window": [T_MIN, T_FIT],
-        "order": fits,
-        "D_mm_over_t_at_t_min": {"particles": D1[0] / t1[0], "mesh": Dm[0] / tm[0]},
-        "D_mm_over_t_relative_to_c1": D1[0] / t1[0] / c1 - 1.0,
-        # D/t = c1 + c2 t + ...: the intercept of a straight line through D/t over the window
-        "D_mm_over_t_extrapolated_to_0": float(np.polyfit(t1, D1 / t1, 1)[1]),
-        "d_moments_over_t2_at_t_min": dmom[0] / t1[0] ** 2,
-        "affine_control": {
-            "max_D_mm": max(r["D_mm"] for r in rows if r["source"] == "particles_affine"),
-            "max_d_moments_vs_M3_ode": max(
-                r["d_moments"] for r in rows if r["source"] == "particles_affine"
-            ),
-        },
-        "mesh_vs_particles_t_end": {
-            "D_mm": [last["mesh"]["D_mm"], last["particles"]["D_mm"]],
-            "mean": [last["mesh"]["mean"], last["particles"]["mean"]],
-            "var": [last["mesh"]["var"], last["particles"]["var"]],
-        },
-        "mesh_floor_D_mm_t0": rows[2]["D_mm"],
-        "mesh_outflow": scheme.outflow,
-    }
+    sizes = {"n_particles": n, "cells": cv.n_global}
+    summary = summarise(rows, times, c1, args.bias, sizes, scheme.outflow)
     summary["wall_s"] = time.perf_counter() - wall0
+    fits = summary["order"]
     log(
         f"order of D_mm: {fits['particles']['D_mm']:.4f} (particles), {fits['mesh']['D_mm']:.4f} "
         f"(mesh); of the moments: {fits['particles']['d_moments']:.3f}; "
-        f"D/t at t = {T_MIN:g}: {D1[0] / t1[0]:.6f} vs c1 = {c1:.6f}"
+        f"D/t at t = {T_MIN:g}: {summary['D_mm_over_t_at_t_min']['particles']:.6f} vs "
+        f"c1 = {c1:.6f}"
     )
     density = cells.gather(scheme.density)
 
@@ -519,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             "x": x,
             "mesh": density,
             "closure": gauss(mG[-1, 0], SG[-1, 0, 0]),
-            "matched": gauss(last["mesh"]["mean"], last["mesh"]["var"]),
+            "matched": gauss(*(summary["mesh_vs_particles_t_end"][k][0] for k in ("mean", "var"))),
             "kink": -args.bias / FF_A,
             "t": times[-1],
         }

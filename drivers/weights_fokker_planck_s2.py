@@ -72,12 +72,19 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers.engine import DensityWriter, GatheredCells, MetricsWriter, render_density, write_final
+from drivers._outputs import Lockstep, OutputTimes
+from drivers.engine import (
+    DensityWriter,
+    GatheredCells,
+    MetricsWriter,
+    advance,
+    render_density,
+    write_final,
+)
 from meshes import control_volumes, icosphere
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention, gather_measure
-from solvers.errors import SolverError
 from solvers.transport import TransportSolver, initial_density
 from solvers.weights import (
     FokkerPlanckSolver,
@@ -274,6 +281,76 @@ def plot_theta(path: Path, rows: list[dict[str, float]], p: int) -> None:
     plt.close(fig)
 
 
+class Outputs:
+    """density.xdmf (tokens, collective), theta.xdmf (rank 0) and metrics.csv (rank 0).
+
+    Args:
+        cv: the control volumes of the tokens' mesh.
+        theta_mesh: the parameter mesh (on COMM_SELF).
+        out: the output folder.
+        columns: the columns of metrics.csv.
+    """
+
+    def __init__(self, cv, theta_mesh, out: Path, columns: list[str]) -> None:
+        self.writer = DensityWriter(cv, out / "density.xdmf")
+        self.theta_writer = None
+        if comm.rank == 0:
+            theta_cv = flat_control_volumes(theta_mesh)
+            self.theta_writer = DensityWriter(theta_cv, out / "theta.xdmf", name="theta")
+        self.metrics = MetricsWriter(comm, out / "metrics.csv", columns)
+
+    def write(self, solver: TransportSolver, measure: FokkerPlanckWeights, row: dict) -> None:
+        """The tokens' density, the parameters' density and ``row`` at solver.t."""
+        self.writer.write(solver.t, solver.density)
+        if self.theta_writer is not None:
+            self.theta_writer.write(solver.t, measure.density_owned_at(solver.t))
+        self.metrics.write(row)
+
+    def close(self) -> None:
+        for writer in (self.writer, self.theta_writer, self.metrics):
+            if writer is not None:
+                writer.close()
+
+
+def pictures(
+    out: Path,
+    gathered: GatheredCells,
+    final: np.ndarray,
+    t_final: float,
+    measure: FokkerPlanckWeights,
+    velocity: tuple[np.ndarray, np.ndarray, float],
+    rows: list[dict[str, float]],
+    p: int,
+) -> None:
+    """final.npz, density.png, velocity_vs_H.png and theta.png (rank 0).
+
+    Args:
+        out: the output folder.
+        gathered: the token cells.
+        final: the gathered final token densities.
+        t_final: their time.
+        measure: the weight measure.
+        velocity: the probed H, the errors and the slope of :func:`velocity_vs_H`.
+        rows: the rows of metrics.csv.
+        p: the parameter dimension.
+    """
+    probe_heads, err, slope = velocity
+    write_final(
+        out / "final.npz",
+        gathered.points,
+        gathered.weights,
+        final,
+        t_final,
+        theta_centres=measure.centres,
+        theta_density=measure.masses_at(t_final) / measure.volumes,
+        velocity_H=probe_heads,
+        velocity_error=err,
+    )
+    render_density(out / "density.png", gathered.vertices, final, title=f"tokens t={t_final:.3g}")
+    plot_velocity(out / "velocity_vs_H.png", probe_heads, err, slope)
+    plot_theta(out / "theta.png", rows, p)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -281,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the command line (default ``sys.argv[1:]``).
 
     Returns:
-        0, or 3 if a solver stopped early, like the CLI.
+        0, or as the CLI 3 if a solver stopped early, 128 + the signal if SIGINT or SIGTERM
+        stopped it.
     """
     # %% Parameters
     # -------------
@@ -356,41 +434,29 @@ def main(argv: list[str] | None = None) -> int:
     # %% Output
     # ---------
     # density.xdmf (tokens, collective), theta.xdmf (rank 0), metrics.csv (rank 0).
-    writer = DensityWriter(cv, out / "density.xdmf")
-    theta_writer = None
-    if comm.rank == 0:
-        theta_cv = flat_control_volumes(theta_mesh)
-        theta_writer = DensityWriter(theta_cv, out / "theta.xdmf", name="theta")
-    metrics = MetricsWriter(comm, out / "metrics.csv", metric_columns(p, run_heads))
+    outputs = Outputs(cv, theta_mesh, out, metric_columns(p, run_heads))
 
-    def write_step() -> None:
-        writer.write(solver.t, solver.density)
-        if theta_writer is not None:
-            theta_writer.write(solver.t, measure.density_owned_at(solver.t))
-        metrics.write(metrics_row(solver, measure, exact, sampled, wall0))
-
-    # %% Main loop
-    # ------------
-    log(f"OU weights, p = {p}, sigma = {sigma}, beta = {beta:g}, sampled runs H = {run_heads}")
-    write_step()
-    status = 0
-    try:
-        for k in range(1, n_outputs + 1):
-            t_out = t_end * k / n_outputs
-            for s in [solver, *sampled.values()]:
-                while s.t < t_out:
-                    s.step(t_out)
-            write_step()
-            row = metrics.rows[-1]
+    def write(*_: object) -> None:  # after the step of the last run that reaches an output time
+        outputs.write(solver, measure, metrics_row(solver, measure, exact, sampled, wall0))
+        if solver.steps:
+            row = outputs.metrics.rows[-1]
             log(
-                f"t = {row['t']:.3f}  E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  theta mean "
-                f"{row['theta_mean_0']:+.4f} (exact {row['exact_mean_0']:+.4f})  "
+                f"t = {row['t']:.3f}  E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  theta "
+                f"mean {row['theta_mean_0']:+.4f} (exact {row['exact_mean_0']:+.4f})  "
                 f"W2 {row['theta_w2']:.2e}"
                 + "".join(f"  L1(H={H}) {row[f'l1_H{H}']:.2e}" for H in run_heads)
             )
-    except SolverError as exc:  # keep what was computed, exit 3 like the CLI
-        log(f"stopped at t = {solver.t:.4g}: {exc}")
-        status = 3
+
+    # %% Main loop
+    # ------------
+    # The quadrature run and the sampled runs stepped together (Lockstep: each reaches an
+    # output time in turn); a NaN or blow-up stops the loop with what was computed kept (exit
+    # 3 like the CLI), a signal after the same step on every rank.
+    log(f"OU weights, p = {p}, sigma = {sigma}, beta = {beta:g}, sampled runs H = {run_heads}")
+    write()
+    times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
+    runs = Lockstep([solver, *sampled.values()])
+    outcome = advance(runs, OutputTimes(comm, times, write), t_end, log=log)
 
     # %% Summary
     # ----------
@@ -405,45 +471,28 @@ def main(argv: list[str] | None = None) -> int:
     # %% Pictures
     # -----------
     final = gathered.gather(solver.density)
-    t_final = metrics.rows[-1]["t"]
+    rows = outputs.metrics.rows
+    t_final = rows[-1]["t"]
     if comm.rank == 0:
-        write_final(
-            out / "final.npz",
-            gathered.points,
-            gathered.weights,
-            final,
-            t_final,
-            theta_centres=measure.centres,
-            theta_density=measure.masses_at(t_final) / measure.volumes,
-            velocity_H=probe_heads,
-            velocity_error=err,
-        )
-        render_density(
-            out / "density.png", gathered.vertices, final, title=f"tokens t={t_final:.3g}"
-        )
-        plot_velocity(out / "velocity_vs_H.png", probe_heads, err, slope)
-        plot_theta(out / "theta.png", metrics.rows, p)
+        pictures(out, gathered, final, t_final, measure, (probe_heads, err, slope), rows, p)
         experiment.write_summary(
             out,
             {
-                "status": "ok" if status == 0 else "failed",
+                "status": outcome.status,
                 "t_final": t_final,
-                "final_metrics": metrics.rows[-1],
+                "final_metrics": rows[-1],
                 "velocity_vs_H": {"H": probe_heads, "error": err, "slope": slope},
                 "wall_time_s": time.perf_counter() - wall0,
             },
         )
-    writer.close()
-    if theta_writer is not None:
-        theta_writer.close()
-    metrics.close()
-    last = metrics.rows[-1]
+    outputs.close()
+    last = rows[-1]
     log(
         f"theta at t = {t_final:.3g}: W2 to the exact Gaussian {last['theta_w2']:.3e}; "
         f"wall {time.perf_counter() - wall0:.1f} s; results in {out}"
     )
     fp.destroy()
-    return status
+    return outcome.exit_code
 
 
 if __name__ == "__main__":
