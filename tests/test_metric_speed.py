@@ -28,7 +28,7 @@ from scipy import stats
 
 from meshes import control_volumes, icosphere
 from solvers.diagnostics import metric_speed
-from solvers.transport.jko._fv import circumcentres, facet_distances
+from solvers.transport.jko import circumcentres, facet_distances
 
 COMM = MPI.COMM_WORLD
 

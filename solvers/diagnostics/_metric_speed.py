@@ -147,7 +147,7 @@ def metric_speed(
         ValueError: arrays of the wrong shape, a negative or non-finite density, a mobility
             that is not positive, or a mesh that is not Delaunay (on every rank).
     """
-    from solvers.transport.jko._fv import circumcentres, facet_distances
+    from solvers.transport.jko import circumcentres, facet_distances
 
     comm = cv.comm
     n, d = cv.n_owned, cv.d

@@ -84,7 +84,7 @@ import scipy.integrate
 import scipy.linalg
 import scipy.special
 
-from solvers.weights._dynamics import OscillatingWeights, _forcing_terms
+from solvers.weights._dynamics import OscillatingWeights, forcing_terms
 
 __all__ = [
     "GaussianOULaw",
@@ -223,7 +223,7 @@ def oscillating_law_speed(weights: OscillatingWeights) -> Callable[[float], floa
 def oscillating_rms_speed(d: int) -> float:
     r""":math:`v_{\rm rms} = ((2\pi)^{-1}\int_0^{2\pi} |P'(u)|_F^2 du)^{1/2}` of the periodic
     solution of the oscillating heads (module docstring), d in {2, 3}."""
-    C, omega, psi = _forcing_terms(d)
+    C, omega, psi = forcing_terms(d)
     total = 0.0
     for w in np.unique(omega[omega > 0]):
         k = omega == w
