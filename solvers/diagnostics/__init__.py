@@ -8,7 +8,10 @@ token dissipation and the residual); the module ``_edi`` writes out the mathemat
 budget evaluates at every record.
 ``_metric`` asks whether the flow is a curve of maximal slope of the energy in the b-weighted
 Wasserstein metric (:func:`metric_diagnostics`: the metric speed G^2, the slope, the
-maximal-slope defect and the uphill mass, with the mathematics in its docstring).
+maximal-slope defect and the uphill mass, with the mathematics in its docstring);
+``_metric_speed`` computes the exact metric speed of a mesh density (:func:`metric_speed`: the
+minimal velocity by the weighted elliptic problem on the control volumes, of which G^2 is an
+upper bound).
 ``_linear_stability`` gives the dispersion relation of the uniform state (growth rates of
 its modes with and without noise, the critical noise) and the angular power spectrum that
 measures them; ``_metastability`` fits mode growth in the linear window, predicts the
@@ -96,6 +99,7 @@ from solvers.diagnostics._metric import (
     MetricDiagnostics,
     metric_diagnostics,
 )
+from solvers.diagnostics._metric_speed import MetricSpeed, metric_speed
 from solvers.diagnostics._stability import (
     LipschitzBound,
     assignment_w1,
@@ -148,6 +152,7 @@ __all__ = [
     "EnergyBudget",
     "EnergyDerivatives",
     "MetricDiagnostics",
+    "MetricSpeed",
     "PowerLawFit",
     "binned_wasserstein",
     "bootstrap_interval",
@@ -178,6 +183,7 @@ __all__ = [
     "bin_points",
     "wasserstein1",
     "metric_diagnostics",
+    "metric_speed",
     "mmd_vmf",
     "noise_contraction",
     "quantise",

@@ -71,6 +71,7 @@ from solvers.transport.jko import (
     JKOStep,
     StepControl,
     circumcentres,
+    facet_distances,
 )
 
 __all__ = [
@@ -105,6 +106,7 @@ __all__ = [
     "brownian_mean_factor",
     "cell_averages",
     "circumcentres",
+    "facet_distances",
     "density_function",
     "deposit_to_cells",
     "initial_density",

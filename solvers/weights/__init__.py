@@ -13,7 +13,8 @@ implicit Euler/BDF2, PETSc); :class:`FokkerPlanckWeights` turns its cells into w
 Modules: ``_dynamics`` (frozen, OU, oscillating), ``_fokker_planck`` (the solver),
 ``_drifts`` (drifts, diffusion and closed forms), ``_weight_measure`` (the measure as heads,
 sampled heads, the frozen quadrature), ``_ou_heads`` (OU paths of parameters, the stationary
-law).
+law), ``_integrability`` (the W_2 length of the weights' law: OU in closed form, oscillating
+heads' linear growth).
 """
 
 from solvers.weights._drifts import Drift
@@ -46,6 +47,17 @@ from solvers.weights._fokker_planck import (
     ou_drift,
     periodic_drift,
 )
+from solvers.weights._integrability import (
+    GaussianOULaw,
+    bures_wasserstein_speed,
+    empirical_law_speed,
+    law_length,
+    oscillating_law_speed,
+    oscillating_rms_speed,
+    ou_law_length_closed_form,
+    path_length,
+    symmetric_coordinates,
+)
 from solvers.weights._ou_heads import OUParameterHeads, stationary_ou_heads
 from solvers.weights._weight_measure import (
     MAX_CELLS,
@@ -66,6 +78,7 @@ __all__ = [
     "FokkerPlanckWeights",
     "FrozenQuadrature",
     "FrozenWeights",
+    "GaussianOULaw",
     "GradientDrift",
     "LinearDrift",
     "OUParameterHeads",
@@ -75,18 +88,26 @@ __all__ = [
     "SampledWeights",
     "WeightDynamics",
     "bernoulli",
+    "bures_wasserstein_speed",
     "config_matrices",
     "diffusion_matrix",
+    "empirical_law_speed",
     "free_energy",
     "gaussian_density",
     "gaussian_w2",
     "gradient_drift",
     "head_weights_at",
+    "law_length",
     "make_weights",
     "moments",
     "ou_drift",
     "periodic_drift",
     "oscillation_phases",
+    "oscillating_law_speed",
+    "oscillating_rms_speed",
+    "ou_law_length_closed_form",
+    "path_length",
     "random_symmetric",
     "stationary_ou_heads",
+    "symmetric_coordinates",
 ]

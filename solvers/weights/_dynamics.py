@@ -279,7 +279,7 @@ class OrnsteinUhlenbeckWeights(WeightDynamics):
         return _d_heads(self.matrices_at(t))
 
 
-def _forcing_terms(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def forcing_terms(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""F(u) = sum_k C_k cos(omega_k u + psi_k) for the forcing of docs/model.md, M1b.
 
     d = 3: F = [[2 + 1.5 cos u, sin 2u, sin u], [sin 2u, 2 + 1.5 sin u, cos 2u],
@@ -363,7 +363,7 @@ class OscillatingWeights(WeightDynamics):
     ) -> None:
         D0 = _check_symmetric_stack(D0)
         self.n_heads, self.d = D0.shape[0], D0.shape[1]
-        self._C, self._omega, self._psi = _forcing_terms(self.d)  # raises for d not in {2, 3}
+        self._C, self._omega, self._psi = forcing_terms(self.d)  # raises for d not in {2, 3}
         self.D0 = D0
         self.t0 = _check_time(t0)
         self.phases = oscillation_phases(self.n_heads, phases, seed)

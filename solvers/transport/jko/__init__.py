@@ -15,6 +15,7 @@ and its SNES callbacks), ``_solver`` (the preconditioner and its ASM overlap), `
 """
 
 from solvers.transport.jko._adaptive import StepControl
+from solvers.transport.jko._fv import facet_distances
 from solvers.transport.jko._scheme import (
     DEFAULT_OPTIONS,
     DIFFUSION_OPTIONS,
@@ -34,4 +35,5 @@ __all__ = [
     "JKOStep",
     "StepControl",
     "circumcentres",
+    "facet_distances",
 ]
