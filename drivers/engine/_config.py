@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from drivers.engine._schema import MAX_ADAPT_LEVEL, choices, defaults, scheme_words, schemes_with
+from drivers.engine._schema import choices, defaults, scheme_words, schemes_with
 from solvers.transport import SchemeSpec, scheme_spec
 
 __all__ = [
@@ -376,7 +376,9 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
             "output.edi_every", f"must be >= 0 (0: with the outputs), got {o['edi_every']}"
         )
     o["edi_every"] = o["edi_every"] or o["every"]
-    _adapt(cfg)
+    from drivers.engine._adapt_config import check_adapt
+
+    check_adapt(cfg)
     _diffusion(cfg)
     from drivers.engine._particles_config import check_mesh_free_rules
 
@@ -454,44 +456,6 @@ def _diffusion(cfg: dict[str, Any]) -> None:
             "attention.diffusion",
             "noisy tokens need a Delaunay mesh (two-point fluxes between circumcentres), and "
             "the green closure of adaptive meshes is not: set adapt.max_level = 0",
-        )
-
-
-def _adapt(cfg: dict[str, Any]) -> None:
-    """Check the ``[adapt]`` table (in place)."""
-    ad, m, scheme = cfg["adapt"], cfg["mesh"], cfg["time"]["scheme"]
-    ad["max_level"] = as_int(ad["max_level"], "adapt.max_level")
-    ad["every"] = as_int(ad["every"], "adapt.every")
-    ad["refine"] = as_float(ad["refine"], "adapt.refine")
-    ad["coarsen"] = as_float(ad["coarsen"], "adapt.coarsen")
-    if ad["every"] < 1:
-        raise ConfigError("adapt.every", f"must be >= 1, got {ad['every']}")
-    if not (ad["refine"] > 0 and math.isfinite(ad["refine"])):
-        raise ConfigError("adapt.refine", f"must be > 0, got {ad['refine']}")
-    if not 0 <= ad["coarsen"] <= ad["refine"] / 2:
-        raise ConfigError(
-            "adapt.coarsen",
-            f"must be in [0, refine/2] = [0, {ad['refine'] / 2:g}] (a merged cell must not be "
-            f"split again at once), got {ad['coarsen']}",
-        )
-    if ad["max_level"] == 0:
-        return
-    if m["manifold"] not in MAX_ADAPT_LEVEL or m["file"]:
-        raise ConfigError(
-            "adapt.max_level", "adaptive meshes are built-in S1/S2 meshes (no mesh.file, no boxes)"
-        )
-    top = MAX_ADAPT_LEVEL[m["manifold"]]
-    if not m["refinement"] < ad["max_level"] <= top:
-        raise ConfigError(
-            "adapt.max_level",
-            f"must be in (mesh.refinement, {top}] = ({m['refinement']}, {top}] for "
-            f"{m['manifold']} (0: no adaptation), got {ad['max_level']}",
-        )
-    if not scheme_spec(scheme).adaptive_mesh:
-        raise ConfigError(
-            "adapt.max_level",
-            f"the {scheme!r} scheme does not run on adaptive meshes: use time.scheme = "
-            f"{_names('adaptive_mesh')}, or set adapt.max_level = 0",
         )
 
 

@@ -1,9 +1,8 @@
 """The recorder: every output of a run, at the times of its cadence.
 
 A :class:`Recorder` owns the results folder of one run (docs/interface.md): the density time
-series for ParaView (``density.xdmf`` + ``.h5``; of mesh-free particles, whose ``cv`` is a
-:class:`solvers.transport.PointCloud`, the particle series ``particles/particles_<k>.npz`` and
-for d <= 3 ``particles.xdmf`` + ``.h5``, :mod:`drivers.engine._particle_writer`;
+series for ParaView (``density.xdmf`` + ``.h5``; of mesh-free particles on a
+:class:`solvers.transport.PointCloud` the series of :mod:`drivers.engine._particle_writer`;
 ``theta.xdmf`` for a weight measure on a
 parameter mesh of dimension <= 2), ``metrics.csv`` (:data:`METRIC_COLUMNS`, then the energy
 budget :data:`solvers.diagnostics.EDI_COLUMNS` with ``[output] edi``, then the weights'
@@ -168,13 +167,11 @@ class Recorder:
         self.cv, self.attention, self.weights, self.cadence = cv, attention, weights, cadence
         self.options = options = options or OutputOptions()
         self.diffusion, self.scheme_name, self.config = diffusion, scheme_name, config
-        #: mesh-free particles: ``cv`` is a PointCloud, the series is particles.xdmf/npz
-        self.cloud = isinstance(cv, PointCloud)
+        self.cloud = isinstance(cv, PointCloud)  # mesh-free particles (module docstring)
         if quality is None:
-            if self.cloud:
-                quality = cv.quality()
-            else:
-                quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
+            quality = (
+                cv.quality() if self.cloud else (mesh_quality if cv.curved else flat_quality)(cv)
+            )
         self.quality = quality
         self.folder = folder
         self.run_id = run_id or uuid.uuid4().hex
