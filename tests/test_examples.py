@@ -84,8 +84,12 @@ def tiny_overrides(raw: dict[str, Any]) -> list[str]:
     time = raw.get("time", {})
     dt = float(time.get("dt", 0.0))
     t_end = round(min(float(time.get("t_end", 1.0)), max(TINY_T_END, 3 * dt)), 12)
+    if "n" in raw.get("particles", {}):  # mesh-free particles: fewer particles, no mesh
+        size = f"particles.n={min(int(raw['particles']['n']), 64)}"
+    else:
+        size = f"mesh.refinement={TINY_REFINEMENT[manifold]}"
     return [
-        f"mesh.refinement={TINY_REFINEMENT[manifold]}",
+        size,
         f"time.t_end={t_end!r}",
         "output.every=2",
         "output.progress=1e9",
@@ -112,7 +116,9 @@ def _is_gradient_flow(cfg: dict[str, Any]) -> bool:
 
 def _check_outputs(out: Path, cfg: dict[str, Any], steps: int) -> np.ndarray:
     """The files of a run and their common checks; returns the metrics rows (rank 0)."""
-    for name in ("metrics.csv", "summary.json", "final.npz", "density.xdmf", "density.h5"):
+    free = cfg["particles"]["n"] is not None  # mesh-free particles: the particle series
+    series = ("particles/particles_00000.npz",) if free else ("density.xdmf", "density.h5")
+    for name in ("metrics.csv", "summary.json", "final.npz", *series):
         assert (out / name).is_file(), name
     rows = np.genfromtxt(out / "metrics.csv", delimiter=",", names=True)
     assert rows.ndim == 1 and len(rows) >= 2
@@ -141,6 +147,9 @@ def _check_outputs(out: Path, cfg: dict[str, Any], steps: int) -> np.ndarray:
     if "scheme" in summary:
         assert summary["scheme"] == scheme
 
+    if free:  # one particle step per metrics row
+        assert len(list((out / "particles").glob("particles_*.npz"))) == len(rows)
+        return rows
     import h5py
 
     with h5py.File(out / "density.h5", "r") as h5:  # one density step per metrics row

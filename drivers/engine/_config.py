@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from drivers.engine._schema import MAX_ADAPT_LEVEL, choices, defaults, scheme_words, schemes_with
+from drivers.engine._schema import choices, defaults, scheme_words, schemes_with
 from solvers.transport import SchemeSpec, scheme_spec
 
 __all__ = [
@@ -39,7 +39,9 @@ __all__ = [
     "validate",
     "parse_override",
     "head_matrices",
+    "head_matrix",
     "dimension",
+    "mesh_free",
 ]
 
 
@@ -187,6 +189,9 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         if value not in allowed:
             raise ConfigError(f"{section}.{key}", f"must be one of {list(allowed)}, got {value!r}")
 
+    from drivers.engine._particles_config import check_particle_table
+
+    check_particle_table(cfg)
     m = cfg["mesh"]
     m["refinement"] = as_int(m["refinement"], "mesh.refinement")
     limit = {"S2": 8, "S1": 16, "R1": 14, "R2": 6}[m["manifold"]]
@@ -236,12 +241,13 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(head, dict):
             raise ConfigError(f"attention.heads[{h}]", "must be a table {Q, K, V}")
         for k in head:
-            if k not in ("Q", "K", "V"):
-                raise ConfigError(f"attention.heads[{h}].{k}", "unknown key (expected Q, K, V)")
-        Q, K, V = (
-            as_matrix(head.get(k, "identity"), d, f"attention.heads[{h}].{k}")
-            for k in ("Q", "K", "V")
-        )
+            if k not in ("Q", "K", "V", "seed"):
+                raise ConfigError(
+                    f"attention.heads[{h}].{k}", "unknown key (expected Q, K, V, seed)"
+                )
+        if "seed" in head and as_int(head["seed"], f"attention.heads[{h}].seed") < 0:
+            raise ConfigError(f"attention.heads[{h}].seed", f"must be >= 0, got {head['seed']}")
+        Q, K, V = (head_matrix(head, h, k, d) for k in ("Q", "K", "V"))
         with np.errstate(all="ignore"):  # overflow is the finding, reported below
             products = [a["beta"] * (Q.T @ K)]
             if cfg["weights"]["dynamics"] != "frozen":  # evolving weights symmetrise D
@@ -279,7 +285,7 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         from solvers.weights import config_matrices
 
         for h, head in enumerate(a["heads"]):
-            Q, K, V = (as_matrix(head.get(k, "identity"), d, "") for k in ("Q", "K", "V"))
+            Q, K, V = (head_matrix(head, h, k, d) for k in ("Q", "K", "V"))
             try:  # the solver's own check (same tolerances)
                 config_matrices([Head(Q, K, V)])
             except ValueError:
@@ -370,8 +376,13 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
             "output.edi_every", f"must be >= 0 (0: with the outputs), got {o['edi_every']}"
         )
     o["edi_every"] = o["edi_every"] or o["every"]
-    _adapt(cfg)
+    from drivers.engine._adapt_config import check_adapt
+
+    check_adapt(cfg)
     _diffusion(cfg)
+    from drivers.engine._particles_config import check_mesh_free_rules
+
+    check_mesh_free_rules(cfg)
     return cfg
 
 
@@ -448,44 +459,6 @@ def _diffusion(cfg: dict[str, Any]) -> None:
         )
 
 
-def _adapt(cfg: dict[str, Any]) -> None:
-    """Check the ``[adapt]`` table (in place)."""
-    ad, m, scheme = cfg["adapt"], cfg["mesh"], cfg["time"]["scheme"]
-    ad["max_level"] = as_int(ad["max_level"], "adapt.max_level")
-    ad["every"] = as_int(ad["every"], "adapt.every")
-    ad["refine"] = as_float(ad["refine"], "adapt.refine")
-    ad["coarsen"] = as_float(ad["coarsen"], "adapt.coarsen")
-    if ad["every"] < 1:
-        raise ConfigError("adapt.every", f"must be >= 1, got {ad['every']}")
-    if not (ad["refine"] > 0 and math.isfinite(ad["refine"])):
-        raise ConfigError("adapt.refine", f"must be > 0, got {ad['refine']}")
-    if not 0 <= ad["coarsen"] <= ad["refine"] / 2:
-        raise ConfigError(
-            "adapt.coarsen",
-            f"must be in [0, refine/2] = [0, {ad['refine'] / 2:g}] (a merged cell must not be "
-            f"split again at once), got {ad['coarsen']}",
-        )
-    if ad["max_level"] == 0:
-        return
-    if m["manifold"] not in MAX_ADAPT_LEVEL or m["file"]:
-        raise ConfigError(
-            "adapt.max_level", "adaptive meshes are built-in S1/S2 meshes (no mesh.file, no boxes)"
-        )
-    top = MAX_ADAPT_LEVEL[m["manifold"]]
-    if not m["refinement"] < ad["max_level"] <= top:
-        raise ConfigError(
-            "adapt.max_level",
-            f"must be in (mesh.refinement, {top}] = ({m['refinement']}, {top}] for "
-            f"{m['manifold']} (0: no adaptation), got {ad['max_level']}",
-        )
-    if not scheme_spec(scheme).adaptive_mesh:
-        raise ConfigError(
-            "adapt.max_level",
-            f"the {scheme!r} scheme does not run on adaptive meshes: use time.scheme = "
-            f"{_names('adaptive_mesh')}, or set adapt.max_level = 0",
-        )
-
-
 def _weight_measure(w: dict[str, Any], cfg: dict[str, Any], d: int) -> None:
     """Validate the [weights] keys of dynamics = "fokker-planck" (in place)."""
     p = w["p"] = as_int(w["p"], "weights.p")
@@ -527,13 +500,22 @@ def _weight_measure(w: dict[str, Any], cfg: dict[str, Any], d: int) -> None:
     if not w["std0"] > 0 or not w["sigma"] > 0:
         raise ConfigError("weights.std0", "std0 and sigma must be > 0 for the weight measure")
     head = cfg["attention"]["heads"][0]
-    V = as_matrix(head.get("V", "identity"), d, "attention.heads[0].V")
+    V = head_matrix(head, 0, "V", d)
     if not np.allclose(V, V.T):
         raise ConfigError("attention.heads[0].V", "D0 = V of the first head must be symmetric")
 
 
+def mesh_free(cfg: dict[str, Any]) -> bool:
+    """Whether the config is a mesh-free particle run (``[particles] n`` set;
+    :mod:`drivers.engine._particles_config`)."""
+    return cfg.get("particles", {}).get("n") is not None
+
+
 def dimension(cfg: dict[str, Any]) -> int:
-    """Ambient dimension d of the configured manifold (S1: 2, S2: 3, R1: 1, R2: 2)."""
+    """Ambient dimension d of the configured manifold (S1: 2, S2: 3, R1: 1, R2: 2; mesh-free
+    particles: ``particles.d``)."""
+    if mesh_free(cfg):
+        return int(cfg["particles"]["d"])
     return {"S1": 2, "S2": 3, "R1": 1, "R2": 2}[cfg["mesh"]["manifold"]]
 
 
@@ -541,12 +523,31 @@ def head_matrices(cfg: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray, np.
     """The (Q, K, V) matrices of the configured heads."""
     d = dimension(cfg)
     return [
-        tuple(
-            as_matrix(head.get(k, "identity"), d, f"attention.heads[{h}].{k}")
-            for k in ("Q", "K", "V")
-        )
+        tuple(head_matrix(head, h, k, d) for k in ("Q", "K", "V"))
         for h, head in enumerate(cfg["attention"]["heads"])
     ]
+
+
+def head_matrix(head: dict[str, Any], h: int, k: str, d: int) -> np.ndarray:
+    """The matrix ``k`` ("Q", "K" or "V") of head ``h`` (the table ``head``) in dimension d:
+    "identity", a d x d nested list, or "random": independent N(0, 1/d) entries (standard
+    normal scaled by 1/sqrt(d)) from ``numpy.random.default_rng([seed, h, j])``, j = 0, 1, 2
+    for Q, K, V, ``seed`` the head's (default 0).
+
+    Raises:
+        ConfigError: naming ``attention.heads[h].k``.
+    """
+    key = f"attention.heads[{h}].{k}"
+    value = head.get(k, "identity")
+    if isinstance(value, str) and value not in ("identity", "random"):
+        raise ConfigError(
+            key, f'must be "identity", "random" or a {d}x{d} nested list, got {value!r}'
+        )
+    if value == "random":
+        seed = as_int(head.get("seed", 0), f"attention.heads[{h}].seed")
+        rng = np.random.default_rng([seed, h, "QKV".index(k)])
+        return rng.standard_normal((d, d)) / math.sqrt(d)
+    return as_matrix(value, d, key)
 
 
 def as_int(value: Any, key: str) -> int:

@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from drivers.engine._folder import OutputError, describe
-from drivers.engine._plots import run_pictures
+from drivers.engine._plots import plot_budget, plot_metrics, run_pictures
 from drivers.engine._result import RunResult, final_state, read_table
 from drivers.engine._summary import Outcome, peak_rss_mb, run_summary
 from drivers.engine._writers import write_final, write_json
@@ -41,7 +41,18 @@ def finish_run(rec: Any, scheme: TokenScheme, outcome: Outcome, wall: float) -> 
     if comm.rank == 0:
         g = rec.written
         with guard.writing(rec.out / "final.npz"):
-            write_final(rec.out / "final.npz", g.points, g.weights, final_density, rec.t)
+            if rec.cloud:  # mesh-free particles: positions and masses, by global index
+                write_final(
+                    rec.out / "final.npz",
+                    final.points,
+                    final.masses,
+                    final_density,
+                    rec.t,
+                    masses=final.masses,
+                    initial_points=g.points,
+                )
+            else:
+                write_final(rec.out / "final.npz", g.points, g.weights, final_density, rec.t)
         if rec.metrics and rec.writer and rec.options.pictures:
             _pictures(rec, final_density)
     outcome = _agreed(rec, outcome, already)
@@ -83,6 +94,11 @@ def _pictures(rec: Any, final_density) -> None:
         f"{rec.weights.kind} weights"
     )
     try:
+        if rec.cloud:  # no density on S^(d-1) without a mesh: the metrics and budget only
+            plot_metrics(rec.out / "metrics.png", rec.metrics.rows, ["mass", "energy", "G2"])
+            if rec.budget is not None and rec.metrics.rows:
+                plot_budget(rec.out / "edi.png", rec.metrics.rows, title=title)
+            return
         run_pictures(
             rec.out,
             rec.written.vertices,

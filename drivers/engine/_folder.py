@@ -86,6 +86,9 @@ PROJECT_FILES = (
     *RESULT_MARKERS,
     "theta.xdmf",
     "theta.h5",
+    "particles.xdmf",
+    "particles.h5",
+    "particles.xdmf.tmp",
     "density.png",
     "density_map.png",
     "metrics.png",
@@ -104,6 +107,7 @@ PROJECT_FILES = (
 #: patterns of the project's files in sub-folders (removed, then the folder if empty)
 PROJECT_GLOBS = {
     "checkpoint": ("ckpt_*.npz", ".ckpt_*.tmp.npz"),
+    "particles": ("particles_*.npz", ".particles_*.tmp.npz"),
     "paraview": (
         "frame_*.png",
         "density.avi",

@@ -9,6 +9,7 @@ scheme runs inside a :class:`solvers.transport.AdaptiveScheme` on a forest mesh
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._config import ConfigError, dimension, head_matrices
+from drivers.engine._config import ConfigError, dimension, head_matrices, mesh_free
 from drivers.engine._resources import check_memory
 from meshes import (
     ControlVolumes,
@@ -38,11 +39,15 @@ from solvers.stepping import TokenScheme
 from solvers.transport import (
     AdaptiveScheme,
     AdaptOptions,
+    PointCloud,
     SchemeOptions,
     StepControl,
     initial_density,
     make_scheme,
+    read_positions,
     scheme_spec,
+    uniform_sphere,
+    vmf_mixture,
 )
 from solvers.weights import (
     FokkerPlanckSolver,
@@ -62,6 +67,7 @@ __all__ = [
     "adaptive_scheme",
     "build_problem",
     "feedforward",
+    "particle_positions",
     "velocity_record",
 ]
 
@@ -75,8 +81,10 @@ class Problem:
     Attributes:
         cfg: the resolved configuration.
         cv: the control volumes of the distributed mesh (of an adaptive run, ``[adapt]``: the
-            initial mesh; the scheme's own ``cv`` follows the adaptations).
-        quality: its size and quality figures (h, area ratio, ...).
+            initial mesh; the scheme's own ``cv`` follows the adaptations); of mesh-free
+            particles (``[particles]``) the :class:`~solvers.transport.PointCloud`.
+        quality: its size and quality figures (h, area ratio, ...; of a point cloud its
+            :class:`~solvers.transport.CloudQuality`).
         attention: beta, sign and the evaluation backend of the heads.
         weights: the heads as functions of time.
         density0: the initial density on the owned cells (mass 1).
@@ -204,6 +212,10 @@ def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
         except ValueError as exc:  # e.g. the JKO scheme needs rho > 0 everywhere
             raise ConfigError("time.scheme", f"{name}: {exc}") from None
 
+    if mesh_free(cfg):
+        cloud = particle_cloud(cfg, comm)
+        scheme = build(cloud, cloud.measures)
+        return Problem(cfg, cloud, cloud.quality(), attention, weights, scheme.density, scheme)
     if cfg["adapt"]["max_level"] > 0:
         scheme: TokenScheme = adaptive_scheme(cfg, comm, build)
         cv, density0 = scheme.cv, scheme.density
@@ -214,6 +226,43 @@ def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
         scheme = build(cv, density0)
     quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
     return Problem(cfg, cv, quality, attention, weights, density0, scheme)
+
+
+def particle_positions(cfg: dict[str, Any]) -> tuple[Array, float]:
+    """The initial (n, d) positions of a mesh-free particle run (``[particles]``), the same on
+    every rank, and the largest distance of a file's row from the sphere before projection (0
+    for the laws). ``uniform`` and ``vmf`` draw from ``numpy.random.default_rng(seed)``
+    (:func:`~solvers.transport.uniform_sphere`, :func:`~solvers.transport.vmf_mixture`)."""
+    p = cfg["particles"]
+    n, d = p["n"], p["d"]
+    if p["initial"] == "file":
+        try:
+            return read_positions(p["file"], n, d)
+        except ValueError as exc:  # changed since the config was validated
+            raise ConfigError("particles.file", str(exc)) from None
+    rng = np.random.default_rng(p["seed"])
+    if p["initial"] == "vmf":
+        return vmf_mixture(n, np.array(p["centres"]), np.array(p["kappa"]), p["weights"], rng), 0.0
+    return uniform_sphere(n, d, rng), 0.0
+
+
+#: a file's row farther than this from the unit sphere is projected with a warning
+OFF_SPHERE_WARNING = 1e-6
+
+
+def particle_cloud(cfg: dict[str, Any], comm: MPI.Comm) -> PointCloud:
+    """The :class:`~solvers.transport.PointCloud` of ``[particles]`` (masses 1/n; rank r owns
+    the r-th block of rows); a warning on rank 0 when a file's rows were off the sphere."""
+    points, off = particle_positions(cfg)
+    if off > OFF_SPHERE_WARNING and comm.rank == 0:
+        print(
+            f"[transformer-pde] warning: particles.file: rows off the unit sphere by up to "
+            f"{off:.3g} (> {OFF_SPHERE_WARNING:g}): projected onto it",
+            file=sys.stderr,
+            flush=True,
+        )
+    n = len(points)
+    return PointCloud(comm, points, np.full(n, 1.0 / n))
 
 
 def adaptive_scheme(cfg: dict[str, Any], comm: MPI.Comm, build: Any) -> AdaptiveScheme:

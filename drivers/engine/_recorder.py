@@ -1,7 +1,9 @@
 """The recorder: every output of a run, at the times of its cadence.
 
 A :class:`Recorder` owns the results folder of one run (docs/interface.md): the density time
-series for ParaView (``density.xdmf`` + ``.h5``; ``theta.xdmf`` for a weight measure on a
+series for ParaView (``density.xdmf`` + ``.h5``; of mesh-free particles on a
+:class:`solvers.transport.PointCloud` the series of :mod:`drivers.engine._particle_writer`;
+``theta.xdmf`` for a weight measure on a
 parameter mesh of dimension <= 2), ``metrics.csv`` (:data:`METRIC_COLUMNS`, then the energy
 budget :data:`solvers.diagnostics.EDI_COLUMNS` with ``[output] edi``, then the weights'
 diagnostics), the energy budget itself, checkpoints, ``final.npz``, ``summary.json`` and the
@@ -74,6 +76,7 @@ from drivers.engine._config import ConfigError
 from drivers.engine._extras import ClusterOutput, Extras
 from drivers.engine._finish import finish_run
 from drivers.engine._folder import OutputGuard, ResultsFolder, checkpoint_owner, config_hash
+from drivers.engine._particle_writer import ParticleWriter
 from drivers.engine._problem import Problem, velocity_record
 from drivers.engine._provenance import provenance
 from drivers.engine._result import RunResult
@@ -97,6 +100,7 @@ from meshes.control_volumes import ControlVolumes, flat_control_volumes
 from solvers.attention import Attention, measure_diagnostics
 from solvers.diagnostics import EDI_COLUMNS, EnergyBudget, metric_diagnostics
 from solvers.stepping import AdaptiveScheme, SchemeState, StepResult, TokenScheme
+from solvers.transport import PointCloud
 from solvers.weights import WeightDynamics, head_weights_at
 
 __all__ = [
@@ -163,8 +167,11 @@ class Recorder:
         self.cv, self.attention, self.weights, self.cadence = cv, attention, weights, cadence
         self.options = options = options or OutputOptions()
         self.diffusion, self.scheme_name, self.config = diffusion, scheme_name, config
+        self.cloud = isinstance(cv, PointCloud)  # mesh-free particles (module docstring)
         if quality is None:
-            quality = mesh_quality(cv) if cv.curved else flat_quality(cv)
+            quality = (
+                cv.quality() if self.cloud else (mesh_quality if cv.curved else flat_quality)(cv)
+            )
         self.quality = quality
         self.folder = folder
         self.run_id = run_id or uuid.uuid4().hex
@@ -199,7 +206,7 @@ class Recorder:
         self.density: Any = None  # the last written state, its measure and time
         self.measure: tuple[Any, Any] | None = None
         self.t = 0.0
-        self.writer: DensityWriter | None = None
+        self.writer: DensityWriter | ParticleWriter | None = None
         self.metrics: MetricsWriter | None = None
         self.theta_writer: DensityWriter | None = None
         if comm.rank == 0 and folder is None:
@@ -293,8 +300,12 @@ class Recorder:
             OutputError: a file cannot be written. ValueError: the files to continue do
                 not go with the checkpoint.
         """
-        with self.guard.writing(self.out / "density.h5"):
-            self.writer = DensityWriter(cv, self.out / "density.xdmf", keep=outputs)
+        if self.cloud:
+            with self.guard.writing(self.out / "particles.h5"):
+                self.writer = ParticleWriter(cv, self.out, keep=outputs)
+        else:
+            with self.guard.writing(self.out / "density.h5"):
+                self.writer = DensityWriter(cv, self.out / "density.xdmf", keep=outputs)
         with self.guard.writing(self.out / "metrics.csv"):
             self.metrics = MetricsWriter(
                 self.comm, self.out / "metrics.csv", self.columns, keep=rows
@@ -469,7 +480,10 @@ class Recorder:
         rho_min = comm.allreduce(float(density.min(initial=np.inf)), op=MPI.MIN)
         rho_max = comm.allreduce(float(density.max(initial=-np.inf)), op=MPI.MAX)
         with self.guard.writing(self.writer.h5path):
-            self.writer.write(t, density, cv=scheme.cv if self.adaptive else None)
+            if self.cloud:
+                self.writer.write(t, scheme.steps, points, masses)
+            else:
+                self.writer.write(t, density, cv=scheme.cv if self.adaptive else None)
         if self.theta_writer is not None:
             with self.guard.writing(self.theta_writer.h5path):
                 self.theta_writer.write(t, self.weights.parameter_density(t))

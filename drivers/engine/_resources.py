@@ -63,7 +63,10 @@ class MemoryEstimate:
 
 
 def mesh_cells(cfg: dict[str, Any]) -> int | None:
-    """The number of cells of ``[mesh]`` (None for a mesh file: known only once read)."""
+    """The number of cells of ``[mesh]`` (None for a mesh file: known only once read); of a
+    mesh-free particle run the number of particles."""
+    if cfg.get("particles", {}).get("n") is not None:  # mesh-free particles: one "cell" each
+        return int(cfg["particles"]["n"])
     m = cfg["mesh"]
     if m.get("file"):
         return None

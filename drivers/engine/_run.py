@@ -50,7 +50,7 @@ import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 
 from drivers.engine._advance import Interrupts, Log, advance
-from drivers.engine._config import ConfigError, load_config, validate
+from drivers.engine._config import ConfigError, load_config, mesh_free, validate
 from drivers.engine._folder import OutputError, claim_folder, first_outputs_bytes
 from drivers.engine._petsc_options import check_after_first_step, check_start_up
 from drivers.engine._problem import build_problem
@@ -138,13 +138,22 @@ def run(
         later = check_start_up(cfg, comm, strict=strict_petsc)
         q = problem.quality
         adapt = cfg["adapt"]["max_level"]
-        log(
-            f"{cfg['mesh']['manifold']} mesh: {q.n_cells} cells"
-            + (f" (adaptive, levels {cfg['mesh']['refinement']}..{adapt})" if adapt else "")
-            + f", h = {q.h:.4g}, area ratio {q.area_ratio:.3f}; scheme {cfg['time']['scheme']}, "
-            f"{problem.weights.n_heads} head(s), weights {cfg['weights']['dynamics']}, "
-            f"t_end = {cfg['time']['t_end']}"
-        )
+        if mesh_free(cfg):
+            p = cfg["particles"]
+            log(
+                f"mesh-free particles: n = {p['n']} on S^{p['d'] - 1} (d = {p['d']}, initial "
+                f"{p['initial']}), {problem.weights.n_heads} head(s), weights "
+                f"{cfg['weights']['dynamics']}, dt = {cfg['time']['dt']:g}, t_end = "
+                f"{cfg['time']['t_end']}"
+            )
+        else:
+            log(
+                f"{cfg['mesh']['manifold']} mesh: {q.n_cells} cells"
+                + (f" (adaptive, levels {cfg['mesh']['refinement']}..{adapt})" if adapt else "")
+                + f", h = {q.h:.4g}, area ratio {q.area_ratio:.3f}; scheme "
+                f"{cfg['time']['scheme']}, {problem.weights.n_heads} head(s), weights "
+                f"{cfg['weights']['dynamics']}, t_end = {cfg['time']['t_end']}"
+            )
         recorder = Recorder.from_problem(
             problem, Path(out), log, argv=argv, restart=restart, folder=folder, run_id=run_id
         )

@@ -126,6 +126,10 @@ SECTIONS: dict[str, str] = {
     "output": "what is written, and how often",
     "adapt": "adaptive meshes that follow the solution (S1/S2 built-in meshes, "
     f"{scheme_words('adaptive_mesh')}; docs/adaptivity.md); max_level = 0 keeps the uniform mesh",
+    "particles": 'mesh-free particles on S^{d-1}, any d >= 2 (time.scheme = "particles"): a '
+    "[particles] table with n replaces the mesh (without it the particle scheme puts one "
+    "particle at each cell centre of [mesh]); the [mesh], [initial] and [adapt] tables then "
+    "keep their defaults, time.dt > 0 is the step, and the heads are d x d",
 }
 
 _IDENTITY_HEAD = [{"Q": "identity", "K": "identity", "V": "identity"}]
@@ -156,8 +160,11 @@ KEYS: tuple[Key, ...] = (
     Key("attention", "beta", "number", 1.0, "inverse temperature of the softmax, > 0"),
     Key("attention", "sign", "integer", 1,
         "+1: the attention dynamics of Geshkovski et al.; -1: tokens go down the energy ([P1])"),
-    Key("attention", "heads", "list of tables {Q, K, V}", _IDENTITY_HEAD,
-        'the heads; each matrix "identity" or a d x d nested list (d = 2 on S1, 3 on S2)'),
+    Key("attention", "heads", "list of tables {Q, K, V, seed}", _IDENTITY_HEAD,
+        'the heads; each matrix "identity", "random" (independent N(0, 1/d) entries, i.e. '
+        "standard normal scaled by 1/sqrt(d), drawn from numpy's default_rng([seed, h, k]) "
+        "for head h and k = 0, 1, 2 for Q, K, V; the head's seed >= 0, default 0) or a d x d "
+        "nested list (d = 2 on S1, 3 on S2, particles.d for mesh-free particles)"),
     Key("attention", "backend", "string", "auto",
         "how the nonlocal velocity is summed: auto picks per head the cheapest of compiled "
         "brute force, the low-rank expansion and the certified spectral sums (S1/S2, any beta) "
@@ -291,6 +298,28 @@ KEYS: tuple[Key, ...] = (
     Key("adapt", "refine", "number", 1e-4, "split a cell whose indicator exceeds this, > 0"),
     Key("adapt", "coarsen", "number", 2e-5,
         "merge sibling cells whose parent's estimated indicator is below this, in [0, refine/2]"),
+    # [particles]
+    Key("particles", "n", "integer", None,
+        "number of particles, 1..1,000,000; required in a [particles] table (its presence "
+        "makes the run mesh-free)"),
+    Key("particles", "d", "integer", 3, "ambient dimension: the tokens lie on S^{d-1}, 2..64"),
+    Key("particles", "seed", "integer", 0, "seed of the initial positions (uniform, vmf), >= 0"),
+    Key("particles", "initial", "string", "uniform",
+        "the initial law: uniform on S^{d-1}; vmf: a mixture of von Mises-Fisher laws "
+        "(centres, kappa, weights; sampled by Wood's algorithm); file: the positions in "
+        "particles.file; every particle has mass 1/n",
+        ("uniform", "vmf", "file")),
+    Key("particles", "centres", "list of d-vectors", [],
+        "vmf: the mean directions of the mixture's components (normalised; nonzero)"),
+    Key("particles", "kappa", "number or list of numbers", 10.0,
+        "vmf: the concentration of each component (one for all, or one each), >= 0 "
+        "(0: uniform; the angular radius of a tight component is about sqrt((d - 1)/kappa))"),
+    Key("particles", "weights", "list of numbers", [],
+        "vmf: the components' probabilities (>= 0, positive sum, normalised; default: equal)"),
+    Key("particles", "file", "string", "",
+        "file: an .npy file of an (n, d) array, or an .npz file with one such array (or one "
+        "named points); finite, nonzero rows, projected onto the sphere (a warning when a row "
+        "is off it by more than 1e-6)"),
 )  # fmt: skip
 
 #: the keys of a ``transformer-pde gaussian`` config (one table ``[gaussian]``; docs/model.md, M3)

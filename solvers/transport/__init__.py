@@ -12,7 +12,10 @@ Public face of the transport package: every scheme that the run loop steps.
 - :class:`ParticleSystem`: the discrete transformer (weighted particles, RK4/Euler; noise by
   a Brownian step on the sphere, :func:`brownian_mean_factor`), and
   :class:`MeshParticles` ("particles"): particles started at the cell centres of a mesh, with
-  a CFL step and densities by deposit.
+  a CFL step and densities by deposit; :class:`FreeParticles` ("particles" with a
+  ``[particles]`` table): mesh-free particles on S^{d-1}, any d, on a :class:`PointCloud`,
+  started from the laws of ``_sphere_laws`` (:func:`uniform_sphere`, :func:`vmf_mixture`,
+  :func:`read_positions`).
 
 - :class:`AdaptiveScheme`: any of them on a mesh that adapts to the solution (a forest of
   :mod:`meshes.adaptive`; ``_adaptive``).
@@ -37,6 +40,7 @@ from solvers.transport._finite_volume import (
     TransportSolver,
     TransportStep,
 )
+from solvers.transport._free_particles import CloudQuality, FreeParticles, PointCloud
 from solvers.transport._fv_kernels import FLUX_BACKENDS
 from solvers.transport._initial import (
     DensityError,
@@ -62,6 +66,12 @@ from solvers.transport._registry import (
     register_scheme,
     scheme_spec,
 )
+from solvers.transport._sphere_laws import (
+    read_positions,
+    uniform_sphere,
+    vmf_mixture,
+    vmf_sample,
+)
 from solvers.transport.jko import (
     DEFAULT_OPTIONS,
     DIFFUSION_OPTIONS,
@@ -76,6 +86,9 @@ from solvers.transport.jko import (
 
 __all__ = [
     "AdaptOptions",
+    "CloudQuality",
+    "FreeParticles",
+    "PointCloud",
     "AdaptiveScheme",
     "DEFAULT_OPTIONS",
     "DIFFUSION_STEPS",
@@ -111,6 +124,10 @@ __all__ = [
     "deposit_to_cells",
     "initial_density",
     "random_field",
+    "read_positions",
+    "uniform_sphere",
+    "vmf_mixture",
+    "vmf_sample",
     "make_scheme",
     "register_scheme",
     "retract",

@@ -26,6 +26,7 @@ from solvers.attention import Attention
 from solvers.stepping import TokenScheme
 from solvers.transport import _finite_volume, _particles
 from solvers.transport._finite_volume import TransportSolver
+from solvers.transport._free_particles import FreeParticles, PointCloud
 from solvers.transport._particles import MeshParticles
 from solvers.transport.jko import JKOSolver, StepControl
 from solvers.weights import WeightDynamics
@@ -242,13 +243,24 @@ def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> 
 @register_scheme(
     SchemeSpec(
         "particles",
-        summary="the token ODE with weighted particles",
+        summary="the token ODE with weighted particles (one per cell of [mesh], or mesh-free "
+        "with [particles])",
         integrators=_particles.INTEGRATORS,
         max_cfl=1.0,
         state_per_cell=(1, 1),
     )
 )
 def _mesh_particles(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
+    if isinstance(cv, PointCloud):  # mesh-free: the cloud carries positions and masses
+        return FreeParticles(
+            cv,
+            attention,
+            weights,
+            integrator=options.rk or _particles.INTEGRATORS[0],
+            dt=options.dt,
+            diffusion=options.diffusion,
+            seed=options.seed,
+        )
     return MeshParticles(
         cv,
         attention,

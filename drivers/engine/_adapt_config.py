@@ -1,0 +1,57 @@
+"""The ``[adapt]`` table of a run config: adaptive meshes (docs/adaptivity.md).
+
+Checked by :func:`drivers.engine.validate` (here): ``every >= 1``, ``refine > 0``, ``coarsen``
+in [0, refine/2], and for ``max_level > 0`` a built-in S1/S2 mesh, a level in
+(``mesh.refinement``, :data:`~drivers.engine._schema.MAX_ADAPT_LEVEL`] and a scheme that runs
+on adaptive meshes (its :class:`~solvers.transport.SchemeSpec`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from drivers.engine._config import ConfigError, as_float, as_int
+from drivers.engine._schema import MAX_ADAPT_LEVEL, schemes_with
+from solvers.transport import scheme_spec
+
+__all__ = ["check_adapt"]
+
+
+def check_adapt(cfg: dict[str, Any]) -> None:
+    """Check the ``[adapt]`` table (in place)."""
+    ad, m, scheme = cfg["adapt"], cfg["mesh"], cfg["time"]["scheme"]
+    ad["max_level"] = as_int(ad["max_level"], "adapt.max_level")
+    ad["every"] = as_int(ad["every"], "adapt.every")
+    ad["refine"] = as_float(ad["refine"], "adapt.refine")
+    ad["coarsen"] = as_float(ad["coarsen"], "adapt.coarsen")
+    if ad["every"] < 1:
+        raise ConfigError("adapt.every", f"must be >= 1, got {ad['every']}")
+    if not (ad["refine"] > 0 and math.isfinite(ad["refine"])):
+        raise ConfigError("adapt.refine", f"must be > 0, got {ad['refine']}")
+    if not 0 <= ad["coarsen"] <= ad["refine"] / 2:
+        raise ConfigError(
+            "adapt.coarsen",
+            f"must be in [0, refine/2] = [0, {ad['refine'] / 2:g}] (a merged cell must not be "
+            f"split again at once), got {ad['coarsen']}",
+        )
+    if ad["max_level"] == 0:
+        return
+    if m["manifold"] not in MAX_ADAPT_LEVEL or m["file"]:
+        raise ConfigError(
+            "adapt.max_level", "adaptive meshes are built-in S1/S2 meshes (no mesh.file, no boxes)"
+        )
+    top = MAX_ADAPT_LEVEL[m["manifold"]]
+    if not m["refinement"] < ad["max_level"] <= top:
+        raise ConfigError(
+            "adapt.max_level",
+            f"must be in (mesh.refinement, {top}] = ({m['refinement']}, {top}] for "
+            f"{m['manifold']} (0: no adaptation), got {ad['max_level']}",
+        )
+    if not scheme_spec(scheme).adaptive_mesh:
+        names = " or ".join(f'"{n}"' for n in schemes_with("adaptive_mesh"))
+        raise ConfigError(
+            "adapt.max_level",
+            f"the {scheme!r} scheme does not run on adaptive meshes: use time.scheme = "
+            f"{names}, or set adapt.max_level = 0",
+        )
