@@ -34,26 +34,16 @@ import bisect
 import math
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
-from drivers.engine import advance
+from drivers.engine import Outcome, advance
 from solvers.errors import SolverError
 from solvers.stepping import Stepper, StepResult
 
-__all__ = ["Interrupted", "Lockstep", "OutputTimes", "run_to", "stop_on"]
-
-
-@dataclass(frozen=True)
-class Interrupted:
-    """The outcome of a loop that a signal stopped (the fields of the engine's outcomes)."""
-
-    message: str
-    exit_code: int
-    status: str = "interrupted"
+__all__ = ["Lockstep", "OutputTimes", "run_to", "stop_on"]
 
 
 class OutputTimes:
@@ -113,12 +103,12 @@ class OutputTimes:
             if self.write is not None:
                 self.write(scheme, result)
 
-    def interrupt(self, scheme: Any, signum: int) -> Interrupted:
+    def interrupt(self, scheme: Any, signum: int) -> Outcome:
         """A signal stopped the loop after this step: the outcome (exit code 128 + signal)."""
         name = signal.Signals(signum).name
         self.interrupted = (name, scheme.t, scheme.steps)
         message = f"interrupted by {name} at t = {scheme.t:.6g} (step {scheme.steps})"
-        return Interrupted(message, 128 + signum)
+        return Outcome("interrupted", message, 128 + signum)
 
 
 class Lockstep:

@@ -25,8 +25,9 @@ Every run is a config on the engine (``drivers.engine``: build_problem, a Record
 angular power spectrum as an extra table, ``advance``), with its own results folder
 (metrics.csv with n_clusters, clusters.csv, cluster_events.csv, power.csv, density.xdmf).
 
-Run (defaults: beta 4 .. 64, two seeds, S^2 level 5: hours on 2 cores, most of it the S^2 particle
-runs to t = 2000; see drivers/README.md for measured subsets):
+Run (defaults: beta 4 .. 64, two seeds, S^2 level 5, particles to t = 2000 on S^1 and t = 200
+on S^2 (20,480 particles against 1,024 on S^1): hours on 2 cores; see
+drivers/README.md for measured subsets):
 
     mpiexec -n 4 python drivers/metastability.py
     mpiexec -n 2 python drivers/metastability.py --tiny    # about a minute
@@ -163,6 +164,8 @@ def run_case(
 SEED_FACTOR = 10.0
 #: ... but at most this (beyond it the start is no longer in the linear regime)
 MAX_EPS = 0.05
+#: t_end of the particle runs by manifold (``--t-particles`` sets both)
+T_PARTICLES = {"S1": 2000.0, "S2": 200.0}
 
 
 def mesh_seed(manifold: str, level: int, L: int) -> float:
@@ -259,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         "S2": args.s2_level or (2 if tiny else 5),
     }
     t_mesh = args.t_mesh or (4.0 if tiny else 40.0)
-    t_part = args.t_particles or (10.0 if tiny else 2000.0)
+    # particles: long runs on S^1 (the plateaus); on S^2 one particle per cell of the level-5
+    # mesh (20,480, against 1,024 on S^1), so a shorter default there
+    t_part = {m: args.t_particles or (10.0 if tiny else T_PARTICLES[m]) for m in ("S1", "S2")}
     eps = 1e-4  # relative size of the initial perturbation (at least 10x the mesh's seed)
     wall0 = time.perf_counter()
 
@@ -289,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                     beta,
                     seed,
                     "particles",
-                    t_part,
+                    t_part[manifold],
                     eps_run,
                 )
                 series += [fv, pa]

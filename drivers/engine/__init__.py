@@ -59,6 +59,7 @@ _HOME = {
     "METRIC_COLUMNS": "_recorder",
     "Recorder": "_recorder",
     "RunResult": "_run",
+    "Outcome": "_summary",
     "FinalState": "_result",
     "advance": "_advance",
     "Cadence": "_cadence",

@@ -61,7 +61,7 @@ def advance(
         after_first_step: called once after the first step (the PETSc option check).
 
     Returns:
-        The :class:`~drivers.engine._recorder.Outcome`: "ok", "failed" (a SolverError, exit
+        The :class:`~drivers.engine.Outcome`: "ok", "failed" (a SolverError, exit
         code 3) or "interrupted" (a checkpoint written, exit code 128 + signal). Errors of
         the recorder (a failed write, a non-finite value) propagate.
     """
