@@ -94,4 +94,4 @@ fi
 now=$({ [ -f "$stamp" ] && cat "$stamp"; for e in $EXTRAS; do echo "$e"; done; } | sort -u)
 rm -f "$VENV"/.installed-*
 echo "$now" > "$stamp"
-echo "install.sh: environment ready in $VENV (extras: $(tr '\n' ' ' < "$stamp"))"
+echo "install.sh: environment ready in $VENV (extras: ${now:-none})"

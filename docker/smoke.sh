@@ -8,10 +8,10 @@ set -euo pipefail
 res=${RESULTS:-/work/results}
 echo "smoke: uid $(id -u) ($(id -un 2>/dev/null || echo '?')), $(python --version), $(command -v mpiexec), $(transformer-pde --version)"
 
-echo "smoke: mpiexec -n 2 transformer-pde run configs/demo_s2.toml --out $res/demo (level 3, t_end 2)"
+echo "smoke: mpiexec -n 2 transformer-pde run configs/demo_s2.toml --out $res/demo (level 3, t_end 1)"
 t=$SECONDS
 mpiexec -n 2 transformer-pde run configs/demo_s2.toml --out "$res/demo" \
-    --set mesh.refinement=3 --set time.t_end=2.0
+    --set mesh.refinement=3 --set time.t_end=1.0
 echo "smoke: solve took $((SECONDS - t)) s"
 python - "$res/demo" <<'EOF'
 import json, sys
