@@ -23,7 +23,9 @@ fi
 # CPython 3.12 of this machine (the same search as docker/install.sh); its prefix must hold
 # only it (a pyenv or /usr/local build), not a distribution's /usr
 py=""
-for cand in "${PYTHON:-}" /root/.pyenv/versions/3.12*/bin/python3.12 "$(command -v python3.12 || true)"; do
+here=$(cd "$(dirname "$0")/.." && pwd)
+for cand in "${PYTHON:-}" "$here/.venv/bin/python3.12" "$(command -v pyenv >/dev/null 2>&1 && pyenv root)/versions/3.12"*/bin/python3.12 \
+            /root/.pyenv/versions/3.12*/bin/python3.12 "$(command -v python3.12 || true)"; do
     [ -n "$cand" ] && [ -x "$cand" ] && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { py=$cand; break; }
 done
 [ -n "$py" ] || { echo "standin-base: no CPython 3.12 on this machine (set PYTHON=/path/to/python3.12)" >&2; exit 1; }
