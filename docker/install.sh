@@ -91,7 +91,7 @@ if [ "$DEPS_ONLY" != 1 ]; then
     "${pip[@]}" --no-deps --no-build-isolation -e "$here"
 fi
 # the extras now installed: the requested ones and those of an earlier stamp of this lock
-now=$({ [ -f "$stamp" ] && cat "$stamp"; for e in $EXTRAS; do echo "$e"; done; } | sort -u)
+now=$({ [ -f "$stamp" ] && cat "$stamp"; for e in $EXTRAS; do echo "$e"; done; } | sed '/^$/d' | sort -u)
 rm -f "$VENV"/.installed-*
 echo "$now" > "$stamp"
-echo "install.sh: environment ready in $VENV (extras: ${now:-none})"
+echo "install.sh: environment ready in $VENV (extras: $(echo ${now:-none}))"
