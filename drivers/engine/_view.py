@@ -19,7 +19,7 @@ else linear; ``--log``/``--linear`` force it and ``--clim LO HI`` fixes the rang
 default, the frame at t = 0 shows the initial data even when the density later concentrates.
 
 Frames are written as an animated GIF (Pillow), or as an MP4 (H.264) with the static ffmpeg
-of the ``imageio-ffmpeg`` package (a dependency), else an ``ffmpeg`` on the PATH. The arrays
+of the ``imageio-ffmpeg`` package (the ``video`` extra), else an ``ffmpeg`` on the PATH. The arrays
 are read with h5py, never with VTK's XDMF reader (which segfaults on DOLFINx function files)
 nor with ``meshio.read`` (which calls ``sys.exit`` on them). Serial: under ``mpiexec`` only
 rank 0 renders.
@@ -28,7 +28,7 @@ Example::
 
     transformer-pde run configs/demo_s2.toml --out results/demo
     transformer-pde view results/demo --fps 12            # -> results/demo/density.gif
-    transformer-pde view results/demo --out demo.mp4      # MP4 (imageio-ffmpeg's ffmpeg)
+    transformer-pde view results/demo --out demo.mp4      # MP4 (the video extra's ffmpeg)
     transformer-pde view results/demo --linear --range frame --every 2
     transformer-pde view results/demo --log --clim 1e-4 80
     transformer-pde run configs/gaussian_r2.toml --out results/r2
@@ -371,8 +371,9 @@ def _ffmpeg() -> str:
         if found is not None:
             return found
     raise ValueError(
-        "writing .mp4 needs ffmpeg: pip install imageio-ffmpeg (a dependency of "
-        "transformer-pde) or put ffmpeg on the PATH; or write a .gif"
+        "writing .mp4 needs ffmpeg: install the `video` extra (imageio-ffmpeg: "
+        "pip install 'transformer-pde[video]', or EXTRAS=video bash docker/install.sh) "
+        "or put ffmpeg on the PATH; or write a .gif"
     )
 
 

