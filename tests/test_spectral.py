@@ -22,7 +22,6 @@ from scipy import special
 from solvers.attention import _choice as choice
 from solvers.attention import distributed_kernel_sums, gather_measure, kernel_sums, spectral
 from solvers.attention.spectral import _bounds as bounds
-from solvers.attention.spectral import _sums
 from solvers.attention.spectral import _transforms as transforms
 
 COMM = MPI.COMM_WORLD
@@ -266,47 +265,6 @@ def test_plans_within_the_limits() -> None:
     plan = spectral.plan_spectral(95.0, 140.0, 3, 1e-10)
     assert plan is not None and 1 < plan.n_nodes <= bounds.MAX_NODES
     assert plan.bins[0][0] == 95.0 and plan.bins[-1][1] == 140.0
-
-
-@pytest.mark.parametrize("beta", [8.0, 32.0, 128.0])
-def test_compressed_nodes_keep_the_kernel_within_the_series_bound(beta: float) -> None:
-    """A non-symmetric head's nodes in kappa share R syntheses (the SVD of the node
-    coefficients): R stays about 12 at every beta. The kernel the plan evaluates,
-    sum_l (2l+1)/4pi c~_l(kappa) P_l(t) with c~ interpolated from the compressed node rows,
-    checked in extended precision at random kappa and t: within Lambda times the compression
-    residual of the uncompressed interpolation, and within the series bound of
-    e^{kappa (t - 1)} up to the float64 accuracy of the Bessel coefficients themselves (the
-    exact coefficients at kappa are off by up to 1e-14: a floor that the transforms' measured
-    error, 4e-13 of the peak, covers)."""
-    lo, hi = 0.74 * beta, 1.09 * beta
-    plan = spectral.plan_spectral(lo, hi, 3, 1e-10)
-    assert plan is not None and plan.basis is not None
-    assert plan.syntheses <= 14 < len(plan.nodes) + 3
-    rng = np.random.default_rng(int(beta))
-    kappa = rng.uniform(lo, hi, 60)
-    t = np.linspace(-1.0, 1.0, 401).astype(np.longdouble)
-    P = [np.ones_like(t), t.copy()]  # Legendre polynomials by their recurrence
-    for l in range(1, plan.degree):
-        P.append(((2 * l + 1) * t * P[l] - l * P[l - 1]) / (l + 1))
-    w = (2 * np.arange(plan.degree + 1).astype(np.longdouble) + 1) / (4 * np.pi)
-
-    def kernel(c: np.ndarray) -> np.ndarray:
-        return (c.astype(np.longdouble) * w) @ np.stack(P)
-
-    compressed = kernel(_sums._target_weights(kappa, plan) @ plan.basis)
-    plain_rows = np.empty((len(kappa), plan.degree + 1))
-    for i, k in enumerate(kappa):  # the uncompressed interpolation within k's interval
-        nodes = next(b[2] for b in plan.bins if b[0] <= k <= b[1])
-        rows = np.stack(bounds.node_coefficients(nodes, plan.degree, 3))
-        plain_rows[i] = _sums._lagrange(np.array([k]), nodes)[:, 0] @ rows
-    plain = kernel(plain_rows)
-    *_, residual = _sums.compress_nodes(plan.nodes, plan.degree, 1e-16)
-    lam = bounds.lebesgue_constant(plan.n_nodes)
-    assert float(np.max(np.abs(compressed - plain))) <= lam * residual * (1 + 1e-6)
-    exact = np.exp(kappa.astype(np.longdouble)[:, None] * (t[None, :] - 1))
-    coefficient_floor = 1e-13
-    assert float(np.max(np.abs(compressed - exact))) <= plan.series + coefficient_floor
-    assert plan.series < 1e-13
 
 
 def test_drifting_heads_reuse_a_plan_that_covers_them():

@@ -41,10 +41,8 @@ and shared by all heads; the values at the targets are one transform per field
 scattered points on :math:`S^2`, exact per-target Bessel coefficients on :math:`S^1`). A head
 whose :math:`\kappa` differs between targets (:math:`A^T A \ne c^2 I`) is evaluated on
 :math:`S^2` at Chebyshev nodes :math:`\kappa_q` of the global range :math:`[\kappa_-,
-\kappa_+]` of the targets and interpolated in :math:`\kappa`; the node coefficients are
-compressed to :math:`R` common rows (:func:`compress_nodes`: :math:`R \approx 12` for any
-beta), so each field costs :math:`R` syntheses at all targets.
-Cost per head :math:`O(F R (N + L^3))`: the degree grows like
+\kappa_+]` of the targets and interpolated in :math:`\kappa` (one transform per node and field).
+Cost per head :math:`O(F n_q (N + L^3))`: the degree grows like
 :math:`\sqrt{2 \kappa \log(1/\varepsilon)}` while brute force costs :math:`N^2`.
 
 Error bound. Per pair, the truncated series is off by at most the tail
@@ -52,15 +50,13 @@ Error bound. Per pair, the truncated series is off by at most the tail
 :math:`c_l > 0`) or :math:`2 \sum_{k > K} e^{-\kappa} I_k` (:math:`S^1`), rigorously; the
 interpolation in :math:`\kappa` by at most :math:`\varepsilon_\kappa`
 (:func:`~solvers.attention.spectral._bounds.interpolation_bound`), the node values' errors
-being amplified by at most the Lebesgue constant :math:`\Lambda`; the compression by
-:math:`\Lambda \rho` (:math:`\rho` its exact residual); the transforms add an estimated
-:math:`\varepsilon_T \sum_r |u_r(\kappa_i)| \max |T_r|` at target :math:`i` (synthesis
-:math:`T_r` with weight :math:`u_r`; ducc0; measured, not proved). So every field obeys
+being amplified by at most the Lebesgue constant :math:`\Lambda`; the transforms add an
+estimated :math:`\varepsilon_T \max \hat S` (ducc0; measured, not proved). So every field obeys
 
 .. math::
 
-    |\tilde S_f - \hat S_f| \le E_f = (\Lambda \tau + \varepsilon_\kappa + \Lambda \rho)
-    \textstyle\sum_j |W^{(f)}_j| + \varepsilon_T \sum_r |u_r| \max |T_r|,
+    |\tilde S_f - \hat S_f| \le E_f = (\Lambda \tau + \varepsilon_\kappa) \textstyle\sum_j
+    |W^{(f)}_j| + \Lambda \varepsilon_T \max \hat S_0,
 
 an *absolute* bound: the relative error of :math:`Z` at a target is
 :math:`r = E_0 / (\tilde S_0 - E_0)` and the mean is off by at most :math:`2 r R_y`
@@ -83,7 +79,7 @@ tolerance), so it is the same on every number of ranks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -144,10 +140,6 @@ class SpectralPlan:
         eta: relative perturbation of every kernel value: sources off the unit sphere, and the
             interpolation in kappa when its relative bound is the smaller (nearly zonal heads).
         rank: coefficients per field: :math:`(L + 1)^2` or :math:`2K + 1`.
-        basis: S^2 with more than one node: the (R, L + 1) coefficient rows :math:`g_r(l)` of
-            the compressed node coefficients (:func:`compress_nodes`), one synthesis each.
-        node_weights: the (Q, R) weights of the nodes, interval after interval:
-            :math:`c_l(\kappa_q) \approx \sum_r` ``node_weights[q, r]`` :math:`g_r(l)`.
     """
 
     d: int
@@ -159,8 +151,6 @@ class SpectralPlan:
     transform: float
     eta: float
     rank: int
-    basis: np.ndarray | None = field(default=None, compare=False, repr=False)
-    node_weights: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def n_nodes(self) -> int:
@@ -171,11 +161,6 @@ class SpectralPlan:
     def nodes(self) -> tuple[float, ...]:
         """All nodes, interval after interval."""
         return tuple(k for b in self.bins for k in b[2])
-
-    @property
-    def syntheses(self) -> int:
-        """Syntheses per field at every target: the compressed rank R (1 for zonal heads)."""
-        return 1 if self.basis is None else int(self.basis.shape[0])
 
 
 @lru_cache(maxsize=256)
@@ -239,45 +224,7 @@ def _plan_bins(
     else:
         series += max(bounds.interpolation_bound(a, b, n) for a, b, _ in bins)
     transform = lam * bounds.transform_estimate(3)
-    basis = weights = None
-    if len(nodes) > 1:
-        basis, weights, lost = compress_nodes(tuple(float(k) for k in nodes), L, eps / 4.0)
-        series += lam * lost
-    return SpectralPlan(3, L, lo, hi, bins, series, transform, eta, (L + 1) ** 2, basis, weights)
-
-
-def compress_nodes(
-    nodes: tuple[float, ...], L: int, eps: float
-) -> tuple[np.ndarray, np.ndarray, float]:
-    r"""A common basis of the node coefficients: :math:`c_l(\kappa_q) \approx \sum_{r < R}
-    u_{qr}\, g_r(l)` (S^2), so that a non-zonal head costs R syntheses per field at all targets
-    instead of one per node and interval (the rows :math:`c(\kappa)` of all kappa in a range
-    span a space of small numerical rank: about 12 at 1e-14 for any beta).
-
-    The rows are weighted by :math:`w_l = (2l + 1)/4\pi` (:math:`|\sum_m a_{lm} Y_{lm}| \le
-    w_l \sum_j |W_j|`, the addition theorem) and truncated by the SVD; the exact
-    :math:`\ell^1` residual :math:`\max_q \sum_l w_l |c_l(\kappa_q) - \sum_r u_{qr} g_r(l)|`
-    is the added error per unit mass at the nodes (times the Lebesgue constant at a target).
-    R is the smallest rank with residual <= ``eps``, or, where rounding stops the residual
-    above it, within 4x of the smallest residual of any rank.
-
-    Returns:
-        ``(basis (R, L + 1), weights (Q, R), residual)``.
-    """
-    w = (2.0 * np.arange(L + 1) + 1.0) / (4.0 * math.pi)
-    C = np.stack(bounds.node_coefficients(nodes, L, 3)) * w
-    U, sv, Vt = np.linalg.svd(C, full_matrices=False)
-    residual = [
-        float(np.max(np.abs(C - (U[:, :r] * sv[:r]) @ Vt[:r]).sum(axis=1)))
-        for r in range(1, len(sv) + 1)
-    ]
-    target = max(eps, 4.0 * min(residual))
-    R = next(r for r, e in enumerate(residual, start=1) if e <= target)
-    basis = np.ascontiguousarray(Vt[:R] / w)
-    weights = np.ascontiguousarray(U[:, :R] * sv[:R])
-    basis.setflags(write=False)
-    weights.setflags(write=False)
-    return basis, weights, residual[R - 1]
+    return SpectralPlan(3, L, lo, hi, bins, series, transform, eta, (L + 1) ** 2)
 
 
 def spectral_cost(plan: SpectralPlan, m: float, n: float, fields: int = 1 + 3) -> float:
@@ -288,7 +235,8 @@ def spectral_cost(plan: SpectralPlan, m: float, n: float, fields: int = 1 + 3) -
         start = math.sqrt(K * K + 90.0 * plan.kappa_hi) + 30
         return COST_POINT_CIRCLE * (n * K * fields + m * (start + K * fields)) + SPECTRAL_OVERHEAD
     call = COST_DEGREE * float(plan.degree + 1) ** 3 + COST_CALL
-    syntheses = plan.syntheses * (COST_POINT * m + call)
+    B = max(1, len(plan.bins))
+    syntheses = plan.n_nodes * (COST_POINT * m + B * call)
     return fields * (syntheses + COST_POINT * n + call) + SPECTRAL_OVERHEAD
 
 
@@ -369,26 +317,22 @@ def spectral_fields(
     values = []
     for h in range(H):
         values.append(_head_values(X, moments, Lmax, A[h], plans[h]))
-    # a synthesis errs by about eps_T times its largest value over all targets (all ranks)
-    peaks = np.concatenate([v[3] for v in values])
+    # the transforms' error scales with the largest normalised sum over all targets
+    peaks = np.array([float(v[1][0].max()) if m else 0.0 for v in values])
     if comm is not None and comm.Get_size() > 1:
         from mpi4py import MPI
 
         comm.Allreduce(MPI.IN_PLACE, peaks, op=MPI.MAX)
     uncertified, bound = [], []
-    offset = 0
     for h in range(H):
-        kappa, S, weights, _ = values[h]
+        kappa, S = values[h]
         plan = plans[h]
-        R = weights.shape[1]
-        spread = np.abs(weights) @ peaks[offset : offset + R]
-        offset += R
-        E0 = plan.series * mass[0] + bounds.transform_estimate(plan.d) * spread
+        E0 = plan.series * mass[0] + plan.transform * peaks[h]
         S0 = S[0]
         margin = S0 - E0
         ok = margin > 0
         r = np.full(m, np.inf)
-        r[ok] = E0[ok] / margin[ok]
+        r[ok] = E0 / margin[ok]
         r = (1.0 + r) * (1.0 + plan.eta) - 1.0  # sources off the sphere
         certified = 2.0 * r <= tol
         uncertified.append(np.flatnonzero(~certified))
@@ -406,59 +350,38 @@ def spectral_fields(
 
 def _head_values(
     X: np.ndarray, moments: np.ndarray, Lmax: int, A_h: np.ndarray, plan: SpectralPlan
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """kappa (m,), the normalised sums (F, m), the (m, R) weights of the R syntheses at every
-    target and the (R,) largest absolute values of the syntheses (their transform errors)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """kappa (m,) and the normalised sums (F, m) of one head at the targets."""
     Wt = X @ A_h  # rows w_i = A^T x_i
-    m = len(X)
     if plan.d == 2:
-        kappa, out = transforms.circle_values(Wt, moments, plan.degree)
-        peak = float(out[0].max()) if m else 0.0
-        return kappa, out, np.ones((m, 1)), np.array([peak])
+        return transforms.circle_values(Wt, moments, plan.degree)
     kappa = np.linalg.norm(Wt, axis=1)
     omega = np.divide(Wt, kappa[:, None], out=np.zeros_like(Wt), where=kappa[:, None] > 0)
     omega[kappa == 0] = (0.0, 0.0, 1.0)  # kappa = 0: the kernel is 1, any direction will do
     mom = transforms.truncate_moments(moments, Lmax, plan.degree)
-    loc = transforms.sphere_locations(omega) if m else np.zeros((0, 2))
-    if plan.basis is None:  # one node: a zonal head
-        (node,) = plan.nodes
-        coeffs = bounds.node_coefficients((node,), plan.degree, 3)[0]
-        out = transforms.sphere_values(omega, mom, coeffs, plan.degree, loc=loc)
-        peak = float(out[0].max()) if m else 0.0
-        return kappa, out, np.ones((m, 1)), np.array([peak])
-    weights = _target_weights(kappa, plan)
-    out = np.zeros((moments.shape[0], m))
-    peaks = np.zeros(plan.syntheses)
-    for r, row in enumerate(plan.basis):
-        values = transforms.sphere_values(omega, mom, row, plan.degree, loc=loc)
-        peaks[r] = float(np.abs(values).max()) if m else 0.0
-        out += weights[:, r] * values
-    return kappa, out, weights, peaks
-
-
-def _target_weights(kappa: np.ndarray, plan: SpectralPlan) -> np.ndarray:
-    """(m, R): the weights of the compressed syntheses at every target, the barycentric
-    interpolation in kappa within the target's interval of the nodes' weights."""
-    assert plan.node_weights is not None
+    out = np.empty((moments.shape[0], len(X)))
     B = len(plan.bins)
-    width = (plan.kappa_hi - plan.kappa_lo) / B
-    which = np.zeros(len(kappa), dtype=np.int64)
+    width = (plan.kappa_hi - plan.kappa_lo) / B if B else 0.0
+    which = np.zeros(len(X), dtype=np.int64)
     if B > 1 and width > 0:
         which = np.clip(((kappa - plan.kappa_lo) / width).astype(np.int64), 0, B - 1)
-    out = np.zeros((len(kappa), plan.node_weights.shape[1]))
-    start = 0
     for b, (_, _, nodes) in enumerate(plan.bins):
         idx = np.flatnonzero(which == b)
-        block = plan.node_weights[start : start + len(nodes)]
-        start += len(nodes)
-        if len(idx):
-            out[idx] = _lagrange(kappa[idx], nodes).T @ block
-    return out
+        if len(idx) == 0:
+            continue
+        coeffs = bounds.node_coefficients(nodes, plan.degree, 3)
+        at = omega[idx]
+        loc = transforms.sphere_locations(at)  # once per interval, not per node
+        values = [transforms.sphere_values(at, mom, c, plan.degree, loc=loc) for c in coeffs]
+        out[:, idx] = values[0] if len(nodes) == 1 else _interpolate(kappa[idx], nodes, values)
+    return kappa, out
 
 
-def _lagrange(kappa: np.ndarray, nodes: tuple[float, ...]) -> np.ndarray:
-    """(n, m): the Lagrange basis at Chebyshev points of the first kind, by the barycentric
-    formula (weights (-1)^k sin((2k + 1) pi / 2n)); exact at the nodes."""
+def _interpolate(
+    kappa: np.ndarray, nodes: tuple[float, ...], node_values: list[np.ndarray]
+) -> np.ndarray:
+    """Barycentric interpolation in kappa of the node values (F, m) at Chebyshev points of the
+    first kind (weights (-1)^k sin((2k + 1) pi / 2n))."""
     n = len(nodes)
     at = np.array(nodes)
     k = np.arange(n)
@@ -467,8 +390,9 @@ def _lagrange(kappa: np.ndarray, nodes: tuple[float, ...]) -> np.ndarray:
     exact = diff == 0.0
     diff[exact] = 1.0
     terms = bw[:, None] / diff
-    terms /= terms.sum(axis=0)
+    denom = terms.sum(axis=0)
+    stacked = np.stack(node_values)  # (n, F, m)
+    out = np.einsum("qm,qfm->fm", terms, stacked) / denom
     for i in np.flatnonzero(exact.any(axis=0)):
-        terms[:, i] = exact[:, i].astype(np.float64)
-        terms[:, i] /= terms[:, i].sum()
-    return terms
+        out[:, i] = stacked[int(np.flatnonzero(exact[:, i])[0]), :, i]
+    return out
