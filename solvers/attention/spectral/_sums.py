@@ -92,6 +92,8 @@ __all__ = [
     "COST_POINT",
     "COST_POINT_CIRCLE",
     "COST_CALL",
+    "COST_LOCATE",
+    "COST_TARGET",
     "COST_DEGREE",
     "SPECTRAL_OVERHEAD",
     "SpectralPlan",
@@ -103,8 +105,21 @@ __all__ = [
 ]
 
 #: Cost of one S^2 transform (adjoint or synthesis) per point, in brute-force kernel pairs
-#: (measured 43 ns per point on one thread at 65,536 points, against 0.9 ns per brute pair).
-COST_POINT = 50.0
+#: (measured 65 ns per point and field on one thread at 655,360 points, degree 23 and 55,
+#: against 0.9 ns per brute pair; 43 ns at 65,536 points).
+COST_POINT = 75.0
+#: Cost per point of its angles (``sphere_locations``: the sources once, the targets once per
+#: head; measured 60-80 ns per point on one thread), in brute-force pairs.
+COST_LOCATE = 80.0
+#: Cost per target of the rest of a head's evaluation (normalisation, the bound, the
+#: certification: numpy passes over the targets), in brute-force pairs. With the constants
+#: above, an identity head at beta = 4 on one thread: modelled 960 pairs per target against
+#: 963 measured (0.568 s at 655,360 targets = sources); the low-rank expansion (p = 20) 794
+#: modelled, 764 measured (0.451 s), so the two are ordered as measured (before: COST_POINT
+#: = 50 and no per-target terms modelled the spectral sums at half the expansion, and "auto"
+#: picked the slower method: level-8 finite-volume step on 2 ranks 2.56 s spectral, 1.97 s
+#: low rank).
+COST_TARGET = 200.0
 #: Cost per (point, Fourier mode) on S^1 (moments and values), in brute-force pairs.
 COST_POINT_CIRCLE = 3.0
 #: Cost of one S^2 transform per (L + 1)^3 (the grid transform), in brute-force pairs
@@ -237,7 +252,8 @@ def spectral_cost(plan: SpectralPlan, m: float, n: float, fields: int = 1 + 3) -
     call = COST_DEGREE * float(plan.degree + 1) ** 3 + COST_CALL
     B = max(1, len(plan.bins))
     syntheses = plan.n_nodes * (COST_POINT * m + B * call)
-    return fields * (syntheses + COST_POINT * n + call) + SPECTRAL_OVERHEAD
+    per_point = COST_LOCATE * (m + n) + COST_TARGET * m
+    return fields * (syntheses + COST_POINT * n + call) + per_point + SPECTRAL_OVERHEAD
 
 
 def cost_floor(d: int, m: float, n: float, fields: int = 1 + 3) -> float:
@@ -245,7 +261,10 @@ def cost_floor(d: int, m: float, n: float, fields: int = 1 + 3) -> float:
     making of a plan (:data:`PLAN_COST`): where brute force costs less, no plan is made."""
     if d == 2:
         return COST_POINT_CIRCLE * fields * (n + m) + SPECTRAL_OVERHEAD + PLAN_COST
-    return fields * (COST_POINT * (m + n) + 2 * COST_CALL) + SPECTRAL_OVERHEAD + PLAN_COST
+    per_point = COST_LOCATE * (m + n) + COST_TARGET * m
+    return (
+        fields * (COST_POINT * (m + n) + 2 * COST_CALL) + per_point + SPECTRAL_OVERHEAD + PLAN_COST
+    )
 
 
 def field_weights(Y: np.ndarray, w: np.ndarray, second: bool) -> np.ndarray:
