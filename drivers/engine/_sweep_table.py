@@ -69,18 +69,20 @@ def toml_value(value: Any) -> str:
         return json.dumps(value)  # a TOML basic string (JSON escapes are TOML's)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, dict):  # None: a key left unset (TOML has no null)
+        items = [f"{k} = {toml_value(v)}" for k, v in value.items() if v is not None]
+        return "{ " + ", ".join(items) + " }"
     raise ValueError(f"{type(value).__name__} has no TOML form")
 
 
 def toml_text(cfg: dict[str, Any], header: str = "") -> str:
     """A resolved configuration as TOML (tables of values; what ``tomllib`` reads back
-    equal)."""
+    equal). Keys whose value is None (unset, e.g. ``particles.n`` without particles) are left
+    out: the validation gives them back."""
     lines = [f"# {line}" for line in header.splitlines()]
     for section, table in cfg.items():
         lines += ["", f"[{section}]"]
-        lines += [f"{key} = {toml_value(value)}" for key, value in table.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in table.items() if v is not None]
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
