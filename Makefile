@@ -40,10 +40,11 @@ paraview:
 	fi
 
 # the serial suite on both cores (pytest-xdist; tests/conftest.py gives each worker one numba
-# thread), -n 1 to run it in one process
+# thread; worksteal: an idle worker takes tests queued on the other, so the long tests do
+# not leave one core idle at the end), -n 1 to run it in one process
 XDIST ?= 2
 test-serial:
-	timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -n $(XDIST) --dist loadgroup tests
+	timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -n $(XDIST) --dist worksteal tests
 
 test-mpi:
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -q -m "not serial" tests

@@ -234,16 +234,19 @@ def test_driver_shape(name: str):
     assert order == sorted(set(order)), f"{name}: sections {titles} not in the order {SECTIONS}"
 
 
-def _grouped(names):
-    """One pytest-xdist group per driver: its runs and their comparison share a worker
-    (``make test`` runs ``pytest -n 2 --dist loadgroup``)."""
-    return [pytest.param(n, marks=pytest.mark.xdist_group(f"driver-{n}")) for n in names]
-
-
 @pytest.mark.serial
-@pytest.mark.parametrize("nprocs", [1, 2], ids=["serial", "mpi2"])
-@pytest.mark.parametrize("name", _grouped(sorted(REGISTRY)))
-def test_driver_runs(name: str, nprocs: int, tmp_path_factory: pytest.TempPathFactory):
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_driver_runs(name: str, tmp_path_factory: pytest.TempPathFactory):
+    """The driver's tiny problem serially and under ``mpiexec -n 2`` (both in this test, so
+    that the comparison never depends on how pytest-xdist distributes tests: its
+    ``xdist_group`` marks are not honoured by pytest 9.2 with xdist 3.8, and the comparison
+    had been skipped under ``make test``), then the final states compared."""
+    for nprocs in (1, 2):
+        _run_driver(name, nprocs, tmp_path_factory)
+    _compare_ranks(name)
+
+
+def _run_driver(name: str, nprocs: int, tmp_path_factory: pytest.TempPathFactory) -> None:
     out = tmp_path_factory.mktemp(f"{Path(name).stem}-np{nprocs}")
     cmd = [PYTHON, str(DRIVERS / name), *REGISTRY[name]["args"], "--out", str(out)]
     if nprocs > 1:
@@ -297,11 +300,9 @@ def _check_noise_transition(path: Path) -> None:
         assert row["fitted_max_l"] == row["theory_max_l"], row
 
 
-@pytest.mark.serial
-@pytest.mark.parametrize("name", _grouped(sorted(REGISTRY)))
-def test_driver_independent_of_ranks(name: str):
-    if (name, 1) not in _RUNS or (name, 2) not in _RUNS:
-        pytest.skip("needs the serial and the mpiexec -n 2 run of test_driver_runs")
+def _compare_ranks(name: str) -> None:
+    """The final states of the serial and the 2-rank run agree (results do not depend on the
+    number of ranks)."""
     serial, parallel = _final(_RUNS[(name, 1)], name), _final(_RUNS[(name, 2)], name)
     assert serial, "the registry lists no final.npz to compare"
     for a, b in zip(serial, parallel, strict=True):
