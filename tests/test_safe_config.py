@@ -230,6 +230,39 @@ def test_memory_check(shared_tmp, capfd, monkeypatch):
     assert finer.node_bytes > fv.node_bytes > spread.node_bytes
 
 
+def test_memory_check_of_an_adaptive_mesh(capfd, monkeypatch):
+    """An adaptive config is refused when its base level does not fit, and warned about (one
+    line on rank 0, the run goes on) when its mesh refined everywhere to adapt.max_level would
+    not; without [adapt] nothing is said."""
+    from drivers.engine import ConfigError
+    from drivers.engine._resources import check_memory, finest_estimate
+
+    cfg = {
+        "mesh": {"manifold": "S2", "refinement": 3, "file": ""},
+        "time": {"scheme": "fv"},
+        "adapt": {"max_level": 10},
+    }
+    finest = finest_estimate(cfg, COMM.size, 1)
+    assert finest.cells == 20 * 4**10 and finest.node_bytes > 8 * 1024**3
+    assert finest_estimate({**cfg, "adapt": {"max_level": 0}}, COMM.size, 1) is None
+    monkeypatch.setenv("TRANSFORMER_PDE_MEMORY", "4G")
+    capfd.readouterr()
+    estimate = check_memory(cfg, COMM)
+    assert estimate.cells == 1280
+    lines = [x for x in capfd.readouterr().err.splitlines() if "adapt.max_level" in x]
+    check_memory({**cfg, "adapt": {"max_level": 0}}, COMM)
+    quiet = "adapt.max_level" not in capfd.readouterr().err
+    # agreed before asserting: a rank that failed alone would leave the other in a collective
+    seen = COMM.allgather((lines, quiet))
+    assert all(q for _, q in seen), seen
+    assert [len(x) for x, _ in seen] == [1] + [0] * (COMM.size - 1), seen
+    (line,) = seen[0][0]
+    assert f"{20 * 4**10:,} cells" in line and "4.0 GiB are available" in line
+    monkeypatch.setenv("TRANSFORMER_PDE_MEMORY", "300M")
+    with pytest.raises(ConfigError, match="mesh.refinement"):
+        check_memory({**cfg, "mesh": {**cfg["mesh"], "refinement": 6}}, COMM)
+
+
 def test_summary_provenance(shared_tmp):
     import json
     import subprocess

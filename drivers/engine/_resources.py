@@ -14,7 +14,10 @@ mesh); each owned cell costs what the scheme declares in its
 :class:`solvers.transport.SchemeSpec` (``bytes_per_cell``: mesh, control volumes, scheme
 arrays, 2 KiB for fv and particles; the JKO scheme more: the harmonic basis of its Hessian and
 the sparse direct factorisation). The particles are one per cell. The check is made for the
-node of rank 0 with the ranks the launcher put on it.
+node of rank 0 with the ranks the launcher put on it. An adaptive mesh (``[adapt] max_level``)
+is checked at its base level (refused when that does not fit) and at ``max_level`` (the mesh
+refined everywhere, the most it can grow to: a one-line warning on stderr when that does not
+fit, since adaptive runs refine only where the mass is and usually stay far below it).
 
 Available memory: ``MemAvailable`` of ``/proc/meminfo``, or less when a cgroup limit
 (``memory.max``) says so; ``TRANSFORMER_PDE_MEMORY`` (bytes, or with a K/M/G suffix)
@@ -24,6 +27,7 @@ overrides it, e.g. to keep a run inside a share of a node.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,13 @@ from drivers.engine._config import ConfigError
 from solvers.threads import local_ranks
 from solvers.transport import scheme_spec
 
-__all__ = ["MemoryEstimate", "available_memory", "check_memory", "estimate_memory"]
+__all__ = [
+    "MemoryEstimate",
+    "available_memory",
+    "check_memory",
+    "estimate_memory",
+    "finest_estimate",
+]
 
 GiB = 1024**3
 #: memory of one rank before the mesh: interpreter, DOLFINx, PETSc, numba (bytes)
@@ -131,7 +141,7 @@ def check_memory(cfg: dict[str, Any], comm: Any) -> MemoryEstimate | None:
         ConfigError: naming ``mesh.refinement``, with the estimate per node and per rank
             and the memory available.
     """
-    error = None
+    error, available = None, None
     estimate = estimate_memory(cfg, comm.size, local_ranks())
     if comm.rank == 0 and estimate is not None:
         try:
@@ -152,4 +162,26 @@ def check_memory(cfg: dict[str, Any], comm: Any) -> MemoryEstimate | None:
     error = comm.bcast(error, root=0)
     if error is not None:
         raise ConfigError(*error)
+    if comm.rank == 0 and estimate is not None and available is not None:
+        finest = finest_estimate(cfg, comm.size, local_ranks())
+        if finest is not None and finest.node_bytes > available:
+            print(
+                f"[transformer-pde] warning: adapt.max_level = {cfg['adapt']['max_level']}: "
+                f"the mesh refined everywhere ({finest.cells:,} cells) would need about "
+                f"{finest.node_bytes / GiB:.1f} GiB on the node of rank 0 but "
+                f"{available / GiB:.1f} GiB are available; the run fails if the adaptation "
+                "refines most of the sphere",
+                file=sys.stderr,
+                flush=True,
+            )
     return estimate
+
+
+def finest_estimate(cfg: dict[str, Any], ranks: int, local: int) -> MemoryEstimate | None:
+    """The estimate of an adaptive run whose mesh is refined everywhere to ``adapt.max_level``
+    (None without adaptation or for a mesh file)."""
+    level = int(cfg.get("adapt", {}).get("max_level", 0) or 0)
+    mesh = cfg["mesh"]
+    if level <= mesh.get("refinement", 0) or mesh.get("file"):
+        return None
+    return estimate_memory({**cfg, "mesh": {**mesh, "refinement": level}}, ranks, local)
