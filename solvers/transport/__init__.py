@@ -29,7 +29,7 @@ constructors, :func:`make_scheme`, :func:`register_scheme`, and what each scheme
 """
 
 from solvers.transport._adaptive import AdaptiveScheme, AdaptOptions
-from solvers.transport._deposit import deposit_to_cells
+from solvers.transport._deposit import contains, deposit_to_cells
 from solvers.transport._diffusion import TwoPointDiffusion
 from solvers.transport._expression import CONSTANTS as EXPRESSION_CONSTANTS
 from solvers.transport._expression import FUNCTIONS as EXPRESSION_FUNCTIONS
@@ -121,6 +121,7 @@ __all__ = [
     "circumcentres",
     "facet_distances",
     "density_function",
+    "contains",
     "deposit_to_cells",
     "initial_density",
     "random_field",
