@@ -169,18 +169,20 @@ def test_ring_pass_carry_brings_every_block_home_updated_by_every_rank() -> None
     assert np.all(home[:, 1] == sum(10.0**r for r in range(COMM.size)))
 
 
-def test_deposit_without_gathering_matches_the_nearest_centre_histogram() -> None:
-    """Particles split unevenly over the ranks land in the cell of the nearest centre, as in a
-    serial histogram of all of them; the old call (all particles on every rank) agrees."""
+def test_deposit_without_gathering_matches_the_containing_cell_histogram() -> None:
+    """Particles split unevenly over the ranks land in the cell that contains them, as in a
+    serial brute-force histogram of all of them (every spherical triangle tested); the old
+    call (all particles on every rank) agrees."""
     from meshes import control_volumes, icosphere
-    from solvers.transport import deposit_to_cells
+    from solvers.transport import contains, deposit_to_cells
 
     cv = control_volumes(icosphere(COMM, 2))
-    centres, _ = gather_measure(COMM, cv.centres[: cv.n_owned], np.ones(cv.n_owned))
-    index, _ = gather_measure(
-        COMM, cv.original_index[: cv.n_owned, None].astype(float), np.ones(cv.n_owned)
-    )
-    centres = centres[np.argsort(index[:, 0])]  # original-index order
+    n = cv.n_owned
+    centres, _ = gather_measure(COMM, cv.centres[:n], np.ones(n))
+    verts, _ = gather_measure(COMM, cv.vertices[:n].reshape(n, 9), np.ones(n))
+    index, _ = gather_measure(COMM, cv.original_index[:n, None].astype(float), np.ones(n))
+    order = np.argsort(index[:, 0])  # original-index order
+    centres, verts = centres[order], verts[order].reshape(-1, 3, 3)
     rng = np.random.default_rng(11)
     x = rng.normal(size=(900, 3))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
@@ -193,9 +195,12 @@ def test_deposit_without_gathering_matches_the_nearest_centre_histogram() -> Non
     rho = deposit_to_cells(cv, x[sl], m[sl], local=True)
     rho_old = deposit_to_cells(cv, x, m)
     np.testing.assert_allclose(rho, rho_old, rtol=1e-14, atol=0)
-    nearest = np.argmax(x @ centres.T, axis=1)  # geodesic nearest = largest dot product
-    ref = np.bincount(nearest, weights=m, minlength=len(centres))
-    mine = ref[cv.original_index[: cv.n_owned]] / cv.measures[: cv.n_owned]
+    owner = np.full(len(x), -1)
+    for k in range(len(verts)):
+        owner[contains(np.repeat(verts[k : k + 1], len(x), axis=0), x) & (owner < 0)] = k
+    assert np.all(owner >= 0) and owner[5] == 17
+    ref = np.bincount(owner, weights=m, minlength=len(centres))
+    mine = ref[cv.original_index[:n]] / cv.measures[:n]
     np.testing.assert_allclose(rho, mine, rtol=1e-12, atol=1e-15)
     total = COMM.allreduce(float(rho @ cv.measures[: cv.n_owned]))
     assert abs(total - m.sum()) < 1e-14
