@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drivers.engine._folder import ensure_space
-from drivers.engine._writers import GatheredCells
+from drivers.engine._writers import GatheredCells, write_text_atomic
 
 __all__ = ["ParticleWriter", "particle_series_xml"]
 
@@ -164,13 +164,9 @@ class ParticleWriter:
             raise
 
     def _write_xml(self) -> None:
-        xml = particle_series_xml(self.h5path.name, self.times, self.cloud.n_global)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            tmp.write_text(xml)
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomic(
+            self.path, particle_series_xml(self.h5path.name, self.times, self.cloud.n_global)
+        )
 
     def close(self) -> None:
         """Close the HDF5 file (rank 0); a failure to flush it is not raised again."""

@@ -39,6 +39,7 @@ __all__ = [
     "MetricsWriter",
     "write_final",
     "write_json",
+    "write_text_atomic",
     "json_default",
 ]
 
@@ -283,12 +284,7 @@ class DensityWriter:
 
     def _write_xml(self) -> None:
         xml = series_xml(self.h5path.name, self.name, self.times, self.step_mesh, self._shapes)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            tmp.write_text(xml)
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomic(self.path, xml)
 
     def close(self) -> None:
         """Close the HDF5 file (rank 0); a failure to flush it is not raised again."""
@@ -399,15 +395,20 @@ def write_final(
         tmp.unlink(missing_ok=True)
 
 
-def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    """Write JSON atomically (rank 0 only; no temporary file is left when it fails)."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file atomically: a temporary file renamed onto ``path`` (rank 0 only; no
+    temporary file is left when it fails)."""
     tmp = Path(str(path) + ".tmp")
-    text = json.dumps(data, indent=2, default=json_default) + "\n"
     try:
         tmp.write_text(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically (rank 0 only; no temporary file is left when it fails)."""
+    write_text_atomic(path, json.dumps(data, indent=2, default=json_default) + "\n")
 
 
 def json_default(o: Any) -> Any:

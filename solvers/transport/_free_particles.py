@@ -25,9 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from solvers.attention import Attention, MeasureDiagnostics
-from solvers.errors import SolverError
 from solvers.stepping import SchemeState, StepResult, step_towards
-from solvers.transport._particles import ParticleSystem
+from solvers.transport._particles import ParticleSystem, step_system
 from solvers.weights import WeightDynamics
 
 __all__ = ["CloudQuality", "FreeParticles", "PointCloud"]
@@ -135,11 +134,7 @@ class FreeParticles:
             SolverError: non-finite positions.
         """
         dt, t_new = step_towards(self.t, self.dt, t_stop)
-        try:
-            self.system.step(self.t, dt, draw=self.steps)
-        except FloatingPointError:
-            msg = f"non-finite particle positions at t = {self.t + dt:.6g}"
-            raise SolverError(msg, t=self.t) from None
+        step_system(self.system, self.t, dt, self.steps)
         self.t = t_new
         self.steps += 1
         return StepResult(t=self.t, dt=dt)

@@ -85,7 +85,18 @@ __all__ = [
     "ParticleSystem",
     "brownian_mean_factor",
     "retract",
+    "step_system",
 ]
+
+
+def step_system(system: ParticleSystem, t: float, dt: float, draw: int) -> None:
+    """One step of ``system`` from t by dt (Brownian draw ``draw``); non-finite positions are a
+    :class:`~solvers.errors.SolverError` (collective)."""
+    try:
+        system.step(t, dt, draw=draw)
+    except FloatingPointError:
+        raise SolverError(f"non-finite particle positions at t = {t + dt:.6g}", t=t) from None
+
 
 #: the integrators of ``integrator``, the default first (the scheme registry's list)
 INTEGRATORS = ("rk4", "euler")
@@ -418,11 +429,7 @@ class MeshParticles:
         """
         dt = self.dt if self.dt > 0 else self._cfl_step(t_stop)
         dt, t_new = step_towards(self.t, dt, t_stop)
-        try:
-            self.system.step(self.t, dt, draw=self.steps)
-        except FloatingPointError:
-            msg = f"non-finite particle positions at t = {self.t + dt:.6g}"
-            raise SolverError(msg, t=self.t) from None
+        step_system(self.system, self.t, dt, self.steps)
         self.t = t_new
         self.steps += 1
         return StepResult(t=self.t, dt=dt)
