@@ -14,7 +14,12 @@ Builders
 ``gmsh_sphere(comm, h)``
     Optional route through the gmsh Python API (only if ``gmsh`` is installed).
 
-All builders create the cell list on rank 0 and let DOLFINx partition it with
+``icosphere`` and ``circle`` are built in parallel: every rank generates a contiguous block of
+the global cell order and the coordinates of a contiguous block of an analytic global node
+numbering (:mod:`meshes._sphere_blocks`), so no rank ever holds the whole mesh, and cell ``i``
+(``topology.original_cell_index``) is row ``i`` of ``icosphere_arrays`` / ``circle_arrays``
+bitwise on any number of ranks. ``from_file`` and ``gmsh_sphere`` read or generate the cell
+list on rank 0. DOLFINx then partitions the dual graph in parallel with
 ``GhostMode.shared_facet`` (every facet of an owned cell has both neighbours on the rank),
 which the finite-volume fluxes need.
 """
@@ -34,6 +39,14 @@ import numpy as np
 import numpy.typing as npt
 import ufl
 
+from meshes._sphere_blocks import (
+    circle_cell_block,
+    circle_node_block,
+    icosphere_cell_block,
+    icosphere_node_block,
+    icosphere_num_nodes,
+)
+
 __all__ = [
     "MeshError",
     "circle",
@@ -44,6 +57,8 @@ __all__ = [
     "gmsh_sphere",
     "validate_sphere_mesh",
     "distribute",
+    "distribute_blocks",
+    "rank_block",
     "manifold_of",
     "MAX_ICOSPHERE_LEVEL",
     "MAX_CIRCLE_REFINEMENT",
@@ -213,35 +228,69 @@ def distribute(
     Other ranks pass ``None``. Ghosting is ``GhostMode.shared_facet``.
     """
     d = comm.bcast(None if x is None else x.shape[1], root=0)
-    cell = "interval" if d == 2 else "triangle"
-    element = basix.ufl.element("Lagrange", cell, 1, shape=(d,))
     if comm.rank != 0 or x is None:
         x = np.empty((0, d), dtype=np.float64)
         cells = np.empty((0, d), dtype=np.int64)
+    return distribute_blocks(comm, x, cells)
+
+
+def distribute_blocks(
+    comm: MPI.Comm, x: npt.NDArray[np.float64], cells: npt.NDArray[np.int64]
+) -> dolfinx.mesh.Mesh:
+    """Create a distributed DOLFINx manifold mesh from blocks given on every rank (collective).
+
+    Rank r passes the cells ``c_r .. c_{r+1} - 1`` of the global cell order and the coordinates
+    of the global nodes ``v_r .. v_{r+1} - 1`` (contiguous blocks in rank order; a block may be
+    empty); ``cells`` holds global node ids. The mesh's ``topology.original_cell_index`` is then
+    the global cell index ``c_r + i``, whatever the number of ranks. DOLFINx partitions the
+    dual graph in parallel; ghosting is ``GhostMode.shared_facet``.
+    """
+    d = x.shape[1]
+    cell = "interval" if d == 2 else "triangle"
+    element = basix.ufl.element("Lagrange", cell, 1, shape=(d,))
     partitioner = dolfinx.mesh.create_cell_partitioner(dolfinx.mesh.GhostMode.shared_facet, 2)
     return dolfinx.mesh.create_mesh(
         comm,
-        np.ascontiguousarray(cells, dtype=np.int64),
+        np.ascontiguousarray(cells, dtype=np.int64).reshape(-1, d),
         ufl.Mesh(element),
-        np.ascontiguousarray(x),
+        np.ascontiguousarray(x, dtype=np.float64),
         partitioner=partitioner,
     )
 
 
+def rank_block(comm: MPI.Comm, total: int) -> tuple[int, int]:
+    """This rank's contiguous share ``[start, stop)`` of ``total`` items (sizes differ by <= 1)."""
+    return comm.rank * total // comm.size, (comm.rank + 1) * total // comm.size
+
+
 def circle(comm: MPI.Comm, refinement: int) -> dolfinx.mesh.Mesh:
-    """Distributed uniform polygon on S^1 with ``16 * 2**refinement`` cells."""
+    """Distributed uniform polygon on S^1 with ``16 * 2**refinement`` cells.
+
+    Built in parallel: each rank creates a contiguous block of the segments and of the
+    vertices of :func:`circle_arrays` (same cells, same coordinates, same global cell order).
+    """
     if not (0 <= int(refinement) <= MAX_CIRCLE_REFINEMENT):
         raise MeshError(f"S1 refinement must be in [0, {MAX_CIRCLE_REFINEMENT}], got {refinement}")
-    x, cells = circle_arrays(refinement) if comm.rank == 0 else (None, None)
-    return distribute(comm, x, cells)
+    n = 16 * 2 ** int(refinement)
+    cells = circle_cell_block(refinement, *rank_block(comm, n))
+    x = circle_node_block(refinement, *rank_block(comm, n))
+    return distribute_blocks(comm, x, cells)
 
 
 def icosphere(comm: MPI.Comm, level: int) -> dolfinx.mesh.Mesh:
-    """Distributed icosphere on S^2 with ``20 * 4**level`` triangles."""
+    """Distributed icosphere on S^2 with ``20 * 4**level`` triangles.
+
+    Built in parallel, no rank holding the whole mesh: each rank creates a contiguous block of
+    the global cell order of :func:`icosphere_arrays` and the coordinates of a contiguous block
+    of an analytic global node numbering (:mod:`meshes._sphere_blocks`). Cell ``i`` (its
+    ``original_cell_index``) has bitwise the vertex coordinates, in order, of row ``i`` of
+    ``icosphere_arrays(level)``, on any number of ranks.
+    """
     if not (0 <= int(level) <= MAX_ICOSPHERE_LEVEL):
         raise MeshError(f"S2 refinement must be in [0, {MAX_ICOSPHERE_LEVEL}], got {level}")
-    x, cells = icosphere_arrays(level) if comm.rank == 0 else (None, None)
-    return distribute(comm, x, cells)
+    cells = icosphere_cell_block(level, *rank_block(comm, 20 * 4 ** int(level)))
+    x = icosphere_node_block(level, *rank_block(comm, icosphere_num_nodes(level)))
+    return distribute_blocks(comm, x, cells)
 
 
 def _raise_collectively(comm: MPI.Comm, error: str | None) -> None:
