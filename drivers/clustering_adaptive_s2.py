@@ -301,7 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--t-end", type=float, default=None, help="final time (default 6)")
     parser.add_argument("--t-mid", type=float, default=None, help="default t_end / 2")
     parser.add_argument("--indicator", default="mass", choices=("mass", "jump"))
-    parser.add_argument("--refine-factor", type=float, default=None, help="refine / h_max")
+    parser.add_argument(
+        "--refine-factor", type=float, default=None, help="experts: refine / h_max (fixed)"
+    )
+    parser.add_argument("--tolerance", type=float, default=None, help="adapt.tolerance")
+    parser.add_argument("--density", default=None, help="initial density (default: the demo's)")
+    parser.add_argument(
+        "--no-conserve-energy", action="store_true", help="adapt.conserve_energy = false"
+    )
     parser.add_argument("--every", type=int, default=None, help="steps between adaptations")
     parser.add_argument("--w1-tol", type=float, default=1e-7, help="bin mass x radius")
     parser.add_argument("--w1-bins", type=int, default=8000, help="most bins per measure")
@@ -318,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     t_end = args.t_end if args.t_end is not None else (1.0 if tiny else 6.0)
     t_mid = args.t_mid if args.t_mid is not None else t_end / 2
     # --tiny: a threshold 30x coarser and adaptations every 4 steps, so that the mesh changes
-    factor = args.refine_factor or (3e-2 if tiny else 1e-3)
+    factor = args.refine_factor or (3e-2 if tiny else None)
     every = args.every or (4 if tiny else 10)
+    if args.density is not None:
+        DEMO["initial"]["density"] = args.density
     out = args.out
     if any(m <= base for m in adaptive):
         parser.error(f"--adaptive levels must exceed --base {base}, got {adaptive}")
@@ -332,9 +341,14 @@ def main(argv: list[str] | None = None) -> int:
         (f"uniform_L{L}", "uniform", run_config(L, t_end, None)) for L in uniform
     ]
     for top in adaptive:
-        refine = factor * diameter(top)
         table = {"max_level": top, "every": every, "indicator": args.indicator}
-        table.update(refine=refine, coarsen=refine / 4)
+        if factor is not None:  # experts: fixed thresholds
+            refine = factor * diameter(top)
+            table.update(refine=refine, coarsen=refine / 4)
+        elif args.tolerance is not None:
+            table.update(tolerance=args.tolerance)
+        if args.no_conserve_energy:
+            table.update(conserve_energy=False)
         runs.append((f"adaptive_L{base}_{top}", "adaptive", run_config(base, t_end, table)))
 
     # %% Main loop

@@ -193,6 +193,10 @@ def test_s1_run(shared_tmp):
         ("adapt.coarsen=3e-4", "adapt.coarsen"),  # above refine / 2
         ("adapt.every=0", "adapt.every"),
         ("adapt.refine=-1.0", "adapt.refine"),
+        ("adapt.tolerance=-0.1", "adapt.tolerance"),
+        ("adapt.tolerance=0.1", "adapt.refine"),  # a tolerance and fixed thresholds
+        ("adapt.refine=0.0", "adapt.coarsen"),  # coarsen without refine
+        ('adapt.conserve_energy="yes"', "adapt.conserve_energy"),
         ('adapt.indicator="size"', "adapt.indicator"),
         ('time.scheme="particles"', "adapt.max_level"),
     ],
@@ -260,3 +264,20 @@ def test_sigkill_and_restart_on_two_ranks(tmp_path):
     assert (ref / "metrics.csv").read_bytes() == (out / "metrics.csv").read_bytes()
     a, b = np.load(ref / "final.npz"), np.load(out / "final.npz")
     assert np.array_equal(a["density"], b["density"]) and np.array_equal(a["points"], b["points"])
+
+
+def test_bad_tolerance_is_exit_2(shared_tmp):
+    """The CLI refuses a negative tolerance before any work (exit 2, the key named)."""
+    cfg = _config(shared_tmp / "tol.toml")
+    code = main(
+        [
+            "run",
+            str(cfg),
+            "--out",
+            str(shared_tmp / "out"),
+            "--quiet",
+            "--set",
+            "adapt.tolerance=-1.0",
+        ]
+    )
+    assert code == 2
