@@ -15,15 +15,18 @@ is the demo's (MUSCL, SSP-RK3, CFL 0.4, the attention backend "auto"), run throu
 - adaptive meshes (``[adapt]``, docs/adaptivity.md) from base level ``--base`` (default 3) to
   max levels ``--adaptive`` (default 5 6; ``--big`` adds 7), mass indicator eta = m h.
 
-Thresholds: a leaf of level L has diameter h_L ~ 1.1 2^-L, and the uniform mesh of the max
-level has the W1 bound sum_i m_i h_i = h_max (total mass 1). We split every leaf that carries
-more than 1/1000 of that bound, ``refine = 1e-3 h_max`` (``--refine-factor``), and merge at a
-quarter of it (``coarsen = refine / 4``: hysteresis, below the required refine / 2). For a leaf
-of level L this splits where the density exceeds 8^L 2^-max / 50 times the uniform one: at
-max level 6, level 3 splits above 0.16x uniform, level 4 above 1.3x, level 5 above 10x; the
-cluster (about 1000x) is at the max level and the emptied far field falls back to the base
-level. ``every = 10`` steps (the engine's default: at CFL 0.4 on the finest cells, mass moves
-at most four of them between two adaptations, near the slowly moving cluster much less).
+Thresholds: by default the engine's (only ``max_level`` and ``every`` set): the accuracy
+target ``[adapt] tolerance`` at its default, 10x the W1 bound of the uniform max-level mesh,
+equidistributed over the cells (threshold tolerance / cells; docs/adaptivity.md), and the
+energy-conserving transfer (``--no-conserve-energy``: the plain one); ``--tolerance`` sets the
+target. Experts' fixed thresholds (``--refine-factor f``): a leaf of level L has diameter
+h_L ~ 1.1 2^-L, and the uniform mesh of the max level has the W1 bound sum_i m_i h_i = h_max
+(total mass 1); ``refine = f h_max`` and ``coarsen = refine / 4`` (f = 1e-3, the earlier
+default of this driver: every leaf that carries more than 1/1000 of that bound splits).
+``every = 10`` steps (the engine's default: at CFL 0.4 on the finest cells, mass moves at most
+four of them between two adaptations, near the slowly moving cluster much less).
+``--density`` replaces the initial density (e.g. the zonal ``"exp(3 * x[2]) + 0.2"`` of
+issue 31, with ``--t-end 1.5 --every 5``).
 
 The reference: weighted particles (``solvers.transport.ParticleSystem``, RK4, dt = 0.02, the
 attention backend "auto") started at the cell centres of the icosphere of level

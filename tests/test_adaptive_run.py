@@ -264,20 +264,3 @@ def test_sigkill_and_restart_on_two_ranks(tmp_path):
     assert (ref / "metrics.csv").read_bytes() == (out / "metrics.csv").read_bytes()
     a, b = np.load(ref / "final.npz"), np.load(out / "final.npz")
     assert np.array_equal(a["density"], b["density"]) and np.array_equal(a["points"], b["points"])
-
-
-def test_bad_tolerance_is_exit_2(shared_tmp):
-    """The CLI refuses a negative tolerance before any work (exit 2, the key named)."""
-    cfg = _config(shared_tmp / "tol.toml")
-    code = main(
-        [
-            "run",
-            str(cfg),
-            "--out",
-            str(shared_tmp / "out"),
-            "--quiet",
-            "--set",
-            "adapt.tolerance=-1.0",
-        ]
-    )
-    assert code == 2

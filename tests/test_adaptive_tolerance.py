@@ -165,7 +165,7 @@ def test_tolerance_meshes_do_not_depend_on_ranks(comm):
     meshes = []
     for c in (comm, MPI.COMM_SELF):
         s = _scheme(c, opts, base=1, top=3, energy=True)
-        for k in range(6):
+        for k in range(5):
             if k == 3:
                 s.tolerance = 0.06  # a tighter target: the next adaptation refines
             s.step()
