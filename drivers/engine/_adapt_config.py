@@ -2,9 +2,10 @@
 
 Checked by :func:`drivers.engine.validate` (here): ``every >= 1``, ``tolerance >= 0`` (0: the
 default target), ``refine >= 0`` (0: from the tolerance; > 0 not with a tolerance), ``coarsen``
-in [0, refine/2] and 0 without ``refine``, and for ``max_level > 0`` a built-in S1/S2 mesh, a level in
-(``mesh.refinement``, :data:`~drivers.engine._schema.MAX_ADAPT_LEVEL`] and a scheme that runs
-on adaptive meshes (its :class:`~solvers.transport.SchemeSpec`).
+in [0, refine/2] and 0 without ``refine``, ``conserve_energy`` a boolean, and for
+``max_level > 0`` a built-in S1/S2 mesh, a level in (``mesh.refinement``,
+:data:`~drivers.engine._schema.MAX_ADAPT_LEVEL`] and a scheme that runs on adaptive meshes
+(its :class:`~solvers.transport.SchemeSpec`).
 """
 
 from __future__ import annotations

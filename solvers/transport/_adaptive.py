@@ -5,10 +5,10 @@ icosphere triangles between ``base_level`` and ``max_level`` on S^2, arcs on S^1
 ``every`` steps, before the step, the scheme's cell masses are summed per leaf, the forest is
 adapted by a refinement indicator (:func:`meshes.adaptive.adapt_forest`; thresholds from
 ``tolerance`` by equidistribution, :func:`meshes.adaptive.equidistribute`, or fixed ones), the
-leaf masses are carried to the new leaves by the exact transfer and split over the new cells by area, and the
-inner scheme is built afresh on the new mesh at the same time and step count. Mass is kept to
-round-off and densities stay >= 0 through every adaptation; the time step of an explicit
-scheme then follows from its smallest cells by its own CFL rule.
+leaf masses are carried to the new leaves by the exact transfer and split over the new cells
+by area, and the inner scheme is built afresh on the new mesh at the same time and step
+count. Mass is kept to round-off and densities stay >= 0 through every adaptation; the time
+step of an explicit scheme then follows from its smallest cells by its own CFL rule.
 
 At t = 0 the forest is adapted to the initial density until nothing changes (at most
 ``max_level - base_level + 1`` rounds), each round with the exact cell averages of the initial
