@@ -9,7 +9,9 @@
   brings the energy jump of an adaptation of a clustered density far below that of the plain
   transfer (the same adaptation without the correction);
 - the meshes of a tolerance run do not depend on the number of ranks (COMM_WORLD against
-  COMM_SELF in one process).
+  COMM_SELF in one process);
+- ``[adapt] tolerance`` and ``conserve_energy`` of a config reach the scheme (bad values are
+  exit-2 config errors: tests/test_adaptive_run.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
+from drivers.engine import build_problem, load_config
 from meshes.adaptive import (
     DEFAULT_TOLERANCE_FACTOR,
     SphereForest,
@@ -174,3 +177,21 @@ def test_tolerance_meshes_do_not_depend_on_ranks(comm):
     assert np.array_equal(meshes[0][0], meshes[1][0])
     assert meshes[0][1] == meshes[1][1] and len(meshes[0][1]) > 1
     assert np.abs(meshes[0][2] - meshes[1][2]).max() < 1e-12
+
+
+def test_config_tolerance_reaches_the_scheme(comm):
+    """`[adapt] tolerance` from a config: parsed, passed to the scheme, kept by the first
+    mesh; without it the default target; `conserve_energy = false` switches the model off."""
+    tiny = [
+        'mesh.manifold="S1"',
+        "mesh.refinement=3",
+        "adapt.max_level=6",
+        'initial.density="exp(4 * x[0])"',
+    ]
+    cfg = load_config(None, [*tiny, "adapt.tolerance=0.05"])
+    assert cfg["adapt"]["tolerance"] == 0.05 and cfg["adapt"]["refine"] == 0.0
+    scheme = build_problem(cfg, comm).scheme
+    assert scheme.tolerance == 0.05 and scheme.error_estimate() <= 0.05
+    assert scheme.energy_model is not None and scheme.options.conserve_energy
+    default = build_problem(load_config(None, [*tiny, "adapt.conserve_energy=false"]), comm)
+    assert default.scheme.tolerance > 0.05 and not default.scheme.options.conserve_energy
