@@ -15,15 +15,18 @@ is the demo's (MUSCL, SSP-RK3, CFL 0.4, the attention backend "auto"), run throu
 - adaptive meshes (``[adapt]``, docs/adaptivity.md) from base level ``--base`` (default 3) to
   max levels ``--adaptive`` (default 5 6; ``--big`` adds 7), mass indicator eta = m h.
 
-Thresholds: a leaf of level L has diameter h_L ~ 1.1 2^-L, and the uniform mesh of the max
-level has the W1 bound sum_i m_i h_i = h_max (total mass 1). We split every leaf that carries
-more than 1/1000 of that bound, ``refine = 1e-3 h_max`` (``--refine-factor``), and merge at a
-quarter of it (``coarsen = refine / 4``: hysteresis, below the required refine / 2). For a leaf
-of level L this splits where the density exceeds 8^L 2^-max / 50 times the uniform one: at
-max level 6, level 3 splits above 0.16x uniform, level 4 above 1.3x, level 5 above 10x; the
-cluster (about 1000x) is at the max level and the emptied far field falls back to the base
-level. ``every = 10`` steps (the engine's default: at CFL 0.4 on the finest cells, mass moves
-at most four of them between two adaptations, near the slowly moving cluster much less).
+Thresholds: by default the engine's (only ``max_level`` and ``every`` set): the accuracy
+target ``[adapt] tolerance`` at its default, 10x the W1 bound of the uniform max-level mesh,
+equidistributed over the cells (threshold tolerance / cells; docs/adaptivity.md), and the
+energy-conserving transfer (``--no-conserve-energy``: the plain one); ``--tolerance`` sets the
+target. Experts' fixed thresholds (``--refine-factor f``): a leaf of level L has diameter
+h_L ~ 1.1 2^-L, and the uniform mesh of the max level has the W1 bound sum_i m_i h_i = h_max
+(total mass 1); ``refine = f h_max`` and ``coarsen = refine / 4`` (f = 1e-3, the earlier
+default of this driver: every leaf that carries more than 1/1000 of that bound splits).
+``every = 10`` steps (the engine's default: at CFL 0.4 on the finest cells, mass moves at most
+four of them between two adaptations, near the slowly moving cluster much less).
+``--density`` replaces the initial density (e.g. the zonal ``"exp(3 * x[2]) + 0.2"`` of
+issue 31, with ``--t-end 1.5 --every 5``).
 
 The reference: weighted particles (``solvers.transport.ParticleSystem``, RK4, dt = 0.02, the
 attention backend "auto") started at the cell centres of the icosphere of level
@@ -301,7 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--t-end", type=float, default=None, help="final time (default 6)")
     parser.add_argument("--t-mid", type=float, default=None, help="default t_end / 2")
     parser.add_argument("--indicator", default="mass", choices=("mass", "jump"))
-    parser.add_argument("--refine-factor", type=float, default=None, help="refine / h_max")
+    parser.add_argument(
+        "--refine-factor", type=float, default=None, help="experts: refine / h_max (fixed)"
+    )
+    parser.add_argument("--tolerance", type=float, default=None, help="adapt.tolerance")
+    parser.add_argument("--density", default=None, help="initial density (default: the demo's)")
+    parser.add_argument(
+        "--no-conserve-energy", action="store_true", help="adapt.conserve_energy = false"
+    )
     parser.add_argument("--every", type=int, default=None, help="steps between adaptations")
     parser.add_argument("--w1-tol", type=float, default=1e-7, help="bin mass x radius")
     parser.add_argument("--w1-bins", type=int, default=8000, help="most bins per measure")
@@ -318,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     t_end = args.t_end if args.t_end is not None else (1.0 if tiny else 6.0)
     t_mid = args.t_mid if args.t_mid is not None else t_end / 2
     # --tiny: a threshold 30x coarser and adaptations every 4 steps, so that the mesh changes
-    factor = args.refine_factor or (3e-2 if tiny else 1e-3)
+    factor = args.refine_factor or (3e-2 if tiny else None)
     every = args.every or (4 if tiny else 10)
+    if args.density is not None:
+        DEMO["initial"]["density"] = args.density
     out = args.out
     if any(m <= base for m in adaptive):
         parser.error(f"--adaptive levels must exceed --base {base}, got {adaptive}")
@@ -332,9 +344,14 @@ def main(argv: list[str] | None = None) -> int:
         (f"uniform_L{L}", "uniform", run_config(L, t_end, None)) for L in uniform
     ]
     for top in adaptive:
-        refine = factor * diameter(top)
         table = {"max_level": top, "every": every, "indicator": args.indicator}
-        table.update(refine=refine, coarsen=refine / 4)
+        if factor is not None:  # experts: fixed thresholds
+            refine = factor * diameter(top)
+            table.update(refine=refine, coarsen=refine / 4)
+        elif args.tolerance is not None:
+            table.update(tolerance=args.tolerance)
+        if args.no_conserve_energy:
+            table.update(conserve_energy=False)
         runs.append((f"adaptive_L{base}_{top}", "adaptive", run_config(base, t_end, table)))
 
     # %% Main loop

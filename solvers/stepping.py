@@ -168,6 +168,11 @@ class AdaptiveScheme(TokenScheme, Protocol):
         """E after - E before of every change of the mesh so far."""
         ...
 
+    def error_estimate(self) -> float:
+        """The adaptation's error estimate of the current state (collective, the same on
+        every rank)."""
+        ...
+
     def mesh_state(self) -> dict[str, npt.NDArray[Any]]:
         """The mesh as arrays for a checkpoint, identical on every rank."""
         ...

@@ -193,6 +193,10 @@ def test_s1_run(shared_tmp):
         ("adapt.coarsen=3e-4", "adapt.coarsen"),  # above refine / 2
         ("adapt.every=0", "adapt.every"),
         ("adapt.refine=-1.0", "adapt.refine"),
+        ("adapt.tolerance=-0.1", "adapt.tolerance"),
+        ("adapt.tolerance=0.1", "adapt.refine"),  # a tolerance and fixed thresholds
+        ("adapt.refine=0.0", "adapt.coarsen"),  # coarsen without refine
+        ('adapt.conserve_energy="yes"', "adapt.conserve_energy"),
         ('adapt.indicator="size"', "adapt.indicator"),
         ('time.scheme="particles"', "adapt.max_level"),
     ],

@@ -1,9 +1,11 @@
 """The ``[adapt]`` table of a run config: adaptive meshes (docs/adaptivity.md).
 
-Checked by :func:`drivers.engine.validate` (here): ``every >= 1``, ``refine > 0``, ``coarsen``
-in [0, refine/2], and for ``max_level > 0`` a built-in S1/S2 mesh, a level in
-(``mesh.refinement``, :data:`~drivers.engine._schema.MAX_ADAPT_LEVEL`] and a scheme that runs
-on adaptive meshes (its :class:`~solvers.transport.SchemeSpec`).
+Checked by :func:`drivers.engine.validate` (here): ``every >= 1``, ``tolerance >= 0`` (0: the
+default target), ``refine >= 0`` (0: from the tolerance; > 0 not with a tolerance), ``coarsen``
+in [0, refine/2] and 0 without ``refine``, ``conserve_energy`` a boolean, and for
+``max_level > 0`` a built-in S1/S2 mesh, a level in (``mesh.refinement``,
+:data:`~drivers.engine._schema.MAX_ADAPT_LEVEL`] and a scheme that runs on adaptive meshes
+(its :class:`~solvers.transport.SchemeSpec`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,35 @@ def check_adapt(cfg: dict[str, Any]) -> None:
     ad["every"] = as_int(ad["every"], "adapt.every")
     ad["refine"] = as_float(ad["refine"], "adapt.refine")
     ad["coarsen"] = as_float(ad["coarsen"], "adapt.coarsen")
+    ad["tolerance"] = as_float(ad["tolerance"], "adapt.tolerance")
+    if not isinstance(ad["conserve_energy"], bool):
+        raise ConfigError(
+            "adapt.conserve_energy", f"must be true or false, got {ad['conserve_energy']!r}"
+        )
     if ad["every"] < 1:
         raise ConfigError("adapt.every", f"must be >= 1, got {ad['every']}")
-    if not (ad["refine"] > 0 and math.isfinite(ad["refine"])):
-        raise ConfigError("adapt.refine", f"must be > 0, got {ad['refine']}")
-    if not 0 <= ad["coarsen"] <= ad["refine"] / 2:
+    if not (ad["tolerance"] >= 0 and math.isfinite(ad["tolerance"])):
+        raise ConfigError(
+            "adapt.tolerance", f"must be > 0 (0: the default target), got {ad['tolerance']}"
+        )
+    if not (ad["refine"] >= 0 and math.isfinite(ad["refine"])):
+        raise ConfigError(
+            "adapt.refine", f"must be > 0 (0: thresholds from the tolerance), got {ad['refine']}"
+        )
+    if ad["refine"] == 0:
+        if ad["coarsen"] != 0:
+            raise ConfigError(
+                "adapt.coarsen",
+                f"needs adapt.refine (fixed thresholds), got {ad['coarsen']}: with a tolerance "
+                "the thresholds follow from it",
+            )
+    elif ad["tolerance"] > 0:
+        raise ConfigError(
+            "adapt.refine",
+            "give adapt.tolerance (an accuracy target) or adapt.refine/coarsen (fixed "
+            "thresholds), not both",
+        )
+    elif not 0 <= ad["coarsen"] <= ad["refine"] / 2:
         raise ConfigError(
             "adapt.coarsen",
             f"must be in [0, refine/2] = [0, {ad['refine'] / 2:g}] (a merged cell must not be "

@@ -39,6 +39,7 @@ from solvers.stepping import TokenScheme
 from solvers.transport import (
     AdaptiveScheme,
     AdaptOptions,
+    AttentionEnergy,
     PointCloud,
     SchemeOptions,
     StepControl,
@@ -217,7 +218,8 @@ def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
         scheme = build(cloud, cloud.measures)
         return Problem(cfg, cloud, cloud.quality(), attention, weights, scheme.density, scheme)
     if cfg["adapt"]["max_level"] > 0:
-        scheme: TokenScheme = adaptive_scheme(cfg, comm, build)
+        energy = AttentionEnergy(attention, weights)
+        scheme: TokenScheme = adaptive_scheme(cfg, comm, build, energy)
         cv, density0 = scheme.cv, scheme.density
     else:
         cv = build_mesh(cfg, comm)
@@ -265,13 +267,20 @@ def particle_cloud(cfg: dict[str, Any], comm: MPI.Comm) -> PointCloud:
     return PointCloud(comm, points, np.full(n, 1.0 / n))
 
 
-def adaptive_scheme(cfg: dict[str, Any], comm: MPI.Comm, build: Any) -> AdaptiveScheme:
+def adaptive_scheme(
+    cfg: dict[str, Any], comm: MPI.Comm, build: Any, energy_model: Any = None
+) -> AdaptiveScheme:
     """The scheme of ``[time]`` on the adaptive mesh of ``[adapt]`` (collective): a forest
     from ``mesh.refinement`` to ``adapt.max_level``, adapted to the initial density."""
     m, ad = cfg["mesh"], cfg["adapt"]
     forest_type = SphereForest if m["manifold"] == "S2" else CircleForest
     options = AdaptOptions(
-        every=ad["every"], indicator=ad["indicator"], refine=ad["refine"], coarsen=ad["coarsen"]
+        every=ad["every"],
+        indicator=ad["indicator"],
+        refine=ad["refine"] or None,
+        coarsen=ad["coarsen"],
+        tolerance=ad["tolerance"] or None,
+        conserve_energy=ad["conserve_energy"],
     )
     expression = cfg["initial"]["density"]
     return AdaptiveScheme(
@@ -286,6 +295,7 @@ def adaptive_scheme(cfg: dict[str, Any], comm: MPI.Comm, build: Any) -> Adaptive
             cfg["initial"]["seed"],
         ),
         options,
+        energy_model,
     )
 
 

@@ -43,7 +43,7 @@ state (or the state at an interruption) whatever ended the run.
 
 Adaptive meshes (``[adapt]``): the recorder follows a :class:`solvers.stepping.AdaptiveScheme`
 (its ``mesh_version``: cells to gather, a mesh per density step when it changed, ``cells``,
-the forest in checkpoints).
+``adapt_error_estimate``, the forest in checkpoints).
 """
 
 from __future__ import annotations
@@ -257,6 +257,7 @@ class Recorder:
             METRIC_COLUMNS
             + (list(EDI_COLUMNS) if edi else [])
             + (["adapt_energy_jump"] if adaptive and edi else [])
+            + (["adapt_error_estimate"] if adaptive else [])
             + self._weight_columns
         )
 
@@ -510,6 +511,8 @@ class Recorder:
                 row["adapt_energy_jump"] = math.fsum(
                     scaled(j, self.log_scale) for j in scheme.energy_jumps()
                 )
+        if self.adaptive:
+            row["adapt_error_estimate"] = scheme.error_estimate()
         row.update(self.weights.diagnostics(t))
         row.update(self.extras.row(scheme))
         with self.guard.writing(self.out / "metrics.csv"):

@@ -295,9 +295,20 @@ KEYS: tuple[Key, ...] = (
     Key("adapt", "indicator", "string", "mass",
         "mass: m h per cell (its share of a bound of the W1 error); jump: h |K| max |rho_i - "
         "rho_j| over the neighbours (L1 error of a smooth density)", ("mass", "jump")),
-    Key("adapt", "refine", "number", 1e-4, "split a cell whose indicator exceeds this, > 0"),
-    Key("adapt", "coarsen", "number", 2e-5,
-        "merge sibling cells whose parent's estimated indicator is below this, in [0, refine/2]"),
+    Key("adapt", "tolerance", "number", 0.0,
+        "the error estimate the run keeps below: the sum of the indicators over the cells "
+        "(mass: a bound of the W1 error of the cell measure), equidistributed (threshold "
+        "tolerance / cells); > 0, or 0: 10x the estimate of the uniform max_level mesh "
+        "(docs/adaptivity.md); not with refine"),
+    Key("adapt", "refine", "number", 0.0,
+        "experts: a fixed threshold instead of the tolerance: split a cell whose indicator "
+        "exceeds this, > 0 (0: thresholds from the tolerance)"),
+    Key("adapt", "coarsen", "number", 0.0,
+        "experts, with refine: merge sibling cells whose parent's estimated indicator is below "
+        "this, in [0, refine/2] (0: never); 0 without refine"),
+    Key("adapt", "conserve_energy", "boolean", True,
+        "correct the masses carried onto refined cells so that the cell-centre energy is "
+        "continuous across each adaptation (false: the plain limited linear transfer)"),
     # [particles]
     Key("particles", "n", "integer", None,
         "number of particles, 1..1,000,000; required in a [particles] table (its presence "

@@ -58,10 +58,18 @@ density) and :func:`adapt_forest` (merge, refine, balance, carry the masses) are
 ``_indicator``; :class:`solvers.transport.AdaptiveScheme` runs any token scheme on the adapted
 meshes.
 
+Accuracy target and energy
+--------------------------
+:func:`equidistribute` turns a ``tolerance`` on the sum of the indicators into the thresholds
+of one adaptation (module ``_tolerance``; :func:`default_tolerance` is the default target);
+:func:`energy_correction` moves mass inside refined leaves along the first variation of the
+energy so that the cell-centre energy is continuous across an adaptation (module ``_energy``).
+
 Parallel: the forest is replicated (pure numpy, the same on every rank); checkpoints store it
 with ``forest.state()`` and ``SphereForest.from_state`` / ``CircleForest.from_state``.
 """
 
+from meshes.adaptive._energy import EnergyCorrection, energy_correction
 from meshes.adaptive._forest_s1 import MAX_CIRCLE_FOREST_LEVEL, CircleForest
 from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL, SphereForest
 from meshes.adaptive._indicator import (
@@ -74,6 +82,14 @@ from meshes.adaptive._indicator import (
     refinement_indicator,
 )
 from meshes.adaptive._mesh import cell_masses, forest_mesh, leaf_masses, owner_leaves
+from meshes.adaptive._tolerance import (
+    COARSEN_RATIO,
+    DEFAULT_TOLERANCE_FACTOR,
+    Thresholds,
+    default_tolerance,
+    equidistribute,
+    predicted_estimate,
+)
 from meshes.adaptive._transfer import LeafSet, Transfer, leaf_transfer, transfer_masses
 
 __all__ = [
@@ -96,4 +112,12 @@ __all__ = [
     "leaf_transfer",
     "owner_leaves",
     "transfer_masses",
+    "COARSEN_RATIO",
+    "DEFAULT_TOLERANCE_FACTOR",
+    "EnergyCorrection",
+    "Thresholds",
+    "default_tolerance",
+    "energy_correction",
+    "equidistribute",
+    "predicted_estimate",
 ]

@@ -28,7 +28,7 @@ constructors, :func:`make_scheme`, :func:`register_scheme`, and what each scheme
 :class:`SchemeSpec`, :func:`scheme_spec`); the subpackage ``jko``.
 """
 
-from solvers.transport._adaptive import AdaptiveScheme, AdaptOptions
+from solvers.transport._adaptive import AdaptiveScheme, AdaptOptions, AttentionEnergy, EnergyModel
 from solvers.transport._deposit import contains, deposit_to_cells
 from solvers.transport._diffusion import TwoPointDiffusion
 from solvers.transport._expression import CONSTANTS as EXPRESSION_CONSTANTS
@@ -90,6 +90,8 @@ __all__ = [
     "FreeParticles",
     "PointCloud",
     "AdaptiveScheme",
+    "AttentionEnergy",
+    "EnergyModel",
     "DEFAULT_OPTIONS",
     "DIFFUSION_STEPS",
     "DIFFUSION_OPTIONS",

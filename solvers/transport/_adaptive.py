@@ -3,11 +3,12 @@
 The mesh is the conforming triangulation of a forest (:mod:`meshes.adaptive`: nested
 icosphere triangles between ``base_level`` and ``max_level`` on S^2, arcs on S^1). Every
 ``every`` steps, before the step, the scheme's cell masses are summed per leaf, the forest is
-adapted by a refinement indicator (:func:`meshes.adaptive.adapt_forest`), the leaf masses are
-carried to the new leaves by the exact transfer and split over the new cells by area, and the
-inner scheme is built afresh on the new mesh at the same time and step count. Mass is kept to
-round-off and densities stay >= 0 through every adaptation; the time step of an explicit
-scheme then follows from its smallest cells by its own CFL rule.
+adapted by a refinement indicator (:func:`meshes.adaptive.adapt_forest`; thresholds from
+``tolerance`` by equidistribution, :func:`meshes.adaptive.equidistribute`, or fixed ones), the
+leaf masses are carried to the new leaves by the exact transfer and split over the new cells
+by area, and the inner scheme is built afresh on the new mesh at the same time and step
+count. Mass is kept to round-off and densities stay >= 0 through every adaptation; the time
+step of an explicit scheme then follows from its smallest cells by its own CFL rule.
 
 At t = 0 the forest is adapted to the initial density until nothing changes (at most
 ``max_level - base_level + 1`` rounds), each round with the exact cell averages of the initial
@@ -20,7 +21,9 @@ after which :meth:`AdaptiveScheme.restore` restores the inner scheme's cell stat
 
 Between adaptations the inner scheme is an ordinary scheme on an ordinary conforming mesh
 (``fv``, ``jko``; the energy budget and the diagnostics see its measure). An adaptation changes
-the cell-centre quadrature of the energy; each history entry records that jump.
+the cell-centre quadrature of the energy; with an :class:`EnergyModel` the masses of the
+changed patches are corrected so that it does not (:func:`meshes.adaptive.energy_correction`);
+each history entry records the energy before and after.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
@@ -43,15 +46,23 @@ from meshes.adaptive import (
     SphereForest,
     adapt_forest,
     cell_masses,
+    default_tolerance,
+    energy_correction,
+    equidistribute,
     forest_mesh,
     leaf_masses,
+    leaf_transfer,
+    owner_leaves,
+    refinement_indicator,
 )
 from meshes.control_volumes import ControlVolumes, control_volumes
 from solvers import stepping
+from solvers.attention import Attention, GlobalSources, measure_diagnostics
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState, StepResult, TokenScheme
+from solvers.weights import WeightDynamics, head_weights_at
 
-__all__ = ["AdaptOptions", "AdaptiveScheme"]
+__all__ = ["AdaptOptions", "AdaptiveScheme", "AttentionEnergy", "EnergyModel"]
 
 Array = npt.NDArray[np.float64]
 
@@ -63,21 +74,36 @@ SchemeBuilder = Callable[[ControlVolumes, Array], TokenScheme]
 class AdaptOptions:
     """When and where to adapt (the ``[adapt]`` table of a run config).
 
+    Two ways to set the thresholds: an accuracy target ``tolerance`` (the default; the
+    thresholds of every adaptation follow by equidistribution,
+    :func:`meshes.adaptive.equidistribute`), or, for experts, fixed thresholds ``refine`` and
+    ``coarsen``.
+
     Attributes:
         every: steps between adaptations (>= 1).
         indicator: ``"mass"`` or ``"jump"`` (:func:`meshes.adaptive.refinement_indicator`).
-        refine: split leaves whose indicator exceeds this (> 0).
-        coarsen: merge sibling leaves whose parent's indicator is below this (>= 0, below
-            ``refine / 2`` so that a merged parent is not split again at once).
+        tolerance: the target of the sum of the indicators (mass: a bound of the W1 error of
+            the cell measure), > 0; None: :func:`meshes.adaptive.default_tolerance` of the
+            initial density. Not with ``refine``.
+        refine: a fixed threshold: split leaves whose indicator exceeds this (> 0); None:
+            from ``tolerance``.
+        coarsen: with ``refine``: merge sibling leaves whose parent's indicator is below this
+            (>= 0, at most ``refine / 2`` so that a merged parent is not split again at once;
+            0: never). Without ``refine`` it must be 0.
         energy: record the energy before and after each adaptation (two evaluations of the
             energy per adaptation; the jump is in the history).
+        conserve_energy: with an energy model (:class:`AdaptiveScheme`), correct the masses
+            of changed leaves so that the cell-centre energy is continuous across the
+            adaptation (:func:`meshes.adaptive.energy_correction`).
     """
 
     every: int = 10
     indicator: str = "mass"
-    refine: float = 1e-4
-    coarsen: float = 2e-5
+    refine: float | None = None
+    coarsen: float = 0.0
     energy: bool = True
+    tolerance: float | None = None
+    conserve_energy: bool = True
 
     def __post_init__(self) -> None:
         if not (isinstance(self.every, int) and self.every >= 1):
@@ -86,10 +112,77 @@ class AdaptOptions:
             raise ValueError(
                 f"indicator must be one of {sorted(INDICATORS)}, got {self.indicator!r}"
             )
+        if self.tolerance is not None:
+            if self.refine is not None:
+                raise ValueError("give tolerance or refine (fixed thresholds), not both")
+            if not (self.tolerance > 0 and math.isfinite(self.tolerance)):
+                raise ValueError(f"tolerance must be > 0, got {self.tolerance}")
+        if self.refine is None:
+            if self.coarsen != 0:
+                raise ValueError(
+                    f"coarsen ({self.coarsen}) needs refine: with a tolerance the thresholds "
+                    "follow from it"
+                )
+            return
         if not (self.refine > 0 and math.isfinite(self.refine)):
             raise ValueError(f"refine must be > 0, got {self.refine}")
         if not 0 <= self.coarsen <= self.refine / 2:
             raise ValueError(f"coarsen must be in [0, refine / 2], got {self.coarsen}")
+
+
+class EnergyModel(Protocol):
+    """The energy of a cell measure and its first variation (collective), for the
+    energy-conserving transfer of :class:`AdaptiveScheme`."""
+
+    def energy(self, cv: ControlVolumes, masses: Array, t: float) -> float:
+        """E of the measure with the owned cell masses ``masses`` at the centres of ``cv``."""
+        ...
+
+    def potential(self, cv: ControlVolumes, masses: Array, t: float) -> Array:
+        """dE/dm at the owned cells (up to a positive factor)."""
+        ...
+
+
+class AttentionEnergy:
+    """The interaction energy of the attention (:class:`EnergyModel`): the cell-centre
+    quadrature the schemes' diagnostics report, and ``sum_h w_h Z_h`` as its first variation
+    (exact up to a factor for symmetric ``Q_h^T K_h``; a direction only otherwise).
+
+    Args:
+        attention: the attention.
+        weights: the weight dynamics (heads and head weights at time t).
+    """
+
+    def __init__(self, attention: Attention, weights: WeightDynamics) -> None:
+        self.attention, self.weights = attention, weights
+
+    @staticmethod
+    def _sources(cv: ControlVolumes) -> GlobalSources:
+        n = cv.n_owned
+        return GlobalSources(cv.comm, cv.centres[:n], cv.original_index[:n])
+
+    def energy(self, cv: ControlVolumes, masses: Array, t: float) -> float:
+        n = cv.n_owned
+        return measure_diagnostics(
+            self.attention,
+            self.weights.heads_at(t),
+            cv.centres[:n],
+            np.asarray(masses, dtype=np.float64),
+            cv.comm,
+            sources=self._sources(cv),
+            head_weights=head_weights_at(self.weights, t),
+        ).energy
+
+    def potential(self, cv: ControlVolumes, masses: Array, t: float) -> Array:
+        n = cv.n_owned
+        heads = self.weights.heads_at(t)
+        _, log_Z, _, _ = self.attention.head_outputs(
+            cv.centres[:n], self._sources(cv), np.asarray(masses, dtype=np.float64), heads
+        )
+        top = cv.comm.allreduce(float(log_Z.max(initial=-np.inf)), op=MPI.MAX)
+        w = head_weights_at(self.weights, t)
+        w = np.full(len(heads), 1.0 / len(heads)) if w is None else np.asarray(w) / np.sum(w)
+        return np.einsum("h,hi->i", w, np.exp(log_Z - top))
 
 
 class AdaptiveScheme(stepping.AdaptiveScheme):
@@ -103,15 +196,20 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         build: ``build(cv, density)``, the inner scheme on ``cv`` at t = 0.
         initial: ``initial(cv)``, the initial density on the owned cells of ``cv``.
         options: an :class:`AdaptOptions`.
+        energy_model: the energy of a cell measure and its first variation
+            (:class:`EnergyModel`); with ``options.conserve_energy`` the masses carried onto
+            changed leaves are corrected so that the cell-centre energy is continuous across
+            every adaptation (:func:`meshes.adaptive.energy_correction`). None: no correction.
 
     Attributes:
         cv: the control volumes of the current mesh.
         owner_leaf: for every cell of the current mesh in input order, its leaf (identical on
             every rank; :func:`meshes.adaptive.forest_mesh`).
         forest: the forest (the same on every rank).
+        tolerance: the target of the sum of the indicators (None with fixed thresholds).
         mesh_version: incremented at every change of the mesh (a recorder follows it).
         history: one entry per mesh (t, step, cells, leaves per level, what changed, mass and
-            energy before and after).
+            energy before and after, the thresholds and the estimate).
     """
 
     def __init__(
@@ -121,20 +219,26 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         build: SchemeBuilder,
         initial: Callable[[ControlVolumes], Array],
         options: AdaptOptions,
+        energy_model: EnergyModel | None = None,
     ) -> None:
         self.comm, self.forest, self._build, self.options = comm, forest, build, options
+        self.energy_model = energy_model
         self.mesh_version = 0
         self.history: list[dict[str, Any]] = []
+        self.tolerance: float | None = options.tolerance
         self._adapted_at = 0
+        self._thresholds: dict[str, float] = {}
         rounds = forest.max_level - forest.base_level + 1
-        for _ in range(rounds):
+        for k in range(rounds):
             self._mesh_from_forest()
             density = initial(self.cv)
             masses = density * self.cv.measures[: self.cv.n_owned]
             leaf = leaf_masses(self.cv, self.owner_leaf, masses, forest.n_leaves)
-            _, counts = adapt_forest(
-                forest, leaf, options.indicator, options.refine, options.coarsen
-            )
+            if k == 0 and options.refine is None and self.tolerance is None:
+                eta = refinement_indicator(forest, leaf, options.indicator)
+                self.tolerance = default_tolerance(forest, eta, options.indicator)
+            refine, coarsen = self._threshold(leaf)
+            _, counts = adapt_forest(forest, leaf, options.indicator, refine, coarsen)
             if not counts.changed:
                 break
         else:
@@ -142,6 +246,32 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
             density = initial(self.cv)
         self.inner = build(self.cv, density)
         self._log(0.0, 0, None, None, None)
+
+    def _threshold(self, leaf: Array) -> tuple[float, float]:
+        """``(refine, coarsen)`` of an adaptation from the leaf masses: the fixed ones, or
+        those of the tolerance by equidistribution (the same on every rank)."""
+        opts = self.options
+        if opts.refine is not None:
+            self._thresholds = {"refine": opts.refine, "coarsen": opts.coarsen}
+            return opts.refine, opts.coarsen
+        eta = refinement_indicator(self.forest, leaf, opts.indicator)
+        if not self.tolerance:  # all indicators vanish: nothing to refine
+            return math.inf, 0.0
+        th = equidistribute(self.forest, eta, opts.indicator, self.tolerance)
+        self._thresholds = {
+            "refine": th.refine,
+            "coarsen": th.coarsen,
+            "estimate_before": th.estimate,
+            "predicted": th.predicted,
+        }
+        return th.refine, th.coarsen
+
+    def error_estimate(self) -> float:
+        """The sum of the indicators over the current leaves (mass: a bound of the W1 error
+        of the cell measure; docs/adaptivity.md); collective, the same on every rank."""
+        _, masses = self.inner.measure()
+        leaf = leaf_masses(self.cv, self.owner_leaf, masses, self.forest.n_leaves)
+        return float(np.sum(refinement_indicator(self.forest, leaf, self.options.indicator)))
 
     # ------------------------------------------------------------------ the mesh
     def _mesh_from_forest(self) -> None:
@@ -167,6 +297,9 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
             )
             entry.update(mass_before=mass[0], mass_after=mass[1])
             entry.update(energy_before=energy[0], energy_after=energy[1])
+        entry.update(self._thresholds)
+        if self.tolerance is not None:
+            entry["tolerance"] = self.tolerance
         self.history.append(entry)
 
     def energy_jumps(self) -> list[float]:
@@ -191,16 +324,21 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         self._adapted_at = inner.steps
         _, masses = inner.measure()
         leaf = leaf_masses(self.cv, self.owner_leaf, masses, self.forest.n_leaves)
-        new_leaf, counts = adapt_forest(
-            self.forest, leaf, opts.indicator, opts.refine, opts.coarsen
-        )
+        refine, coarsen = self._threshold(leaf)
+        before = self.forest.leaf_set()
+        new_leaf, counts = adapt_forest(self.forest, leaf, opts.indicator, refine, coarsen)
         if not counts.changed:
             return False
         e_before = inner.diagnostics().energy if opts.energy else None
         m_before = self._total(masses)
         t, steps = inner.t, inner.steps
+        old_cv = self.cv
         self._mesh_from_forest()
         new = cell_masses(self.cv, self.owner_leaf, new_leaf, self.forest.n_leaves)
+        model = self.energy_model
+        if model is not None and opts.conserve_energy:
+            target = model.energy(old_cv, masses, t)
+            new = self._conserve(before, new, target, t)
         try:
             self.inner = self._build(self.cv, new / self.cv.measures[: self.cv.n_owned])
         except ValueError as exc:  # the scheme refuses the new mesh (e.g. JKO: not Delaunay)
@@ -214,6 +352,25 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         m_after = self._total(self.inner.measure()[1])
         self._log(t, steps, counts, (m_before, m_after), (e_before, e_after))
         return True
+
+    def _conserve(self, before: Any, masses: Array, target: float, t: float) -> Array:
+        """The cell masses corrected along the first variation of the energy inside the
+        patches this adaptation changed, so that the energy is ``target`` (collective)."""
+        model = self.energy_model
+        assert model is not None
+        group = _changed_patches(before, self.forest.leaf_set(), self.forest.children_per_cell)
+        cell_group = group[owner_leaves(self.cv, self.owner_leaf)]
+        cv = self.cv
+        result = energy_correction(
+            self.comm,
+            masses,
+            cell_group,
+            model.potential(cv, masses, t),
+            lambda m: model.energy(cv, m, t),
+            target,
+        )
+        self._thresholds["energy_alpha"] = result.alpha
+        return result.masses
 
     # ------------------------------------------------------------------ stepping
     @property
@@ -286,3 +443,30 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         self._mesh_from_forest()
         area = self._total(self.cv.measures[: self.cv.n_owned])
         self.inner = self._build(self.cv, np.full(self.cv.n_owned, 1.0 / area))
+
+
+def _changed_patches(before: Any, after: Any, children: int) -> npt.NDArray[np.int64]:
+    """Per new leaf the patch it belongs to (-1: none): a leaf split by the adaptation is a
+    patch with its children; a merged leaf above the base level joins the patch of its
+    parent (all the new leaves under that parent), the freedom a merge leaves; nested
+    patches are joined into the outermost one. Leaves are dyadic intervals of one line
+    (:mod:`meshes.adaptive._transfer`), so patches are intervals too."""
+    transfer = leaf_transfer(before, after)
+    split = np.flatnonzero(transfer.kind == 1)
+    host = transfer.old_index[np.searchsorted(transfer.new_index, split)]
+    merged = np.flatnonzero((transfer.kind == -1) & (after.levels > after.base_level))
+    width = (after.ends[merged] - after.starts[merged]) * children
+    starts = np.concatenate([before.starts[host], after.starts[merged] // width * width])
+    ends = np.concatenate([before.ends[host], after.starts[merged] // width * width + width])
+    group = np.full(len(after), -1, dtype=np.int64)
+    if len(starts) == 0:
+        return group
+    order = np.lexsort((-ends, starts))
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    outer = np.r_[True, starts[1:] >= reach[:-1]]  # dyadic intervals: nested or disjoint
+    starts, ends = starts[outer], ends[outer]
+    k = np.searchsorted(starts, after.starts, side="right") - 1
+    inside = (k >= 0) & (after.ends <= ends[np.maximum(k, 0)])
+    group[inside] = k[inside]
+    return group
