@@ -145,3 +145,26 @@ def test_edi_png_caption_and_third_panel(tmp_path):
     # several heads: all four drawn, nothing to note
     fig = plot_budget(tmp_path / "three.png", _rows("oscillating", defect=0.01), title=title)
     assert len(fig.axes[2].lines) == 4 and not fig.axes[2].texts
+
+
+def test_view_3d_of_a_results_folder(tmp_path, capsys):
+    """``transformer-pde view DIR --3d``: density_3d.png of the last output of a run (drawn
+    without pictures); a .gif asked for is a one-line error (exit 2)."""
+    from drivers.engine import main as cli_main
+
+    config = tmp_path / "s2.toml"
+    config.write_text(
+        '[mesh]\nmanifold = "S2"\nrefinement = 1\n[initial]\ndensity = "exp(4 * x[0])"\n'
+        "[time]\nt_end = 0.1\ndt = 0.05\n[output]\nedi = false\n"
+    )
+    out = tmp_path / "run"
+    assert cli_main(["run", str(config), "--quiet", "--no-pictures", "--out", str(out)]) == 0
+    assert cli_main(["view", str(out), "--3d", "--out", str(tmp_path / "x.gif")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the 3-D view is a .png file" in err
+    reason = _cannot_render()
+    if reason:
+        pytest.skip(reason)
+    assert cli_main(["view", str(out), "--3d"]) == 0
+    image = np.asarray(Image.open(out / "density_3d.png").convert("L"), dtype=np.float64)
+    assert image.std() > 20.0
