@@ -1,11 +1,11 @@
 """density_3d.png (pyvista, in a child process) and the caption and panels of edi.png.
 
-- The 3-D picture of a density with three clusters (north pole, +x, -x) on an icosphere of
-  level 3: written, not blank, each cluster bright in the views that face it and dark in
-  those that do not (pixel counts per view); skipped, with the reason, only where pyvista or
-  an OpenGL library (EGL, or an X display) is missing. A renderer that cannot finish in time
-  gives a one-line reason instead of an exception, and a mesh that is not S^2 is a
-  ValueError.
+- The 3-D picture (``view DIR --3d``, the same function as at the end of a run) of a run
+  whose density has three clusters (north pole, +x, -x) on an icosphere of level 3:
+  written, not blank, each cluster bright in the views that face it and dark in those that
+  do not (pixel counts per view); skipped, with the reason, only where pyvista or an OpenGL
+  library (EGL, or an X display) is missing. A renderer that cannot finish in time gives a
+  one-line reason instead of an exception, and a mesh that is not S^2 is a ValueError.
 - edi.png: the caption states the measured relative residual and the residual expected of
   the scheme and the weights (read from the run's title, or from the rows); the third panel
   names the maximal-slope quantities that are 0 instead of leaving them out silently.
@@ -54,31 +54,6 @@ def _cannot_render() -> str | None:
     if not os.environ.get("DISPLAY") and ctypes.util.find_library("EGL") is None:
         return "no X display and no EGL library (apt-get install libegl1 libegl-mesa0)"
     return None
-
-
-def test_density_3d_shows_every_cluster(tmp_path):
-    reason = _cannot_render()
-    if reason:
-        pytest.skip(reason)
-    vertices, density = _three_clusters()
-    path = tmp_path / "density_3d.png"
-    why = density_3d(path, vertices, density, t=1.0, clusters=(CLUSTERS, np.ones(3) / 3))
-    assert why is None, why
-    rgb = np.asarray(Image.open(path).convert("RGB"), dtype=np.float64)
-    assert rgb.mean(axis=-1).std() > 20.0  # not blank
-    h, w = rgb.shape[0] // 2, rgb.shape[1] // 2
-    views = [rgb[:h, :w], rgb[:h, w:], rgb[h:, :w], rgb[h:, w:]]  # lon 0, 90, 180, 270
-    assert [lon for lon, _ in GLOBE_VIEWS] == [0.0, 90.0, 180.0, 270.0]
-
-    def bright(view: np.ndarray) -> int:  # viridis' top: yellow (high red and green)
-        return int(np.sum((view[..., 0] > 180) & (view[..., 1] > 180) & (view[..., 2] < 120)))
-
-    counts = [bright(v) for v in views]
-    # +x faces lon 0 and -x lon 180, each seen whole; lon 90 and 270 see both on the limb
-    # and the north pole at the top, as every view does
-    assert counts[0] > 1.5 * counts[1] and counts[0] > 1.5 * counts[3], counts
-    assert counts[2] > 1.5 * counts[1] and counts[2] > 1.5 * counts[3], counts
-    assert min(counts) > 0, counts  # the pole cluster is in every view
 
 
 def test_density_3d_never_raises_for_the_renderer(tmp_path):
@@ -132,7 +107,7 @@ def test_budget_caption_says_what_is_expected():
     assert "move fast" in budget_caption(_rows("oscillating"), "fv", "oscillating", 3)
 
 
-def test_edi_png_caption_and_third_panel(tmp_path):
+def test_edi_png_caption_and_third_panel(tmp_path, monkeypatch):
     title = "energy budget: fv, 1 head(s), frozen weights"
     fig = plot_budget(tmp_path / "one.png", _rows("frozen"), title=title)
     assert (tmp_path / "one.png").is_file()
@@ -142,20 +117,26 @@ def test_edi_png_caption_and_third_panel(tmp_path):
     assert len(third.lines) == 2  # G^2 and slope^2; the defect and uphill mass are 0 ...
     notes = [t.get_text() for t in third.texts]
     assert notes == ["defect and uphill mass = 0 at every output (gradient flow), not drawn"]
-    # several heads: all four drawn, nothing to note
+    # several heads: all four drawn, nothing to note (the figure only: no PNG this time)
+    import matplotlib.figure
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *args, **kwargs: None)
     fig = plot_budget(tmp_path / "three.png", _rows("oscillating", defect=0.01), title=title)
     assert len(fig.axes[2].lines) == 4 and not fig.axes[2].texts
 
 
-def test_view_3d_of_a_results_folder(tmp_path, capsys):
-    """``transformer-pde view DIR --3d``: density_3d.png of the last output of a run (drawn
-    without pictures); a .gif asked for is a one-line error (exit 2)."""
+def test_view_3d_shows_every_cluster(tmp_path, capsys):
+    """``transformer-pde view DIR --3d`` on a run (drawn without pictures) whose density has
+    three clusters (north pole, +x, -x): density_3d.png is written, not blank, and each
+    cluster is bright in the views that face it (pixel counts per view); a .gif asked for
+    is a one-line error (exit 2)."""
     from drivers.engine import main as cli_main
 
+    bumps = " + ".join(f"exp(25 * ({x} - 1))" for x in ("x[2]", "x[0]", "-x[0]"))
     config = tmp_path / "s2.toml"
     config.write_text(
-        '[mesh]\nmanifold = "S2"\nrefinement = 1\n[initial]\ndensity = "exp(4 * x[0])"\n'
-        "[time]\nt_end = 0.1\ndt = 0.05\n[output]\nedi = false\n"
+        f'[mesh]\nmanifold = "S2"\nrefinement = 3\n[initial]\ndensity = "{bumps} + 1e-3"\n'
+        "[time]\nt_end = 0.01\ndt = 0.01\n[output]\nedi = false\n"
     )
     out = tmp_path / "run"
     assert cli_main(["run", str(config), "--quiet", "--no-pictures", "--out", str(out)]) == 0
@@ -166,5 +147,18 @@ def test_view_3d_of_a_results_folder(tmp_path, capsys):
     if reason:
         pytest.skip(reason)
     assert cli_main(["view", str(out), "--3d"]) == 0
-    image = np.asarray(Image.open(out / "density_3d.png").convert("L"), dtype=np.float64)
-    assert image.std() > 20.0
+    rgb = np.asarray(Image.open(out / "density_3d.png").convert("RGB"), dtype=np.float64)
+    assert rgb.mean(axis=-1).std() > 20.0  # not blank
+    h, w = rgb.shape[0] // 2, rgb.shape[1] // 2
+    views = [rgb[:h, :w], rgb[:h, w:], rgb[h:, :w], rgb[h:, w:]]  # lon 0, 90, 180, 270
+    assert [lon for lon, _ in GLOBE_VIEWS] == [0.0, 90.0, 180.0, 270.0]
+
+    def bright(view: np.ndarray) -> int:  # viridis' top: yellow (high red and green)
+        return int(np.sum((view[..., 0] > 180) & (view[..., 1] > 180) & (view[..., 2] < 120)))
+
+    counts = [bright(v) for v in views]
+    # +x faces lon 0 and -x lon 180, each seen whole; lon 90 and 270 see both on the limb
+    # and the north pole at the top, as every view does
+    assert counts[0] > 1.5 * counts[1] and counts[0] > 1.5 * counts[3], counts
+    assert counts[2] > 1.5 * counts[1] and counts[2] > 1.5 * counts[3], counts
+    assert min(counts) > 0, counts  # the pole cluster is in every view
