@@ -21,6 +21,10 @@ refinement"):
 - adaptive meshes: the residual contains the energy jumps of the adaptations
   (``adapt_energy_jump``).
 
+Measured (configs/s2_oscillating.toml, t = 3, three heads): the residual is 19 % of dE on an
+icosphere of level 2 and 5.4 % on level 3 (0.95 and 0.29, ratio 3.3: the spatial part), and
+recording the budget every step instead of at the outputs changes it by 1 % (0.945 to 0.936).
+
 For one head with frozen weights the residual is a pure discretisation error and tends to
 zero at the scheme's order; :func:`budget_caption` says this, with the measured relative
 size, under the picture.
@@ -40,7 +44,10 @@ TITLE = re.compile(r"energy budget: ([\w-]+), (\d+) head\(s\), ([\w-]+) weights"
 
 #: the expected residual of each scheme (without the weights' and the records' part)
 SCHEME_ORDER = {
-    "fv": "O(h^2) from the cell-centre quadrature + O(dt^2) in time (MUSCL, SSP-RK3)",
+    "fv": (
+        "O(h^2) from the cell-centre quadrature (mostly the largest part: about 4x smaller "
+        "per mesh level) + O(dt^2) in time (MUSCL, SSP-RK3)"
+    ),
     "jko": "O(tau) (first-order minimizing movement) + a spatial part",
     "particles": "O(dt^2) for RK4 (O(dt) for Euler)",
 }
