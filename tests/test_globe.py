@@ -101,6 +101,7 @@ def test_budget_caption_says_what_is_expected():
     assert "Residual at t = 2: 0.2 = 2.5 % of the largest term (8)" in text
     assert "O(h^2)" in text and "0.2 apart" in text and "pure discretisation error" in text
     assert "O(tau)" in budget_caption(rows, "jko", "frozen", 1)
+    assert budget_caption([]) == "No budget rows."
     assert "O(dt^2) for RK4" in budget_caption(rows, "particles", "frozen", 3)
     ou = budget_caption(_rows("ou"), "fv", "ou", 3)
     assert "sigma^2" in ou and "pure discretisation" not in ou

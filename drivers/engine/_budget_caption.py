@@ -84,6 +84,8 @@ def budget_caption(
     largest budget term, and the residual expected of this scheme and these weights (module
     docstring). ``rows``: dicts with ``t`` and the budget columns."""
     t = _column(rows, "t")
+    if len(t) == 0:
+        return "No budget rows."
     residual = _column(rows, "edi_residual")
     terms = [_column(rows, k) for k in ("dE", "int_dtE", "int_dissipation", "int_diffusion")]
     size = max((float(np.max(np.abs(c))) for c in terms if len(c)), default=0.0)
