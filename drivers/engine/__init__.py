@@ -20,6 +20,8 @@ Modules: ``_cli``, ``_schema`` (every config key: type, default, allowed values,
 ``run`` returns), ``_recorder``, ``_cadence`` (when outputs are due), ``_finish`` (the end of
 a run), ``_writers`` (XDMF, CSV, npz, json), ``_plots`` and ``_pictures`` (the
 pictures of a run and of ``view``), ``_density_map`` (the equal-area map of an S^2 density),
+``_globe`` (density_3d.png: the S^2 globe by pyvista), ``_budget_caption`` (what edi.png's
+residual should be),
 ``_sweep`` and ``_sweep_table`` (``transformer-pde sweep``: grids of runs, sweep.csv and
 sweep.png), ``_checkpoint``, ``_view``,
 ``_paraview`` (the ``paraview`` command; its pvbatch script is ``paraview_density.py``),

@@ -91,6 +91,7 @@ PROJECT_FILES = (
     "particles.xdmf.tmp",
     "density.png",
     "density_map.png",
+    "density_3d.png",
     "metrics.png",
     "edi.png",
     "moments.png",

@@ -9,6 +9,7 @@ No axis uses matplotlib's offset notation ("1e-12+1"): the mass is plotted as ``
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from drivers.engine._budget_caption import budget_caption, budget_context
 from drivers.engine._density_map import density_map, final_clusters
+from drivers.engine._globe import density_3d
 from drivers.engine._pictures import (
     CurvePanel,
     SurfacePanel,
@@ -294,27 +297,52 @@ def plot_metrics(path: str | Path, rows: Sequence[dict[str, float]], keys: Seque
     return fig
 
 
-def plot_budget(path: str | Path, rows: Sequence[dict[str, float]], title: str = "") -> None:
+def plot_budget(
+    path: str | Path,
+    rows: Sequence[dict[str, float]],
+    title: str = "",
+    *,
+    scheme: str | None = None,
+    dynamics: str | None = None,
+    heads: int | None = None,
+) -> Any:
     """Energy balance against t: every EDI term, and the residuals on a log scale (rank 0).
 
     ``rows``: dicts with ``t`` and the columns :data:`solvers.diagnostics.EDI_COLUMNS` (e.g. the
     metrics rows of a run), cumulative from the first row. When the rows carry the
     maximal-slope columns (``G2, slope2, slope_defect, uphill_mass``), a third panel shows
-    them on a log scale (docs/model.md, M1).
+    them on a log scale (docs/model.md, M1); those that are 0 at every output (one head with
+    V = Q^T K symmetric: the defect and the uphill mass) are named in the panel, not drawn.
+    A caption under the panels gives the residual relative to the largest term and the
+    residual expected of the scheme and the weights
+    (:func:`drivers.engine._budget_caption.budget_caption`); ``scheme``, ``dynamics`` and
+    ``heads`` name them, by default read from a title "energy budget: fv, 3 head(s), ou
+    weights" (as a run gives it) or from the rows. Returns the (closed) figure.
     """
+    import textwrap
+
     plt = pyplot()
     t = np.array([r["t"] for r in rows])
 
     def col(key: str) -> np.ndarray:
         return np.array([r[key] for r in rows], dtype=np.float64)
 
+    guess = budget_context(title, rows)
+    scheme = scheme if scheme is not None else guess[0]
+    dynamics = dynamics if dynamics is not None else guess[1]
+    heads = heads if heads is not None else guess[2]
+    caption = textwrap.fill(budget_caption(rows, scheme, dynamics, heads), 110)
+    lines = caption.count("\n") + 1
     slope = all("slope_defect" in r and "uphill_mass" in r for r in rows)
+    extra = 0.16 * lines + 0.2
     if slope:
         fig, (ax, bx, cx) = plt.subplots(
-            3, 1, figsize=(7.5, 9.4), sharex=True, height_ratios=(3, 2, 2)
+            3, 1, figsize=(7.5, 9.4 + extra), sharex=True, height_ratios=(3, 2, 2)
         )
     else:
-        fig, (ax, bx) = plt.subplots(2, 1, figsize=(7.5, 7), sharex=True, height_ratios=(3, 2))
+        fig, (ax, bx) = plt.subplots(
+            2, 1, figsize=(7.5, 7 + extra), sharex=True, height_ratios=(3, 2)
+        )
     ax.plot(t, col("dE"), "k", lw=2.2, label=r"$\Delta E$")
     noise = all("int_diffusion" in r for r in rows) and np.any(col("int_diffusion") != 0.0)
     power = col("int_diffusion") if noise else np.zeros_like(t)
@@ -340,14 +368,19 @@ def plot_budget(path: str | Path, rows: Sequence[dict[str, float]], title: str =
     ax.set_title(title or "energy-dissipation budget")
     ax.grid(True, alpha=0.3)
     plain_ticks(ax)
-    for key, label in (("edi_residual", "|EDI residual|"), ("dtE_remainder", "|dtE remainder|")):
+    for key, label in (
+        ("edi_residual", r"|EDI residual| = $|\Delta E - \int \partial_t E - \int \mathcal{D}|$"),
+        ("dtE_remainder", "|dtE remainder| (Ito's formula on the weights' path)"),
+    ):
         v = np.abs(col(key))
         if np.any(v > 0):
             bx.semilogy(t, np.where(v > 0, v, np.nan), label=label)
     if bx.lines:  # nothing to label when both residuals are exactly 0
         bx.legend(fontsize=8)
+    bx.set_title("residuals (expected size: below)", fontsize=9)
     bx.grid(True, which="both", alpha=0.3)
     if slope:  # is the flow a curve of maximal slope? (docs/model.md, M1)
+        zero = []
         for key, label, style in (
             ("G2", r"$G^2 = \int b |X|^2$", "-"),
             ("slope2", r"slope$^2 = \int |\nabla \delta E|^2 / b$", "--"),
@@ -357,14 +390,29 @@ def plot_budget(path: str | Path, rows: Sequence[dict[str, float]], title: str =
             v = col(key)
             if np.any(v > 0):
                 cx.semilogy(t, np.where(v > 0, v, np.nan), style, label=label)
-        cx.set_title("maximal slope: defect and uphill mass are 0 on a gradient flow", fontsize=9)
+            else:
+                zero.append(key.replace("slope_defect", "defect").replace("_", " "))
+        cx.set_title(
+            "maximal slope: the defect and the uphill mass vanish on a gradient flow", fontsize=9
+        )
+        if zero:  # not drawn on a log axis: say so where they would be
+            cx.text(
+                0.02,
+                0.04,
+                " and ".join(zero) + " = 0 at every output (gradient flow), not drawn",
+                transform=cx.transAxes,
+                fontsize=8,
+                color="0.3",
+            )
         if cx.lines:
             cx.legend(fontsize=8)
         cx.grid(True, which="both", alpha=0.3)
     (cx if slope else bx).set_xlabel("t")
-    fig.tight_layout()
+    fig.text(0.02, 0.01, caption, fontsize=7.5, va="bottom", ha="left", color="0.15")
+    fig.tight_layout(rect=(0.0, (0.16 * lines + 0.12) / fig.get_figheight(), 1.0, 1.0))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return fig
 
 
 def run_pictures(
@@ -379,13 +427,18 @@ def run_pictures(
     intermediate times, the final state) read back from density.xdmf on one colour scale, each
     on its own mesh (:func:`density_strip`); on S^2 density_map.png, the final density on an
     equal-area map with the clusters of clusters.csv marked
-    (:func:`drivers.engine._density_map.density_map`); metrics.png; edi.png when there is a
+    (:func:`drivers.engine._density_map.density_map`) and density_3d.png, four views of the
+    globe rendered by pyvista (:func:`drivers.engine._globe.density_3d`; where it cannot
+    render, a one-line note on stderr instead); metrics.png; edi.png when there is a
     budget (``budget_title`` not None)."""
     out = Path(out)
     density_strip(out / "density.png", out / "density.xdmf", vertices, final_density, t)
     if manifold_of(np.asarray(vertices)) == "S2":
         clusters = final_clusters(out / "clusters.csv", t)
         density_map(out / "density_map.png", vertices, final_density, t, clusters)
+        why = density_3d(out / "density_3d.png", vertices, final_density, t, clusters)
+        if why is not None:
+            print(f"[transformer-pde] note: density_3d.png not drawn: {why}", file=sys.stderr)
     plot_metrics(out / "metrics.png", rows, ["mass", "energy", "G2", "min_density"])
     if budget_title is not None and rows:
         plot_budget(out / "edi.png", rows, title=budget_title)

@@ -271,7 +271,8 @@ KEYS: tuple[Key, ...] = (
         "clusters.csv (mass, centre, angular radius of each cluster, with identities) and "
         "cluster_events.csv (births, deaths, merges, splits); docs/model.md, M1c"),
     Key("output", "pictures", "boolean", True,
-        "draw density.png, density_map.png (S2), metrics.png and edi.png at the end of the run "
+        "draw density.png, density_map.png and density_3d.png (S2), metrics.png and edi.png at "
+        "the end of the run "
         "(rank 0, 5-30 s); false (or run --no-pictures) skips them (sweeps, tests; the data "
         "files are the same)"),
     Key("output", "progress", "number", 5.0, "seconds between progress lines on rank 0"),

@@ -33,6 +33,10 @@ Example::
     transformer-pde view results/demo --log --clim 1e-4 80
     transformer-pde run configs/gaussian_r2.toml --out results/r2
     transformer-pde view results/r2                       # R^2 heat map
+    transformer-pde view results/demo --3d                # -> results/demo/density_3d.png
+
+``--3d`` (S^2) draws the last output as density_3d.png instead: four views of the globe
+rendered off-screen by pyvista (:mod:`drivers.engine._globe`, as at the end of a run).
 """
 
 from __future__ import annotations
@@ -62,7 +66,15 @@ from drivers.engine._pictures import (
 )
 from drivers.engine._xdmf import MeshLocation, nodes_per_cell, parse_series
 
-__all__ = ["DensitySeries", "read_series", "frame_indices", "render_frames", "view", "main"]
+__all__ = [
+    "DensitySeries",
+    "read_series",
+    "frame_indices",
+    "render_frames",
+    "view",
+    "view_3d",
+    "main",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -444,6 +456,35 @@ def view(
     return output
 
 
+def view_3d(out_dir: str | Path, output: str | Path | None = None) -> Path:
+    """density_3d.png of the last output of an S^2 results folder (``view --3d``): four views
+    of the globe by pyvista, with the clusters of its clusters.csv
+    (:func:`drivers.engine._globe.density_3d`); returns its path.
+
+    Raises:
+        ValueError: one line: no S^2 density series there, not a .png, or VTK cannot render
+            here (the reason).
+    """
+    from drivers.engine._density_map import final_clusters
+    from drivers.engine._globe import density_3d
+
+    series = read_series(out_dir)
+    base = Path(out_dir) if Path(out_dir).suffix != ".xdmf" else Path(out_dir).parent
+    output = Path(output) if output is not None else base / f"{series.name}_3d.png"
+    if output.suffix.lower() != ".png":
+        raise ValueError(f"{output}: the 3-D view is a .png file")
+    last = series.n_steps - 1
+    vertices = series.vertices_at(last)
+    if manifold_of(vertices) != "S2":
+        raise ValueError(f"{out_dir}: the 3-D view is for S^2 densities")
+    t = float(series.times[last])
+    clusters = final_clusters(base / "clusters.csv", t)
+    why = density_3d(output, vertices, series.values(last), t, clusters)
+    if why is not None:
+        raise ValueError(f"cannot render the 3-D view: {why}")
+    return output
+
+
 # --------------------------------------------------------------------------- command line
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``view`` (shared with the command line, ``_cli``)."""
@@ -480,6 +521,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="global",
         help="one colour range for the whole series (global, default) or one per frame",
     )
+    parser.add_argument(
+        "--3d",
+        dest="three_d",
+        action="store_true",
+        help="S^2: a 3-D picture of the last output instead (pyvista, four views of the globe; "
+        "default DIR/density_3d.png)",
+    )
 
 
 def _mpi_rank() -> int:
@@ -495,6 +543,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     if _mpi_rank() != 0:
         return 0
     try:
+        if getattr(args, "three_d", False):
+            path = view_3d(args.dir, args.out)
+            print(f"transformer-pde: wrote {path}", flush=True)
+            return 0
         path = view(
             args.dir,
             args.out,
@@ -519,7 +571,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     """``transformer-pde view DIR [--out FILE] [--fps N] [--every K] [--log | --linear]
-    [--clim LO HI] [--range global|frame]``."""
+    [--clim LO HI] [--range global|frame] [--3d]``."""
     parser = _Parser(prog="transformer-pde view", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))
