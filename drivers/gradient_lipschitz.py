@@ -29,6 +29,12 @@ exact: the L1 distance of the cumulative distributions. The gradient is defined 
 additive constant on probability measures; the driver compares the gradients with their
 rho-means removed (``centred``) and raw.
 
+The drift (issue 30, item 5). The training equation moves rho with the drift
+grad_theta dL/drho (``solvers.training.DriftModel``: zero-weight heads at theta_k +- 1e-4 in
+the same adjoint solve, central differences); the ratio sup_k |drift_1 - drift_2| / W1 is
+reported beside the gradient's (``ratio_drift``), with the pairs whose drift ratio changes by
+more than 5 % over the three smallest distances (``drift_kinked_pairs``: an upwind switch between them).
+
 Sources:
     [P2] the training dynamics paper of the project (mean-field Langevin training of the
          attention heads, forward-backward system; docs/model.md, M2).
@@ -40,7 +46,7 @@ Run (default: 5 pairs x 5 distances x 4 depths, about 2 minutes on one core):
     python drivers/gradient_lipschitz.py --tiny               # seconds
 
 Outputs in ``--out`` (default results/gradient_lipschitz): table.csv (one row per pair, eps
-and T: W1, sup and L2 gradient differences, the ratios), summary.json (the largest ratio per
+and T: W1, sup and L2 gradient differences, the drift difference, the ratios), summary.json (the largest ratio per
 depth, the fitted growth of the constant in T, the slope of the ratio against W1 as W1 -> 0),
 lipschitz.png (ratio against W1 per depth; the largest ratio against T), final.npz (the
 final token density of rho_1 of pair 0 at the largest T: points, weights, density, t).
@@ -51,6 +57,7 @@ Things to try:
 - ``--cells 48``: a finer parameter grid; the ratios should not change (the gradient is
   a smooth function of theta sampled at the cell centres).
 - ``--loss potential``: a linear potential readout instead of the MMD.
+- ``--pairs 100 --depths 1``: the drift's ratio over many pairs (drivers/README.md).
 """
 
 from __future__ import annotations
@@ -69,7 +76,7 @@ from drivers._paper1 import write_csv
 from drivers.engine import GatheredCells, write_final, write_json
 from meshes import circle, control_volumes
 from solvers.attention import Attention
-from solvers.training import MMDLoss, PotentialLoss, TokenTransportModel
+from solvers.training import DriftModel, MMDLoss, PotentialLoss
 from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads
 
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     # %% Problem
     # ----------
     # Heads (I, D(theta_k), D(theta_k)), an MMD (or potential) readout of mu_T.
-    heads = ParameterisedHeads(np.array(D0), np.array(B)[None]).heads(theta[:, None])
+    parameterisation = ParameterisedHeads(np.array(D0), np.array(B)[None])
     if args.loss == "mmd":
         loss = MMDLoss(np.array([[0.0, 1.0], [1.0, 0.0]]), [0.5, 0.5], 0.5)
     else:
@@ -165,10 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     # %% Solver
     # ---------
     # The exact discrete adjoint of the forward map, one model per depth (N = 8 2^r T steps
-    # on the circle of refinement r: the CFL number stays below 1).
-    def model(T: float) -> TokenTransportModel:
+    # on the circle of refinement r: the CFL number stays below 1), with zero-weight heads at
+    # theta_k +- 1e-4 for the drift grad_theta dL/drho at the cell centres.
+    def model(T: float) -> DriftModel:
         n_steps = max(1, round(8 * 2**refinement * T))
-        return TokenTransportModel(cv, attention, heads, rho0, t_end=T, n_steps=n_steps)
+        return DriftModel(
+            cv, attention, parameterisation, theta, theta, rho0, t_end=T, n_steps=n_steps
+        )
 
     # %% Main loop
     # ------------
@@ -176,12 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     for T in depths:
         m = model(T)
         for p, (w1, w3) in enumerate(laws):
-            g1 = m.gradient(w1, loss)
+            g1 = m.drift(w1, loss)
             if T == max(depths) and p == 0:
                 final = g1.masses
             for eps in EPS:
                 w2 = w1 + eps * (w3 - w1)
-                g2 = m.gradient(w2, loss).gradient
+                d2 = m.drift(w2, loss)
+                g2 = d2.gradient
                 dist = w1_line(w1, w2, h)
                 raw = g1.gradient - g2
                 cen = centred(g1.gradient, w1) - centred(g2, w2)
@@ -197,12 +208,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 row["ratio_L2"] = row["L2_diff"] / dist
                 row["grad_sup"] = float(np.abs(g1.gradient).max())
+                row["drift_sup"] = float(np.abs(g1.drift).max())
+                row["drift_sup_diff"] = float(np.abs(g1.drift - d2.drift).max())
+                row["ratio_drift"] = row["drift_sup_diff"] / dist
                 rows.append(row)
         mine = [r for r in rows if r["T"] == T]
         log(
             f"T = {T:g}: largest ratio sup|dg|/W1 {max(r['ratio_sup'] for r in mine):.3f} "
             f"(centred {max(r['ratio_sup_centred'] for r in mine):.3f}), L2 "
-            f"{max(r['ratio_L2'] for r in mine):.3f}; |dL/drho| up to {max(r['grad_sup'] for r in mine):.3f}"
+            f"{max(r['ratio_L2'] for r in mine):.3f}; |dL/drho| up to {max(r['grad_sup'] for r in mine):.3f}; "
+            f"drift ratio {max(r['ratio_drift'] for r in mine):.3f}"
         )
 
     # %% Summary
@@ -222,6 +237,17 @@ def main(argv: list[str] | None = None) -> int:
                 for r2 in mine
                 if r2["eps"] == EPS[1] and r2["pair"] == r1["pair"]
             ]
+            drift_slopes = [
+                math.log(r2["ratio_drift"] / r1["ratio_drift"]) / math.log(r2["W1"] / r1["W1"])
+                for r1 in mine
+                if r1["eps"] == EPS[0]
+                for r2 in mine
+                if r2["eps"] == EPS[1] and r2["pair"] == r1["pair"]
+            ]
+            by_pair = [  # the three smallest distances, where a smooth map's ratio is constant
+                [r["ratio_drift"] for r in mine if r["pair"] == q and r["eps"] <= EPS[2]]
+                for q in range(pairs)
+            ]
             summary["depths"].append(
                 {
                     "T": T,
@@ -230,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
                     "max_ratio_L2": max(r["ratio_L2"] for r in mine),
                     "min_ratio_sup": min(r["ratio_sup"] for r in mine),
                     "small_W1_slope_max_abs": max(abs(s) for s in small),
+                    "max_ratio_drift": max(r["ratio_drift"] for r in mine),
+                    "median_ratio_drift": float(np.median([r["ratio_drift"] for r in mine])),
+                    "drift_small_W1_slope_max_abs": max(abs(s) for s in drift_slopes),
+                    # pairs whose drift ratio varies by more than 5 % over W1 ~ 1e-4..1e-2
+                    # (a kink of the upwind scheme between two of them)
+                    "drift_kinked_pairs": sum(max(q) > 1.05 * min(q) for q in by_pair),
                 }
             )
         big = np.array([d["max_ratio_sup"] for d in summary["depths"]])
