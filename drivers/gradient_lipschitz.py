@@ -58,6 +58,7 @@ Things to try:
   a smooth function of theta sampled at the cell centres).
 - ``--loss potential``: a linear potential readout instead of the MMD.
 - ``--pairs 100 --depths 1``: the drift's ratio over many pairs (drivers/README.md).
+- ``--smoothing 0.05``: the smoothed upwind flux (``SmoothedTransportModel``): no kinks.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ from drivers._paper1 import write_csv
 from drivers.engine import GatheredCells, write_final, write_json
 from meshes import circle, control_volumes
 from solvers.attention import Attention
-from solvers.training import DriftModel, MMDLoss, PotentialLoss
+from solvers.training import Drift, DriftModel, MMDLoss, PotentialLoss, SmoothedTransportModel
 from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads
 
@@ -133,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refinement", type=int, help="circle refinement (default 3: 128 cells)")
     parser.add_argument("--loss", choices=("mmd", "potential"), default="mmd")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--drift", action="store_true", help="the drift also at --tiny")
+    parser.add_argument(
+        "--smoothing", type=float, default=0.0, help="smoothed upwind flux (0: upwind)"
+    )
     args = experiment.start(parser, argv)
     log, comm = experiment.log, experiment.comm
     depths = args.depths or ([0.5, 1.0] if args.tiny else [0.5, 1.0, 2.0, 4.0])
@@ -141,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     refinement = args.refinement if args.refinement is not None else (1 if args.tiny else 3)
     if min(depths) <= 0 or not all(math.isfinite(t) for t in depths):
         parser.error(f"--depths must be finite and > 0, got {depths}")
+    if not (math.isfinite(args.smoothing) and args.smoothing >= 0):
+        parser.error(f"--smoothing must be finite and >= 0, got {args.smoothing}")
     if pairs < 1 or cells < 2 or refinement < 0:
         parser.error("--pairs >= 1, --cells >= 2 and --refinement >= 0 are required")
     wall0 = time.perf_counter()
@@ -173,12 +180,24 @@ def main(argv: list[str] | None = None) -> int:
     # ---------
     # The exact discrete adjoint of the forward map, one model per depth (N = 8 2^r T steps
     # on the circle of refinement r: the CFL number stays below 1), with zero-weight heads at
-    # theta_k +- 1e-4 for the drift grad_theta dL/drho at the cell centres.
-    def model(T: float) -> DriftModel:
+    # theta_k +- 1e-4 for the drift grad_theta dL/drho at the cell centres (not at --tiny
+    # unless --drift: three times the heads).
+    with_drift = args.drift or not args.tiny
+
+    def model(T: float) -> DriftModel | SmoothedTransportModel:
         n_steps = max(1, round(8 * 2**refinement * T))
-        return DriftModel(
-            cv, attention, parameterisation, theta, theta, rho0, t_end=T, n_steps=n_steps
+        kw = dict(t_end=T, n_steps=n_steps, smoothing=args.smoothing)
+        if with_drift:
+            return DriftModel(cv, attention, parameterisation, theta, None, rho0, **kw)
+        return SmoothedTransportModel(
+            cv, attention, parameterisation.heads(theta[:, None]), rho0, **kw
         )
+
+    def evaluate(m: DriftModel | SmoothedTransportModel, w: np.ndarray) -> Drift:
+        if isinstance(m, DriftModel):
+            return m.drift(w, loss)
+        g = m.gradient(w, loss)
+        return Drift(g.loss, g.gradient, g.gradient, np.zeros((len(w), 1)), g.masses)
 
     # %% Main loop
     # ------------
@@ -186,12 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     for T in depths:
         m = model(T)
         for p, (w1, w3) in enumerate(laws):
-            g1 = m.drift(w1, loss)
+            g1 = evaluate(m, w1)
             if T == max(depths) and p == 0:
                 final = g1.masses
             for eps in EPS:
                 w2 = w1 + eps * (w3 - w1)
-                d2 = m.drift(w2, loss)
+                d2 = evaluate(m, w2)
                 g2 = d2.gradient
                 dist = w1_line(w1, w2, h)
                 raw = g1.gradient - g2
@@ -216,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         log(
             f"T = {T:g}: largest ratio sup|dg|/W1 {max(r['ratio_sup'] for r in mine):.3f} "
             f"(centred {max(r['ratio_sup_centred'] for r in mine):.3f}), L2 "
-            f"{max(r['ratio_L2'] for r in mine):.3f}; |dL/drho| up to {max(r['grad_sup'] for r in mine):.3f}; "
-            f"drift ratio {max(r['ratio_drift'] for r in mine):.3f}"
+            f"{max(r['ratio_L2'] for r in mine):.3f}; |dL/drho| up to {max(r['grad_sup'] for r in mine):.3f}"
+            + (f"; drift ratio {max(r['ratio_drift'] for r in mine):.3f}" if with_drift else "")
         )
 
     # %% Summary
@@ -227,7 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     gathered = GatheredCells(cv)
     final_density = gathered.gather(final / cv.measures[: cv.n_owned])
     if comm.rank == 0:
-        summary = {"depths": [], "loss": args.loss, "cells": cells, "token_cells": cv.n_global}
+        summary = {
+            "depths": [],
+            "loss": args.loss,
+            "cells": cells,
+            "token_cells": cv.n_global,
+            "smoothing": args.smoothing,
+        }
         for T in depths:
             mine = [r for r in rows if r["T"] == T]
             small = [
@@ -237,17 +262,6 @@ def main(argv: list[str] | None = None) -> int:
                 for r2 in mine
                 if r2["eps"] == EPS[1] and r2["pair"] == r1["pair"]
             ]
-            drift_slopes = [
-                math.log(r2["ratio_drift"] / r1["ratio_drift"]) / math.log(r2["W1"] / r1["W1"])
-                for r1 in mine
-                if r1["eps"] == EPS[0]
-                for r2 in mine
-                if r2["eps"] == EPS[1] and r2["pair"] == r1["pair"]
-            ]
-            by_pair = [  # the three smallest distances, where a smooth map's ratio is constant
-                [r["ratio_drift"] for r in mine if r["pair"] == q and r["eps"] <= EPS[2]]
-                for q in range(pairs)
-            ]
             summary["depths"].append(
                 {
                     "T": T,
@@ -256,14 +270,30 @@ def main(argv: list[str] | None = None) -> int:
                     "max_ratio_L2": max(r["ratio_L2"] for r in mine),
                     "min_ratio_sup": min(r["ratio_sup"] for r in mine),
                     "small_W1_slope_max_abs": max(abs(s) for s in small),
-                    "max_ratio_drift": max(r["ratio_drift"] for r in mine),
-                    "median_ratio_drift": float(np.median([r["ratio_drift"] for r in mine])),
-                    "drift_small_W1_slope_max_abs": max(abs(s) for s in drift_slopes),
-                    # pairs whose drift ratio varies by more than 5 % over W1 ~ 1e-4..1e-2
-                    # (a kink of the upwind scheme between two of them)
-                    "drift_kinked_pairs": sum(max(q) > 1.05 * min(q) for q in by_pair),
                 }
             )
+            if with_drift:
+                drift_slopes = [
+                    math.log(r2["ratio_drift"] / r1["ratio_drift"]) / math.log(r2["W1"] / r1["W1"])
+                    for r1 in mine
+                    if r1["eps"] == EPS[0]
+                    for r2 in mine
+                    if r2["eps"] == EPS[1] and r2["pair"] == r1["pair"]
+                ]
+                by_pair = [  # the three smallest distances, where a smooth map's ratio is constant
+                    [r["ratio_drift"] for r in mine if r["pair"] == q and r["eps"] <= EPS[2]]
+                    for q in range(pairs)
+                ]
+                summary["depths"][-1].update(
+                    {
+                        "max_ratio_drift": max(r["ratio_drift"] for r in mine),
+                        "median_ratio_drift": float(np.median([r["ratio_drift"] for r in mine])),
+                        "drift_small_W1_slope_max_abs": max(abs(s) for s in drift_slopes),
+                        # pairs whose drift ratio varies by more than 5 % over W1 ~ 1e-4..1e-2
+                        # (a kink of the upwind scheme between two of them)
+                        "drift_kinked_pairs": sum(max(q) > 1.05 * min(q) for q in by_pair),
+                    }
+                )
         big = np.array([d["max_ratio_sup"] for d in summary["depths"]])
         if len(depths) >= 2:
             rate = float(np.polyfit(depths, np.log(big), 1)[0])

@@ -14,7 +14,9 @@ is unchanged by the zero-weight query heads, the drift equals finite differences
 alone (forward solves in the weights of the heads at theta +- delta) to 1e-5 and the central
 difference in theta is consistent (steps 1e-3 and 1e-4 agree to 1e-5); in the --tiny driver
 run the drift ratio sup |drift_1 - drift_2| / W1 is constant to 1 % over W1 = 1e-4..1e-2 (no
-upwind kink between the pairs there) and grows with T.
+upwind kink between the pairs there) and grows with T. The smoothed scheme
+(``SmoothedTransportModel``): at smoothing 0 its gradient is the upwind one to 1e-14, at 0.2
+its exact adjoint gradient equals central finite differences of its own loss to 1e-6.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import pytest
 from drivers.gradient_lipschitz import D0, B, main
 from meshes import circle, control_volumes
 from solvers.attention import Attention
-from solvers.training import DriftModel, MMDLoss, TokenTransportModel
+from solvers.training import DriftModel, MMDLoss, SmoothedTransportModel, TokenTransportModel
 from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads
 
@@ -91,7 +93,7 @@ def test_rejects_bad_drift_input():
 
 @pytest.mark.serial  # one driver run writing files; the driver test runs it on 2 ranks too
 def test_gradient_map_is_lipschitz_and_its_constant_grows_with_depth(tmp_path):
-    assert main(["--tiny", "--out", str(tmp_path)]) == 0
+    assert main(["--tiny", "--drift", "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader(open(tmp_path / "table.csv")))
     summary = json.loads((tmp_path / "summary.json").read_text())
     for T in ("0.5", "1.0"):
@@ -115,3 +117,32 @@ def test_gradient_map_is_lipschitz_and_its_constant_grows_with_depth(tmp_path):
             assert abs(ratio["0.01"] / ratio["0.0001"] - 1.0) < 0.01, ratio
     assert all(d["drift_kinked_pairs"] == 0 for d in by_T.values())
     assert by_T[1.0]["max_ratio_drift"] > 2.0 * by_T[0.5]["max_ratio_drift"]
+
+
+def test_smoothed_scheme_gradient_is_exact_and_reduces_to_upwind():
+    _, plain = _drift_model()
+    cv = plain.cv
+    par = ParameterisedHeads(np.array(D0), np.array(B)[None])
+    rho0 = initial_density(cv, "exp(2*x[0]) + 0.5*exp(3*x[1])")
+    rho0 /= MPI.COMM_WORLD.allreduce(float(rho0 @ cv.measures[: cv.n_owned]), op=MPI.SUM)
+    heads = par.heads(NODES[:, None])
+    kw = dict(t_end=0.5, n_steps=4)
+    upwind = SmoothedTransportModel(cv, Attention(1.0, 1), heads, rho0, smoothing=0.0, **kw)
+    g0, gp = upwind.gradient(WEIGHTS, LOSS), plain.gradient(WEIGHTS, LOSS)
+    assert np.allclose(g0.gradient, gp.gradient, rtol=0, atol=1e-14)
+    smooth = SmoothedTransportModel(cv, Attention(1.0, 1), heads, rho0, smoothing=0.2, **kw)
+    g = smooth.gradient(WEIGHTS, LOSS)
+    assert np.abs(g.gradient - gp.gradient).max() > 1e-4  # a different scheme
+    h = 1e-5
+    fd = np.array(
+        [
+            (
+                smooth.forward(WEIGHTS + h * e, LOSS).loss
+                - smooth.forward(WEIGHTS - h * e, LOSS).loss
+            )
+            / (2 * h)
+            for e in np.eye(len(WEIGHTS))
+        ]
+    )
+    scale = float(np.abs(g.gradient).max())
+    assert np.allclose(g.gradient, fd, rtol=0, atol=1e-6 * scale), (g.gradient, fd)

@@ -37,7 +37,7 @@ from solvers.training._depth import (
     rk4_tokens,
     token_w1,
 )
-from solvers.training._drift import Drift, DriftModel
+from solvers.training._drift import Drift, DriftModel, SmoothedTransportModel
 from solvers.training._losses import (
     MMDLoss,
     PotentialLoss,
@@ -80,6 +80,7 @@ __all__ = [
     "MeanFieldTraining",
     "ParticleState",
     "ParticleTraining",
+    "SmoothedTransportModel",
     "PotentialLoss",
     "TokenTransportModel",
     "TrainingState",
