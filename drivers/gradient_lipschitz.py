@@ -39,7 +39,9 @@ Sources:
     [P2] the training dynamics paper of the project (mean-field Langevin training of the
          attention heads, forward-backward system; docs/model.md, M2).
 
-Run (default: 5 pairs x 5 distances x 4 depths, about 2 minutes on one core):
+Run (default: 5 pairs x 5 distances x 4 depths, about 2 minutes on one core without the
+drift; the drift's heads at theta_k +- 1e-4 triple the heads and about the time; --tiny
+skips the drift unless --drift):
 
     mpiexec -n 4 python drivers/gradient_lipschitz.py
     python drivers/gradient_lipschitz.py
