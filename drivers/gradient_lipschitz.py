@@ -29,18 +29,26 @@ exact: the L1 distance of the cumulative distributions. The gradient is defined 
 additive constant on probability measures; the driver compares the gradients with their
 rho-means removed (``centred``) and raw.
 
+The drift (issue 30, item 5). The training equation moves rho with the drift
+grad_theta dL/drho (``solvers.training.DriftModel``: zero-weight heads at theta_k +- 1e-4 in
+the same adjoint solve, central differences); the ratio sup_k |drift_1 - drift_2| / W1 is
+reported beside the gradient's (``ratio_drift``), with the pairs whose drift ratio changes by
+more than 5 % over the three smallest distances (``drift_kinked_pairs``: an upwind switch between them).
+
 Sources:
     [P2] the training dynamics paper of the project (mean-field Langevin training of the
          attention heads, forward-backward system; docs/model.md, M2).
 
-Run (default: 5 pairs x 5 distances x 4 depths, about 2 minutes on one core):
+Run (default: 5 pairs x 5 distances x 4 depths, about 2 minutes on one core without the
+drift; the drift's heads at theta_k +- 1e-4 triple the heads and about the time; --tiny
+skips the drift unless --drift):
 
     mpiexec -n 4 python drivers/gradient_lipschitz.py
     python drivers/gradient_lipschitz.py
     python drivers/gradient_lipschitz.py --tiny               # seconds
 
 Outputs in ``--out`` (default results/gradient_lipschitz): table.csv (one row per pair, eps
-and T: W1, sup and L2 gradient differences, the ratios), summary.json (the largest ratio per
+and T: W1, sup and L2 gradient differences, the drift difference, the ratios), summary.json (the largest ratio per
 depth, the fitted growth of the constant in T, the slope of the ratio against W1 as W1 -> 0),
 lipschitz.png (ratio against W1 per depth; the largest ratio against T), final.npz (the
 final token density of rho_1 of pair 0 at the largest T: points, weights, density, t).
@@ -51,6 +59,8 @@ Things to try:
 - ``--cells 48``: a finer parameter grid; the ratios should not change (the gradient is
   a smooth function of theta sampled at the cell centres).
 - ``--loss potential``: a linear potential readout instead of the MMD.
+- ``--pairs 100 --depths 1``: the drift's ratio over many pairs (drivers/README.md).
+- ``--smoothing 0.05``: the smoothed upwind flux (``SmoothedTransportModel``): no kinks.
 """
 
 from __future__ import annotations
@@ -69,7 +79,7 @@ from drivers._paper1 import write_csv
 from drivers.engine import GatheredCells, write_final, write_json
 from meshes import circle, control_volumes
 from solvers.attention import Attention
-from solvers.training import MMDLoss, PotentialLoss, TokenTransportModel
+from solvers.training import Drift, DriftModel, MMDLoss, PotentialLoss, SmoothedTransportModel
 from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads
 
@@ -126,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refinement", type=int, help="circle refinement (default 3: 128 cells)")
     parser.add_argument("--loss", choices=("mmd", "potential"), default="mmd")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--drift", action="store_true", help="the drift also at --tiny")
+    parser.add_argument(
+        "--smoothing", type=float, default=0.0, help="smoothed upwind flux (0: upwind)"
+    )
     args = experiment.start(parser, argv)
     log, comm = experiment.log, experiment.comm
     depths = args.depths or ([0.5, 1.0] if args.tiny else [0.5, 1.0, 2.0, 4.0])
@@ -134,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     refinement = args.refinement if args.refinement is not None else (1 if args.tiny else 3)
     if min(depths) <= 0 or not all(math.isfinite(t) for t in depths):
         parser.error(f"--depths must be finite and > 0, got {depths}")
+    if not (math.isfinite(args.smoothing) and args.smoothing >= 0):
+        parser.error(f"--smoothing must be finite and >= 0, got {args.smoothing}")
     if pairs < 1 or cells < 2 or refinement < 0:
         parser.error("--pairs >= 1, --cells >= 2 and --refinement >= 0 are required")
     wall0 = time.perf_counter()
@@ -155,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     # %% Problem
     # ----------
     # Heads (I, D(theta_k), D(theta_k)), an MMD (or potential) readout of mu_T.
-    heads = ParameterisedHeads(np.array(D0), np.array(B)[None]).heads(theta[:, None])
+    parameterisation = ParameterisedHeads(np.array(D0), np.array(B)[None])
     if args.loss == "mmd":
         loss = MMDLoss(np.array([[0.0, 1.0], [1.0, 0.0]]), [0.5, 0.5], 0.5)
     else:
@@ -165,10 +181,25 @@ def main(argv: list[str] | None = None) -> int:
     # %% Solver
     # ---------
     # The exact discrete adjoint of the forward map, one model per depth (N = 8 2^r T steps
-    # on the circle of refinement r: the CFL number stays below 1).
-    def model(T: float) -> TokenTransportModel:
+    # on the circle of refinement r: the CFL number stays below 1), with zero-weight heads at
+    # theta_k +- 1e-4 for the drift grad_theta dL/drho at the cell centres (not at --tiny
+    # unless --drift: three times the heads).
+    with_drift = args.drift or not args.tiny
+
+    def model(T: float) -> DriftModel | SmoothedTransportModel:
         n_steps = max(1, round(8 * 2**refinement * T))
-        return TokenTransportModel(cv, attention, heads, rho0, t_end=T, n_steps=n_steps)
+        kw = dict(t_end=T, n_steps=n_steps, smoothing=args.smoothing)
+        if with_drift:
+            return DriftModel(cv, attention, parameterisation, theta, None, rho0, **kw)
+        return SmoothedTransportModel(
+            cv, attention, parameterisation.heads(theta[:, None]), rho0, **kw
+        )
+
+    def evaluate(m: DriftModel | SmoothedTransportModel, w: np.ndarray) -> Drift:
+        if isinstance(m, DriftModel):
+            return m.drift(w, loss)
+        g = m.gradient(w, loss)
+        return Drift(g.loss, g.gradient, g.gradient, np.zeros((len(w), 1)), g.masses)
 
     # %% Main loop
     # ------------
@@ -176,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     for T in depths:
         m = model(T)
         for p, (w1, w3) in enumerate(laws):
-            g1 = m.gradient(w1, loss)
+            g1 = evaluate(m, w1)
             if T == max(depths) and p == 0:
                 final = g1.masses
             for eps in EPS:
                 w2 = w1 + eps * (w3 - w1)
-                g2 = m.gradient(w2, loss).gradient
+                d2 = evaluate(m, w2)
+                g2 = d2.gradient
                 dist = w1_line(w1, w2, h)
                 raw = g1.gradient - g2
                 cen = centred(g1.gradient, w1) - centred(g2, w2)
@@ -197,12 +229,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 row["ratio_L2"] = row["L2_diff"] / dist
                 row["grad_sup"] = float(np.abs(g1.gradient).max())
+                row["drift_sup"] = float(np.abs(g1.drift).max())
+                row["drift_sup_diff"] = float(np.abs(g1.drift - d2.drift).max())
+                row["ratio_drift"] = row["drift_sup_diff"] / dist
                 rows.append(row)
         mine = [r for r in rows if r["T"] == T]
         log(
             f"T = {T:g}: largest ratio sup|dg|/W1 {max(r['ratio_sup'] for r in mine):.3f} "
             f"(centred {max(r['ratio_sup_centred'] for r in mine):.3f}), L2 "
             f"{max(r['ratio_L2'] for r in mine):.3f}; |dL/drho| up to {max(r['grad_sup'] for r in mine):.3f}"
+            + (f"; drift ratio {max(r['ratio_drift'] for r in mine):.3f}" if with_drift else "")
         )
 
     # %% Summary
@@ -212,7 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     gathered = GatheredCells(cv)
     final_density = gathered.gather(final / cv.measures[: cv.n_owned])
     if comm.rank == 0:
-        summary = {"depths": [], "loss": args.loss, "cells": cells, "token_cells": cv.n_global}
+        summary = {
+            "depths": [],
+            "loss": args.loss,
+            "cells": cells,
+            "token_cells": cv.n_global,
+            "smoothing": args.smoothing,
+        }
         for T in depths:
             mine = [r for r in rows if r["T"] == T]
             small = [
@@ -232,6 +274,28 @@ def main(argv: list[str] | None = None) -> int:
                     "small_W1_slope_max_abs": max(abs(s) for s in small),
                 }
             )
+            if with_drift:
+                drift_slopes = [
+                    math.log(r2["ratio_drift"] / r1["ratio_drift"]) / math.log(r2["W1"] / r1["W1"])
+                    for r1 in mine
+                    if r1["eps"] == EPS[0]
+                    for r2 in mine
+                    if r2["eps"] == EPS[1] and r2["pair"] == r1["pair"]
+                ]
+                by_pair = [  # the three smallest distances, where a smooth map's ratio is constant
+                    [r["ratio_drift"] for r in mine if r["pair"] == q and r["eps"] <= EPS[2]]
+                    for q in range(pairs)
+                ]
+                summary["depths"][-1].update(
+                    {
+                        "max_ratio_drift": max(r["ratio_drift"] for r in mine),
+                        "median_ratio_drift": float(np.median([r["ratio_drift"] for r in mine])),
+                        "drift_small_W1_slope_max_abs": max(abs(s) for s in drift_slopes),
+                        # pairs whose drift ratio varies by more than 5 % over W1 ~ 1e-4..1e-2
+                        # (a kink of the upwind scheme between two of them)
+                        "drift_kinked_pairs": sum(max(q) > 1.05 * min(q) for q in by_pair),
+                    }
+                )
         big = np.array([d["max_ratio_sup"] for d in summary["depths"]])
         if len(depths) >= 2:
             rate = float(np.polyfit(depths, np.log(big), 1)[0])

@@ -11,7 +11,9 @@ Wasserstein metric (:func:`metric_diagnostics`: the metric speed G^2, the slope,
 maximal-slope defect and the uphill mass, with the mathematics in its docstring);
 ``_metric_speed`` computes the exact metric speed of a mesh density (:func:`metric_speed`: the
 minimal velocity by the weighted elliptic problem on the control volumes, of which G^2 is an
-upper bound).
+upper bound); ``_wasserstein_b`` the b-weighted Wasserstein distance of two mesh densities
+(:func:`wasserstein_b`: a discrete Benamou-Brenier problem on the same two-point fluxes, by a
+barrier Newton method; the equivalence constants sqrt(min b), sqrt(max b) with W_2).
 ``_linear_stability`` gives the dispersion relation of the uniform state (growth rates of
 its modes with and without noise, the critical noise) and the angular power spectrum that
 measures them; ``_metastability`` fits mode growth in the linear window, predicts the
@@ -117,6 +119,7 @@ from solvers.diagnostics._stability import (
     transport_w1,
     two_point_measure,
 )
+from solvers.diagnostics._wasserstein_b import WassersteinB, wasserstein_b
 
 __all__ = [
     "CLUSTER_EVENT_KINDS",
@@ -180,6 +183,8 @@ __all__ = [
     "transport_w1",
     "two_point_measure",
     "W1Result",
+    "WassersteinB",
+    "wasserstein_b",
     "bin_points",
     "wasserstein1",
     "metric_diagnostics",

@@ -16,7 +16,11 @@ gradient descent on the head weights against the rate it predicts (:func:`gradie
 The depth limit: the L-layer transformer (Euler steps T/L) against the token ODE, W1 and the
 gradient at rate 1/L (:func:`depth_study`): ``_depth``.
 
-Modules: ``_adjoint``, ``_depth``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``, ``_particles``.
+The drift of the training equation, grad_theta dL/drho at any theta (zero-weight query heads
+in one adjoint solve, central differences in theta), for its Lipschitz ratio in the head law
+(:class:`DriftModel`): ``_drift``.
+
+Modules: ``_adjoint``, ``_drift``, ``_depth``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``, ``_particles``.
 """
 
 from solvers.training._adjoint import (
@@ -33,6 +37,7 @@ from solvers.training._depth import (
     rk4_tokens,
     token_w1,
 )
+from solvers.training._drift import Drift, DriftModel, SmoothedTransportModel
 from solvers.training._losses import (
     MMDLoss,
     PotentialLoss,
@@ -65,6 +70,8 @@ __all__ = [
     "FEATURES",
     "AdjointGradient",
     "DepthStudy",
+    "Drift",
+    "DriftModel",
     "FeatureLoss",
     "ForwardSolution",
     "GibbsConstants",
@@ -73,6 +80,7 @@ __all__ = [
     "MeanFieldTraining",
     "ParticleState",
     "ParticleTraining",
+    "SmoothedTransportModel",
     "PotentialLoss",
     "TokenTransportModel",
     "TrainingState",
