@@ -1,9 +1,12 @@
 """Writers for run outputs: ParaView XDMF time series, metrics CSV, final.npz, summary.json.
 
 Only drivers and the engine call these (solvers never write files); pictures are in
-``_plots``. Every function is collective
-where it gathers data; files other than the XDMF series are written by rank 0 only, and each
-row or file is flushed when written so that a run that dies keeps everything written so far.
+``_plots``. Every function is collective where it moves data. The density series and
+final.npz are written from row blocks of the global cell order, never gathered on one rank
+(:class:`DensityWriter`, :func:`write_final_collective`); :class:`GatheredCells` and
+:func:`write_final` (rank 0, the whole array) stay for experiments with small meshes. The
+other files are written by rank 0 only; each row or file is flushed when written so that a
+run that dies keeps everything written so far.
 
 Failed writes (a full disk, a quota): the constructors raise the same error on every rank; a
 failed :meth:`DensityWriter.write` or :meth:`MetricsWriter.write` raises on rank 0 and leaves
