@@ -185,3 +185,29 @@ def test_checkpoint_restores_on_other_rank_counts(sphere, shared_tmp):
         ok = sorted(restored) == sorted(expected)
         ok = ok and all(np.array_equal(restored[k], expected[k]) for k in expected)
         assert _agree(ok), where
+
+
+def test_picture_copy_is_the_cell_means_on_a_coarser_icosphere():
+    """Level 3 seen at level 2 (limit 320 cells): each coarse value is the mass-weighted mean
+    of the fine cells whose centres lie in that coarse triangle, found by brute force."""
+    cv = control_volumes(icosphere(COMM, 3))
+    rho = np.exp(2.0 * cv.centres[: cv.n_owned, 0]) + cv.original_index[: cv.n_owned] % 3
+    cells = CellBlocks(cv)
+    coarse = cells.coarsened(rho, limit=320)
+    gathered = CellBlocks(cv)
+    centres, masses = gathered.gather(cv.centres[: cv.n_owned]), gathered.gather(rho)
+    areas = gathered.gather(cv.measures[: cv.n_owned])
+    ok = coarse is not None
+    if COMM.rank == 0 and ok:
+        vertices, values = coarse
+        x, f = icosphere_arrays(2)
+        tri = x[f]  # (320, 3, 3)
+        normals = np.stack([np.cross(tri[:, k], tri[:, (k + 1) % 3]) for k in range(3)], 1)
+        inside = np.einsum("ckj,nj->nck", normals, centres).min(axis=2) > -1e-12
+        owner = inside.argmax(axis=1)
+        ok = bool(np.all(inside.sum(axis=1) == 1)) and np.array_equal(vertices, tri)
+        mass = np.bincount(owner, weights=masses * areas, minlength=320)
+        area = np.bincount(owner, weights=areas, minlength=320)
+        ok = ok and np.allclose(values, mass / area, rtol=1e-12, atol=0)
+    assert _agree(ok)
+    assert cells.coarsened(rho, limit=1280) is None  # not coarser than the mesh itself

@@ -132,6 +132,50 @@ class CellBlocks:
             return None, None, k
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), k
 
+    def coarsened(self, values_owned: Any, limit: int = PICTURE_CELLS) -> tuple[Any, Any] | None:
+        """An icosphere of level L seen at the coarser level l (the largest with
+        20 4^l <= ``limit``): (vertices (n_l, 3, 3), the mass-weighted mean of the values over
+        each coarse cell) on rank 0, (None, None) elsewhere; None on every rank when this is
+        not an icosphere in :func:`meshes.sphere.icosphere_arrays` order (collective).
+
+        That order makes cell i's ancestor at level l the cell i mod 20 4^l (children of
+        each level appended block after block); it is checked, not assumed: every owned
+        cell's centre must lie in its ancestor's spherical triangle.
+        """
+        from meshes.sphere import icosphere_arrays
+
+        n = self.n_global
+        level = int(round(np.log(max(n, 1) / 20.0) / np.log(4.0)))
+        fine = getattr(self.cv, "manifold", "") == "S2" and n == 20 * 4**level
+        coarse_level = int(np.floor(np.log(max(limit, 20) / 20.0) / np.log(4.0)))
+        fine = fine and coarse_level < level
+        if not self.comm.allreduce(bool(fine), op=MPI.LAND):
+            return None
+        x, f = icosphere_arrays(coarse_level)
+        n_c = len(f)
+        g = self.cv.original_index[: self.cv.n_owned]
+        parent = x[f[g % n_c]]  # (m, 3, 3) the ancestors' corners
+        c = np.asarray(self.cv.centres[: self.cv.n_owned])
+        sides = [
+            np.einsum("ij,ij->i", np.cross(parent[:, k], parent[:, (k + 1) % 3]), c)
+            for k in range(3)
+        ]
+        inside = bool(np.all(np.min(sides, axis=0) > -1e-12))
+        if not self.comm.allreduce(inside, op=MPI.LAND):
+            return None
+        masses = np.asarray(values_owned) * np.asarray(self.cv.measures[: self.cv.n_owned])
+        sums = np.stack(
+            [
+                np.bincount(g % n_c, weights=masses, minlength=n_c),
+                np.bincount(g % n_c, weights=self.cv.measures[: self.cv.n_owned], minlength=n_c),
+            ]
+        )
+        total = np.zeros_like(sums) if self.comm.rank == 0 else None
+        self.comm.Reduce(sums, total, op=MPI.SUM, root=0)
+        if self.comm.rank != 0:
+            return None, None
+        return x[f], total[0] / total[1]
+
     def mesh(self) -> MeshBlocks:
         """The series' mesh in blocks (module docstring; collective, computed once)."""
         if self._mesh is None:

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import numpy as np
 
-from drivers.engine._cell_blocks import CellBlocks
+from drivers.engine._cell_blocks import PICTURE_CELLS, CellBlocks
 from drivers.engine._density_map import density_map, final_clusters
 from drivers.engine._folder import OutputError, describe
 from drivers.engine._npz_stream import Rows
@@ -144,11 +144,16 @@ def _pictures(rec: Any, cells: CellBlocks) -> None:
     """density.png, density_map.png (S^2), metrics.png and edi.png (collective; drawn on rank
     0): a failed write is a failure of the run, any other error of a picture only a warning.
 
-    Above :data:`~drivers.engine._cell_blocks.PICTURE_CELLS` cells rank 0 gets every k-th
-    cell of the final state (:meth:`~drivers.engine._cell_blocks.CellBlocks.sample`) and
-    draws the final state alone (no strip read back from the series): no rank holds the
-    whole state for a picture."""
-    vertices, final_density, k = cells.sample(rec.density)
+    Above :data:`~drivers.engine._cell_blocks.PICTURE_CELLS` cells rank 0 gets a coarsened
+    copy (an icosphere: the cell means on a coarser icosphere,
+    :meth:`~drivers.engine._cell_blocks.CellBlocks.coarsened`; else every k-th cell,
+    :meth:`~drivers.engine._cell_blocks.CellBlocks.sample`) and draws the final state alone
+    (no strip read back from the series): no rank holds the whole state for a picture."""
+    coarse = cells.coarsened(rec.density) if cells.n_global > PICTURE_CELLS else None
+    if coarse is not None:
+        (vertices, final_density), k = coarse, 0
+    else:
+        vertices, final_density, k = cells.sample(rec.density)
     if rec.comm.rank != 0:
         return
     title = (
@@ -161,7 +166,7 @@ def _pictures(rec: Any, cells: CellBlocks) -> None:
             if rec.budget is not None and rec.metrics.rows:
                 plot_budget(rec.out / "edi.png", rec.metrics.rows, title=title)
             return
-        if k > 1:
+        if k != 1:
             _sampled_pictures(rec, vertices, final_density, k, title)
             return
         run_pictures(
@@ -179,8 +184,11 @@ def _pictures(rec: Any, cells: CellBlocks) -> None:
 
 
 def _sampled_pictures(rec: Any, vertices: Any, density: Any, k: int, title: str) -> None:
-    """The pictures of a large run from every k-th cell (rank 0): the final state alone."""
-    label = f"density (every {k}th cell of {rec.written.n_global}), t = {rec.t:.4g}"
+    """The pictures of a large run (rank 0), the final state alone: on a coarser icosphere
+    (``k`` = 0; cell means of the density) or from every k-th cell."""
+    n = rec.written.n_global
+    how = f"every {k}-th of {n} cells" if k else f"mean over {n // len(density)} cells each"
+    label = f"density ({how}), t = {rec.t:.4g}"
     render_density(rec.out / "density.png", vertices, density, title=label)
     if manifold_of(np.asarray(vertices)) == "S2":
         clusters = final_clusters(rec.out / "clusters.csv", rec.t)
