@@ -1,8 +1,11 @@
 """The particle time series of a mesh-free particle run (``[particles]``): what density.xdmf is
 to a mesh run.
 
-At every output the particles are gathered to rank 0 in the order of their global indices
-(rows of the initial array; :class:`solvers.transport.PointCloud`), which alone writes:
+At every output the particles go to contiguous blocks of their global order (rows of the
+initial array; :class:`solvers.transport.PointCloud`;
+:class:`~drivers.engine._cell_blocks.CellBlocks`), never to one rank: the ``.npz`` files are
+streamed through rank 0 one chunk at a time (:mod:`drivers.engine._npz_stream`), the HDF5
+rows written by every rank with MPI-IO into datasets rank 0 made (:mod:`drivers.engine._h5_rows`):
 
 - ``particles/particles_<k>.npz`` (k = 00000, 00001, ...), any d: ``points`` (n, d),
   ``masses`` (n,), ``t``, ``step``;
@@ -19,15 +22,17 @@ and leaves the writer failed (later writes do their collective part only), as
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from drivers.engine._cell_blocks import CellBlocks
 from drivers.engine._folder import ensure_space
-from drivers.engine._writers import GatheredCells, write_text_atomic
+from drivers.engine._h5_rows import create_contiguous, write_rows
+from drivers.engine._npz_stream import Rows, npz_index, write_npz
+from drivers.engine._writers import write_text_atomic
 
 __all__ = ["ParticleWriter", "particle_series_xml"]
 
@@ -81,8 +86,7 @@ class ParticleWriter:
         self.path = self.out / "particles.xdmf"
         self.h5path = self.out / "particles.h5"
         self.xdmf = cloud.d <= 3
-        self._gathered = GatheredCells(cloud)
-        self._file = None
+        self._cells = CellBlocks(cloud)
         self.times: list[float] = []
         self.failed = False
         error = None
@@ -94,9 +98,8 @@ class ParticleWriter:
             except KeyError as exc:  # h5py: a group or dataset is missing
                 error, self.failed = ValueError(f"{self.h5path}: {exc}"), True
         if cloud.comm.size > 1:
-            error = cloud.comm.bcast(error, root=0)
+            error, self.times = cloud.comm.bcast((error, self.times), root=0)
         if error is not None:
-            self.close()
             raise error
 
     def _open(self, keep: int | None) -> None:
@@ -108,9 +111,9 @@ class ParticleWriter:
             for path in steps:
                 path.unlink()
             if self.xdmf:
-                self._file = h5py.File(self.h5path, "w")
-                self._file.require_group("/Points")
-                self._file.require_group("/Mass")
+                with h5py.File(self.h5path, "w") as f:
+                    f.require_group("/Points")
+                    f.require_group("/Mass")
         else:
             if len(steps) < keep:
                 raise ValueError(
@@ -118,50 +121,106 @@ class ParticleWriter:
                 )
             for path in steps[keep:]:
                 path.unlink()
-            self.times = [float(np.load(p)["t"]) for p in steps[:keep]]
+            self.times = [float(npz_index(p)["t"].read()) for p in steps[:keep]]
             if self.xdmf:
                 if not self.h5path.is_file():
                     raise ValueError(f"{self.h5path} is missing")
-                self._file = h5py.File(self.h5path, "a")
-                for group in ("/Points", "/Mass"):
-                    g = self._file.require_group(group)
-                    if len(g) < keep:
-                        raise ValueError(f"{self.h5path} has {len(g)} steps, expected {keep}")
-                    for key in list(g.keys()):
-                        if int(key) >= keep:
-                            del g[key]
-        if self._file is not None:
-            self._file.flush()
+                with h5py.File(self.h5path, "a") as f:
+                    for group in ("/Points", "/Mass"):
+                        g = f.require_group(group)
+                        if len(g) < keep:
+                            raise ValueError(f"{self.h5path} has {len(g)} steps, expected {keep}")
+                        for key in list(g.keys()):
+                            if int(key) >= keep:
+                                del g[key]
+        if self.xdmf:
             self._write_xml()
 
     def write(self, t: float, step: int, points: Array, masses: Array) -> None:
-        """Append one step: this rank's particles (n_owned, d) and masses (collective)."""
-        pts = self._gathered.gather(np.asarray(points, dtype=np.float64))
-        m = self._gathered.gather(np.asarray(masses, dtype=np.float64))
-        if self.cloud.comm.rank != 0 or self.failed:
+        """Append one step: this rank's particles (n_owned, d) and masses (collective).
+
+        Raises:
+            OSError (or h5py's RuntimeError): on rank 0 only; the writer is then failed.
+        """
+        comm, cells = self.cloud.comm, self._cells
+        if comm.size > 1:
+            self.failed = comm.bcast(self.failed, root=0)
+        pts = cells.block(np.asarray(points, dtype=np.float64))
+        m = cells.block(np.asarray(masses, dtype=np.float64))
+        if self.failed:
             return
+        k = len(self.times)
+        n, error = self.cloud.n_global, None
         try:
-            k = len(self.times)
-            ensure_space(self.h5path, 2 * (pts.nbytes + m.nbytes) + 4096)
-            path = self.folder / f"particles_{k:05d}.npz"
-            tmp = self.folder / f".particles_{k:05d}.tmp.npz"
+            if comm.rank == 0:
+                ensure_space(self.h5path, 2 * n * 8 * (self.cloud.d + 1) + 4096)
+        except OSError as exc:
+            error = exc
+        if comm.size > 1:
+            error = comm.bcast(error, root=0)
+        if error is not None:
+            return self._failed(error)
+        members = {
+            "points": Rows(pts, cells.start),
+            "masses": Rows(m, cells.start),
+            "t": np.float64(t),
+            "step": np.int64(step),
+        }
+        try:
+            write_npz(comm, self.folder / f"particles_{k:05d}.npz", members)
+        except Exception as exc:
+            error = exc
+        if comm.size > 1:
+            error = comm.bcast(error, root=0)
+        if error is not None:
+            return self._failed(error)
+        if self.xdmf and not self._write_h5(k, t, pts, m):
+            return
+        self.times.append(float(t))
+        if self.xdmf and comm.rank == 0:
             try:
-                np.savez(tmp, points=pts, masses=m, t=np.float64(t), step=np.int64(step))
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
-            if self._file is not None:
-                xyz = np.zeros((len(pts), 3))
-                xyz[:, : pts.shape[1]] = pts
-                self._file.create_dataset(f"/Points/{k}", data=xyz).attrs["t"] = float(t)
-                self._file.create_dataset(f"/Mass/{k}", data=m.reshape(-1, 1))
-                self._file.flush()
-            self.times.append(float(t))
-            if self._file is not None:
                 self._write_xml()
-        except BaseException:
-            self.failed = True
-            raise
+            except BaseException:
+                self.failed = True
+                raise
+        return None
+
+    def _failed(self, error: BaseException) -> None:
+        """A failed step: failed everywhere, raised on rank 0."""
+        self.failed = True
+        if self.cloud.comm.rank == 0:
+            raise error
+
+    def _write_h5(self, k: int, t: float, pts: Array, m: Array) -> bool:
+        """Step k's datasets: made by rank 0, rows written by all (collective)."""
+        import h5py
+
+        comm, cells, n = self.cloud.comm, self._cells, self.cloud.n_global
+        places, error = None, None
+        if comm.rank == 0:
+            try:
+                with h5py.File(self.h5path, "a") as f:
+                    places = [
+                        create_contiguous(f, f"/Points/{k}", (n, 3), np.float64),
+                        create_contiguous(f, f"/Mass/{k}", (n, 1), np.float64),
+                    ]
+                    f[f"/Points/{k}"].attrs["t"] = float(t)
+            except (OSError, RuntimeError, KeyError, ValueError) as exc:
+                error = exc
+        if comm.size > 1:
+            places, failed = comm.bcast((places, error is not None), root=0)
+        else:
+            failed = error is not None
+        if failed:
+            self._failed(error)
+            return False
+        xyz = np.zeros((len(pts), 3))
+        xyz[:, : pts.shape[1]] = pts
+        rows = [(places[0], cells.start, xyz), (places[1], cells.start, m.reshape(-1, 1))]
+        if not write_rows(comm, self.h5path, rows):
+            self._failed(OSError(f"cannot write the rows of {self.h5path} (MPI-IO)"))
+            return False
+        return True
 
     def _write_xml(self) -> None:
         write_text_atomic(
@@ -169,11 +228,4 @@ class ParticleWriter:
         )
 
     def close(self) -> None:
-        """Close the HDF5 file (rank 0); a failure to flush it is not raised again."""
-        if self._file is not None:
-            file, self._file = self._file, None
-            try:
-                file.close()
-            except (OSError, RuntimeError):
-                if not self.failed:
-                    raise
+        """Nothing stays open between steps (kept for the writers' common interface)."""

@@ -48,7 +48,6 @@ Adaptive meshes (``[adapt]``): the recorder follows a :class:`solvers.stepping.A
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
@@ -65,12 +64,12 @@ import numpy as np
 import numpy.typing as npt
 
 from drivers.engine._cadence import Cadence, OutputOptions, output_cadence, output_options
+from drivers.engine._cell_blocks import CellBlocks
 from drivers.engine._checkpoint import (
-    checkpoint_dir,
-    gather_budget_measure,
     load_run_checkpoint,
+    restore_cells,
     resume_budget,
-    save_checkpoint,
+    write_run_checkpoint,
 )
 from drivers.engine._config import ConfigError
 from drivers.engine._extras import ClusterOutput, Extras
@@ -88,13 +87,7 @@ from drivers.engine._summary import (
     run_summary,
     scaled,
 )
-from drivers.engine._writers import (
-    DensityWriter,
-    GatheredCells,
-    MetricsWriter,
-    json_default,
-    write_json,
-)
+from drivers.engine._writers import DensityWriter, MetricsWriter, write_json
 from meshes import MeshQuality, flat_quality, mesh_quality
 from meshes.control_volumes import ControlVolumes, flat_control_volumes
 from solvers.attention import Attention, measure_diagnostics
@@ -199,7 +192,7 @@ class Recorder:
         self.peak_rss: list[float] | None = None  # per rank, gathered at the end
         self.adaptive = False  # an AdaptiveScheme: known in start/resume
         self._weight_columns = list(weights.diagnostics(0.0))
-        self.gathered = GatheredCells(cv)
+        self.gathered = CellBlocks(cv)
         self._mesh_version: int | None = None
         self.written = self.gathered  # the cells of the last written state
         self.last = StepResult(t=0.0, dt=0.0)
@@ -291,7 +284,7 @@ class Recorder:
         if self.adaptive:
             self._mesh_version = scheme.mesh_version
             if scheme.cv is not self.cv:
-                self.gathered = self.written = GatheredCells(scheme.cv)
+                self.gathered = self.written = CellBlocks(scheme.cv)
 
     def _open(self, cv: ControlVolumes, outputs: int | None, rows: int | None) -> None:
         """The writers, new or continued with ``outputs`` steps and ``rows`` rows kept
@@ -367,8 +360,7 @@ class Recorder:
         elif any(k.startswith("mesh_") for k in saved):
             raise ConfigError("--restart", "the checkpoint is of an adaptive run (adapt.max_level)")
         cv = self._cv(scheme)
-        mine = cv.original_index[: cv.n_owned]
-        cells = {k[6:]: saved[k][mine] for k in saved if k.startswith("state_")}
+        cells = restore_cells(saved, self.gathered)
         scheme.restore(
             SchemeState(
                 float(saved["t"]), int(saved["steps"]), cells, {"outflow": float(saved["outflow"])}
@@ -410,7 +402,7 @@ class Recorder:
         """After a change of an adaptive scheme's mesh: the cells to gather (collective)."""
         if self.adaptive and scheme.mesh_version != self._mesh_version:
             self._mesh_version = scheme.mesh_version
-            self.gathered = GatheredCells(scheme.cv)
+            self.gathered = CellBlocks(scheme.cv)
 
     def _load_checkpoint(self) -> dict[str, Any]:
         """The newest valid checkpoint (:func:`~drivers.engine._checkpoint.load_run_checkpoint`)."""
@@ -523,41 +515,10 @@ class Recorder:
         return next((k for k, v in row.items() if not math.isfinite(float(v))), None)
 
     def _checkpoint(self, scheme: TokenScheme) -> None:
-        """Save the state (collective; the write on rank 0, guarded)."""
-        state = scheme.state()
-        arrays = {f"state_{k}": self.gathered.gather(v) for k, v in state.cells.items()}
-        mesh = {f"mesh_{k}": v for k, v in scheme.mesh_state().items()} if self.adaptive else {}
-        budget: dict[str, Any] = {}
-        if self.budget is not None:  # between records also the measure of the latest one
-            budget = self.budget.checkpoint_state()
-            budget.update(gather_budget_measure(self.budget, scheme.t, self.comm))
-        extras = self.extras.checkpoint_state()
-        self._last_checkpoint = state.steps
+        """Save the state (collective; :func:`~drivers.engine._checkpoint.write_run_checkpoint`:
+        no rank holds a whole array, the write guarded on rank 0)."""
+        write_run_checkpoint(self, scheme)
         self._checkpoint_wall = time.perf_counter()
-        if self.comm.rank == 0:
-            config = json.dumps(self.config, default=json_default)
-            with self.guard.writing(checkpoint_dir(self.out) / f"ckpt_{state.steps:09d}.npz"):
-                save_checkpoint(
-                    self.out,
-                    state.steps,
-                    {
-                        **arrays,
-                        "t": np.float64(state.t),
-                        "steps": np.int64(state.steps),
-                        "dt": np.float64(self.last.dt),
-                        "n_outputs": np.int64(len(self.writer.times)),
-                        "n_rows": np.int64(len(self.metrics.rows)),
-                        "outflow": np.float64(state.scalars.get("outflow", 0.0)),
-                        "scheme": np.array(self.scheme_name),
-                        "config": np.array(config),
-                        "run_id": np.array(self.run_id),
-                        "config_hash": np.array(self.config_hash),
-                        "log_scale": np.float64(self.log_scale),
-                        **budget,
-                        **mesh,
-                        **extras,
-                    },
-                )
 
     def interrupt(self, scheme: TokenScheme, signum: int) -> Outcome:
         """A signal stopped the loop after this step (collective): a checkpoint (whatever

@@ -1,9 +1,12 @@
 """Writers for run outputs: ParaView XDMF time series, metrics CSV, final.npz, summary.json.
 
 Only drivers and the engine call these (solvers never write files); pictures are in
-``_plots``. Every function is collective
-where it gathers data; files other than the XDMF series are written by rank 0 only, and each
-row or file is flushed when written so that a run that dies keeps everything written so far.
+``_plots``. Every function is collective where it moves data. The density series and
+final.npz are written from row blocks of the global cell order, never gathered on one rank
+(:class:`DensityWriter`, :func:`write_final_collective`); :class:`GatheredCells` and
+:func:`write_final` (rank 0, the whole array) stay for experiments with small meshes. The
+other files are written by rank 0 only; each row or file is flushed when written so that a
+run that dies keeps everything written so far.
 
 Failed writes (a full disk, a quota): the constructors raise the same error on every rank; a
 failed :meth:`DensityWriter.write` or :meth:`MetricsWriter.write` raises on rank 0 and leaves
@@ -29,7 +32,16 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
+from drivers.engine._cell_blocks import CellBlocks
 from drivers.engine._folder import ensure_space
+from drivers.engine._h5_rows import (
+    DatasetPlace,
+    create_contiguous,
+    dataset_place,
+    read_rows,
+    write_rows,
+)
+from drivers.engine._npz_stream import write_npz
 from drivers.engine._xdmf import MeshShape, mesh_group, mesh_number, series_xml
 
 __all__ = [
@@ -38,6 +50,7 @@ __all__ = [
     "DensityWriter",
     "MetricsWriter",
     "write_final",
+    "write_final_collective",
     "write_json",
     "write_text_atomic",
     "json_default",
@@ -83,50 +96,6 @@ def gather_cells(cv: ControlVolumes, values_owned: Array) -> Array | None:
     return GatheredCells(cv).gather(values_owned)
 
 
-def _gather_mesh(cv: ControlVolumes) -> tuple[GatheredCells, Array | None, Array | None]:
-    """The cells of ``cv`` and its mesh in input numbering, for the series (collective).
-
-    Returns:
-        The gathered cells, and on rank 0 the points (n_points, gdim >= 2; R^1 padded with
-        y = 0, as XDMF has no 1D geometry) and the cells (n_cells, nv) indexing them, cells by
-        original cell index, quadrilaterals as a cycle (None elsewhere).
-    """
-    gathered = GatheredCells(cv)
-    mesh = cv.mesh
-    n = cv.n_owned
-    input_index = np.asarray(mesh.geometry.input_global_indices, dtype=np.int64)
-    nodes = np.asarray(mesh.geometry.dofmaps[0])[:n]
-    cells_input = gathered.gather(input_index[nodes])
-    parts = cv.comm.gather((input_index, mesh.geometry.x[:, : cv.d].copy()), root=0)
-    if cv.comm.rank != 0:
-        return gathered, None, None
-    idx = np.concatenate([p[0] for p in parts])
-    xyz = np.concatenate([p[1] for p in parts])
-    uniq, first = np.unique(idx, return_index=True)
-    remap = np.full(int(uniq.max()) + 1, -1, dtype=np.int64)
-    remap[uniq] = np.arange(len(uniq))
-    points = xyz[first]
-    if points.shape[1] == 1:  # R^1: XDMF has no 1D geometry type; pad with y = 0
-        points = np.column_stack([points, np.zeros(len(points))])
-    cells = remap[cells_input]
-    if cv.manifold == "R2":  # DOLFINx quadrilaterals are tensor ordered; XDMF wants a cycle
-        cells = cells[:, [0, 1, 3, 2]]
-    return gathered, points, cells
-
-
-def _same_mesh(points: Array, cells: Array, other_points: Array, other_cells: Array) -> bool:
-    return bool(
-        points.shape == other_points.shape
-        and cells.shape == other_cells.shape
-        and np.array_equal(cells, other_cells)
-        and np.array_equal(points, other_points)
-    )
-
-
-def _shape(points: Array, cells: Array) -> MeshShape:
-    return MeshShape(int(cells.shape[0]), int(cells.shape[1]), *map(int, points.shape))
-
-
 class DensityWriter:
     """XDMF (+ HDF5) time series of the cell density, for ParaView; appendable on restart.
 
@@ -135,15 +104,21 @@ class DensityWriter:
     (attribute ``t``) to the HDF5 file; the small XDMF file is rewritten atomically after
     every step, so a run killed at any point leaves a valid series of the steps written.
     The layout is DOLFINx's (``Xdmf3 Reader T`` in ParaView; meshio's TimeSeriesReader).
-    Data are gathered to rank 0, which alone writes (serial h5py; O(N) memory there).
+
+    Parallel writing without a gather (:mod:`drivers.engine._h5_rows`): rank 0 creates each
+    dataset (contiguous, allocated, attributes set) with h5py and closes the file; then
+    every rank writes its block of rows (:class:`~drivers.engine._cell_blocks.CellBlocks`:
+    contiguous cells of the global order) with MPI-IO, collectively. No rank holds more than
+    its block of the mesh or of a step; the file is what a serial h5py write of the gathered
+    arrays gives (same datasets, shapes, values and order).
 
     Meshes that change (adaptive runs, ``write(..., cv=...)``): the first mesh is
     ``/Mesh/mesh``; each later mesh whose arrays differ from the current one's is stored
     once as ``/Mesh/mesh_<j>`` (j = 1, 2, ...), the steps on it carry the attribute
     ``mesh`` = j and, in the XDMF file, their own Topology and Geometry
     (:mod:`drivers.engine._xdmf`). ParaView reads every step on its mesh; meshio's
-    TimeSeriesReader only the first mesh. A series whose mesh never changes is byte for
-    byte what earlier versions wrote.
+    TimeSeriesReader only the first mesh. A series whose mesh never changes has the XDMF text
+    of earlier versions byte for byte.
 
     Args:
         cv: control volumes of the mesh.
@@ -158,95 +133,178 @@ class DensityWriter:
     def __init__(
         self, cv: ControlVolumes, path: str | Path, name: str = "density", keep: int | None = None
     ) -> None:
-        import h5py
-
-        self.cv, self.name = cv, name
+        self.cv, self.name, self.comm = cv, name, cv.comm
         self.path = Path(path)
         self.h5path = self.path.with_suffix(".h5")
-        self._gathered, points, cells = _gather_mesh(cv)
-        self._file = None
         self.times: list[float] = []
-        #: the mesh of each step (0: /Mesh/mesh; rank 0)
+        #: the mesh of each step (0: /Mesh/mesh)
         self.step_mesh: list[int] = []
         self._shapes: dict[int, MeshShape] = {}
+        self._cells = CellBlocks(cv)
+        self._blocks = self._cells.mesh()
         self._mesh: int | None = 0  # the group of the current mesh (None: not stored yet)
-        self._points, self._cells = points, cells
-        #: a write failed on rank 0: later writes only do their collective part
+        #: a write failed: later writes only do their collective part
         self.failed = False
-        error = None
-        if cv.comm.rank == 0:
+        if keep is None:
+            shape = self._shape()
+
+            def new(f: Any) -> list[DatasetPlace]:
+                ensure_space(self.h5path, self._mesh_bytes(shape))
+                places = self._create_mesh(f, 0, shape)
+                f.require_group(f"/Function/{name}")
+                return places
+
+            places = self._root_h5("w", new, raise_everywhere=True)
+            self._shapes[0] = shape
+            self._write_mesh(places, raise_everywhere=True)
+        else:
+            self._reopen(keep)
+        self._root_xml(raise_everywhere=True)
+
+    # ------------------------------------------------------------------ rank-0 file work
+    def _root_h5(self, mode: str, fn: Any, raise_everywhere: bool) -> Any:
+        """Run ``fn(h5py file)`` on rank 0 with the file open in ``mode``, then broadcast its
+        result (collective). An error is raised on every rank (``raise_everywhere``) or on
+        rank 0 only, the writer failed on every rank."""
+        import h5py
+
+        result, error = None, None
+        if self.comm.rank == 0:
             try:
-                if keep is not None:
-                    if not self.h5path.is_file():
-                        raise ValueError(f"{self.h5path} is missing")
-                    self._file = h5py.File(self.h5path, "a")
-                    self._reopen(keep)
-                else:
-                    ensure_space(self.h5path, points.nbytes + cells.nbytes)
-                    self._file = h5py.File(self.h5path, "w")
-                    self._store_mesh(0)
-                    self._file.require_group(f"/Function/{name}")
-                self._file.flush()
-                self._write_xml()
+                if mode == "a" and not self.h5path.is_file():
+                    raise ValueError(f"{self.h5path} is missing")
+                with h5py.File(self.h5path, mode) as f:
+                    result = fn(f)
             except (OSError, RuntimeError, ValueError) as exc:
-                error, self.failed = exc, True
+                error = exc
             except KeyError as exc:  # h5py: a group or dataset is missing
-                error, self.failed = ValueError(f"{self.h5path}: {exc}"), True
-        if cv.comm.size > 1:
-            error = cv.comm.bcast(error, root=0)
+                error = ValueError(f"{self.h5path}: {exc}")
+        failed = error is not None
+        if self.comm.size > 1:
+            result, failed = self.comm.bcast((result, failed), root=0)
+        self._fail(failed, error, raise_everywhere)
+        return result
+
+    def _fail(self, failed: bool, error: BaseException | None, everywhere: bool) -> None:
+        if not failed:
+            return
+        self.failed = True
+        if everywhere and self.comm.size > 1:
+            error = self.comm.bcast(error, root=0)
         if error is not None:
-            self.close()
             raise error
 
+    def _write_mesh(self, places: list[DatasetPlace], raise_everywhere: bool) -> None:
+        """The rows of the current mesh into its datasets (collective)."""
+        b = self._blocks
+        rows = [(places[0], b.point_start, b.points), (places[1], self._cells.start, b.cells)]
+        self._write_rows(rows, raise_everywhere)
+
+    def _write_rows(self, rows: list[Any], raise_everywhere: bool) -> None:
+        if not write_rows(self.comm, self.h5path, rows):
+            error = OSError(f"cannot write the rows of {self.h5path} (MPI-IO)")
+            self._fail(True, error if self.comm.rank == 0 else None, raise_everywhere)
+
+    def _root_xml(self, raise_everywhere: bool) -> None:
+        error = None
+        if self.comm.rank == 0:
+            try:
+                self._write_xml()
+            except OSError as exc:
+                error = exc
+        failed = self.comm.allreduce(error is not None, op=MPI.LOR)
+        self._fail(failed, error, raise_everywhere)
+
+    def _shape(self) -> MeshShape:
+        b = self._blocks
+        return MeshShape(
+            self._cells.n_global, int(b.cells.shape[1]), b.n_points, int(b.points.shape[1])
+        )
+
+    @staticmethod
+    def _mesh_bytes(shape: MeshShape) -> int:
+        return 8 * (shape.n_cells * shape.nv + shape.n_points * shape.gdim)
+
+    @staticmethod
+    def _create_mesh(f: Any, j: int, shape: MeshShape) -> list[DatasetPlace]:
+        """The datasets of mesh group j (rank 0): places of geometry and topology."""
+        group = mesh_group(j)
+        geometry = create_contiguous(
+            f, f"{group}/geometry", (shape.n_points, shape.gdim), np.float64
+        )
+        topology = create_contiguous(f, f"{group}/topology", (shape.n_cells, shape.nv), np.int64)
+        return [geometry, topology]
+
+    # ------------------------------------------------------------------ restart
     def _reopen(self, keep: int) -> None:
-        """Restart: drop the steps from ``keep`` on and the meshes no kept step is on."""
-        f = self._file
-        group = f.require_group(f"/Function/{self.name}")
-        if len(group) < keep:
-            raise ValueError(f"{self.h5path} has {len(group)} steps, the checkpoint expects {keep}")
-        for key in list(group.keys()):
-            if int(key) >= keep:
-                del group[key]
-        steps = [group[str(k)] for k in range(len(group))]
-        self.times = [float(ds.attrs["t"]) for ds in steps]
-        self.step_mesh = [int(ds.attrs.get("mesh", 0)) for ds in steps]
-        used = {0, *self.step_mesh}
-        for key in list(f.require_group("/Mesh").keys()):
-            j = mesh_number(key)
-            if j is not None and j not in used:
-                del f["/Mesh"][key]
-        for j in used:
-            g = f[mesh_group(j)]
-            self._shapes[j] = MeshShape(*g["topology"].shape, *g["geometry"].shape)
-        current = self.step_mesh[-1] if self.step_mesh else 0
-        g = f[mesh_group(current)]
-        points, cells = np.asarray(g["geometry"]), np.asarray(g["topology"])
-        if _same_mesh(self._points, self._cells, points, cells):
+        """Restart: drop the steps from ``keep`` on and the meshes no kept step is on; the
+        current mesh is the last kept step's, when ``cv``'s arrays equal it (collective)."""
+        name = self.name
+
+        def trim(f: Any) -> tuple[Any, ...]:
+            group = f.require_group(f"/Function/{name}")
+            if len(group) < keep:
+                raise ValueError(
+                    f"{self.h5path} has {len(group)} steps, the checkpoint expects {keep}"
+                )
+            for key in list(group.keys()):
+                if int(key) >= keep:
+                    del group[key]
+            steps = [group[str(k)] for k in range(len(group))]
+            times = [float(ds.attrs["t"]) for ds in steps]
+            step_mesh = [int(ds.attrs.get("mesh", 0)) for ds in steps]
+            used = {0, *step_mesh}
+            for key in list(f.require_group("/Mesh").keys()):
+                j = mesh_number(key)
+                if j is not None and j not in used:
+                    del f["/Mesh"][key]
+            shapes = {}
+            for j in used:
+                g = f[mesh_group(j)]
+                shapes[j] = MeshShape(*g["topology"].shape, *g["geometry"].shape)
+            current = step_mesh[-1] if step_mesh else 0
+            g = f[mesh_group(current)]
+            places = [dataset_place(g["geometry"]), dataset_place(g["topology"])]
+            return times, step_mesh, shapes, current, places
+
+        times, step_mesh, shapes, current, places = self._root_h5("a", trim, True)
+        self.times, self.step_mesh, self._shapes = times, step_mesh, shapes
+        if self._same_as_stored(shapes[current], places):
             self._mesh = current
-        elif not self.step_mesh:  # no step kept: the first mesh is this one
-            del f[mesh_group(0)]
-            self._store_mesh(0)
+        elif not step_mesh:  # no step kept: the first mesh is this one
+            shape = self._shape()
+
+            def replace(f: Any) -> list[DatasetPlace]:
+                del f[mesh_group(0)]
+                return self._create_mesh(f, 0, shape)
+
+            self._write_mesh(self._root_h5("a", replace, True), raise_everywhere=True)
+            self._shapes[0], self._mesh = shape, 0
         else:
             self._mesh = None
 
-    def _store_mesh(self, j: int) -> None:
-        """Write the current mesh as group j (rank 0)."""
-        group = mesh_group(j)
-        self._file.create_dataset(f"{group}/geometry", data=self._points)
-        self._file.create_dataset(f"{group}/topology", data=self._cells)
-        self._shapes[j] = _shape(self._points, self._cells)
-        self._mesh = j
+    def _same_as_stored(self, shape: MeshShape, places: list[DatasetPlace | None]) -> bool:
+        """Whether the stored mesh of ``shape`` at ``places`` is this writer's (collective;
+        each rank reads and compares its own rows)."""
+        if shape != self._shape() or places[0] is None or places[1] is None:
+            return False
+        b = self._blocks
+        points = read_rows(
+            self.comm, self.h5path, places[0], b.point_start, b.point_start + len(b.points)
+        )
+        cells = read_rows(self.comm, self.h5path, places[1], self._cells.start, self._cells.stop)
+        same = np.array_equal(points, b.points) and np.array_equal(cells, b.cells)
+        return bool(self.comm.allreduce(same, op=MPI.LAND))
 
+    # ------------------------------------------------------------------ steps
     def _switch(self, cv: ControlVolumes) -> None:
         """Make ``cv`` the current mesh (collective); a new group on the next step when its
         arrays differ from the current mesh's."""
-        self._gathered, points, cells = _gather_mesh(cv)
-        self.cv = cv
-        if self._file is None:
-            return
-        if not _same_mesh(points, cells, self._points, self._cells):
+        cells = CellBlocks(cv)
+        blocks = cells.mesh()
+        if not blocks.same(self._blocks, self.comm):
             self._mesh = None
-        self._points, self._cells = points, cells
+        self.cv, self._cells, self._blocks = cv, cells, blocks
 
     def write(self, t: float, density_owned: Array, cv: ControlVolumes | None = None) -> None:
         """Append one step (collective).
@@ -255,46 +313,63 @@ class DensityWriter:
             t: the time.
             density_owned: the density at the owned cells of the current mesh.
             cv: the control volumes the density lives on, when the mesh may have changed
-                (None: the current ones). Another object than the current one is gathered
-                (collective) and compared with the current mesh: the step goes to a new mesh
-                group ``/Mesh/mesh_<j>`` when the arrays differ, else to the current one.
+                (None: the current ones). Another object than the current one is compared
+                with the current mesh (collective): the step goes to a new mesh group
+                ``/Mesh/mesh_<j>`` when the arrays differ, else to the current one.
+
+        Raises:
+            OSError (or h5py's RuntimeError): on rank 0 only; the writer is then failed.
         """
+        if self.comm.size > 1:
+            self.failed = self.comm.bcast(self.failed, root=0)
         if cv is not None and cv is not self.cv:
             self._switch(cv)
-        values = self._gathered.gather(np.asarray(density_owned, dtype=np.float64))
-        if self._file is None or self.failed:
+        values = self._cells.block(np.asarray(density_owned, dtype=np.float64))
+        if self.failed:
             return
-        try:
-            new_mesh = self._points.nbytes + self._cells.nbytes if self._mesh is None else 0
-            ensure_space(self.h5path, values.nbytes + new_mesh)
-            if self._mesh is None:
-                self._store_mesh(max(self._shapes) + 1)
-            k = len(self.times)
-            ds = self._file.create_dataset(f"/Function/{self.name}/{k}", data=values.reshape(-1, 1))
+        k = len(self.times)
+        new = self._mesh is None
+        j = max(self._shapes) + 1 if new else self._mesh
+        shape = self._shape()
+        name = self.name
+
+        def add(f: Any) -> list[DatasetPlace]:
+            ensure_space(self.h5path, 8 * shape.n_cells + (self._mesh_bytes(shape) if new else 0))
+            places = self._create_mesh(f, j, shape) if new else []
+            places.append(create_contiguous(f, f"/Function/{name}/{k}", (shape.n_cells, 1), "f8"))
+            ds = f[f"/Function/{name}/{k}"]
             ds.attrs["t"] = float(t)
-            if self._mesh:
-                ds.attrs["mesh"] = np.int64(self._mesh)
-            self._file.flush()
-            self.times.append(float(t))
-            self.step_mesh.append(self._mesh)
-            self._write_xml()
-        except BaseException:
-            self.failed = True
-            raise
+            if j:
+                ds.attrs["mesh"] = np.int64(j)
+            return places
+
+        places = self._root_h5("a", add, raise_everywhere=False)
+        if self.failed:
+            return
+        b = self._blocks
+        rows = [(places[-1], self._cells.start, values.reshape(-1, 1))]
+        if new:
+            rows += [(places[0], b.point_start, b.points), (places[1], self._cells.start, b.cells)]
+        self._write_rows(rows, raise_everywhere=False)
+        if self.failed:
+            return
+        if new:
+            self._shapes[j], self._mesh = shape, j
+        self.times.append(float(t))
+        self.step_mesh.append(j)
+        if self.comm.rank == 0:
+            try:
+                self._write_xml()
+            except BaseException:
+                self.failed = True
+                raise
 
     def _write_xml(self) -> None:
         xml = series_xml(self.h5path.name, self.name, self.times, self.step_mesh, self._shapes)
         write_text_atomic(self.path, xml)
 
     def close(self) -> None:
-        """Close the HDF5 file (rank 0); a failure to flush it is not raised again."""
-        if self._file is not None:
-            file, self._file = self._file, None
-            try:
-                file.close()
-            except (OSError, RuntimeError):
-                if not self.failed:
-                    raise
+        """Nothing stays open between steps (kept for the writers' common interface)."""
 
 
 class MetricsWriter:
@@ -393,6 +468,17 @@ def write_final(
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_final_collective(comm: MPI.Comm, path: str | Path, members: dict[str, Any]) -> None:
+    """final.npz from distributed rows, never whole on one rank (collective): ``members``
+    maps the keys of :func:`write_final` (and extras) to
+    :class:`~drivers.engine._npz_stream.Rows` (each rank's block, the global order) or to
+    small arrays (rank 0's are written). Rank 0 streams the blocks into the uncompressed
+    archive one chunk at a time (:func:`~drivers.engine._npz_stream.write_npz`); ``np.load``
+    reads it as it reads :func:`write_final`'s. A failed write raises on rank 0 only, and
+    leaves no temporary file."""
+    write_npz(comm, path, members)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
