@@ -16,7 +16,13 @@ gradient descent on the head weights against the rate it predicts (:func:`gradie
 The depth limit: the L-layer transformer (Euler steps T/L) against the token ODE, W1 and the
 gradient at rate 1/L (:func:`depth_study`): ``_depth``.
 
-Modules: ``_adjoint``, ``_depth``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``, ``_particles``.
+Refinement of the coupled system (rho_s under mesh, depth-step and training-step refinement,
+:func:`self_convergence`) and the particles against the mean field at the Monte-Carlo rate
+(:func:`particle_comparison`, :func:`monte_carlo_fit`, exact W1 on the line :func:`line_w1`):
+``_refinement``.
+
+Modules: ``_adjoint``, ``_depth``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``, ``_particles``,
+``_refinement``.
 """
 
 from solvers.training._adjoint import (
@@ -61,6 +67,21 @@ from solvers.training._ntk import (
 )
 from solvers.training._particles import ParticleState, ParticleTraining
 
+# refinement of the coupled system and particles against the mean field (issue 30, item 7)
+from solvers.training._refinement import (
+    CellLaw,
+    MonteCarloFit,
+    ParticleComparison,
+    SelfConvergence,
+    atom_law,
+    head_law,
+    line_w1,
+    monte_carlo_fit,
+    observed_orders,
+    particle_comparison,
+    self_convergence,
+)
+
 __all__ = [
     "FEATURES",
     "AdjointGradient",
@@ -96,4 +117,19 @@ __all__ = [
     "softmax_transposed_sums",
     "spectral_rate",
     "token_w1",
+]
+
+# issue 30, item 7: refinement of the coupled system, particles against the mean field
+__all__ += [
+    "CellLaw",
+    "MonteCarloFit",
+    "ParticleComparison",
+    "SelfConvergence",
+    "atom_law",
+    "head_law",
+    "line_w1",
+    "monte_carlo_fit",
+    "observed_orders",
+    "particle_comparison",
+    "self_convergence",
 ]
