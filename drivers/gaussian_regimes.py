@@ -23,7 +23,9 @@ on a box of R^2 with the finite-volume solver (solvers.transport, 48 x 48 cells,
 boundaries; the blow-up run only to 0.8 t*, its spreading Gaussian leaves any box), all on
 the same plot. Measured (default sizes): bounded regime, mesh covariance within 1.1 % of the
 ODE at t = 8 (outflow 3e-7); blow-up regime, the mesh follows the ODE to t ~ 0.35 and lags
-behind as lambda_max grows (34 % at t = 0.50), like the particles.
+behind as lambda_max grows (34 % at t = 0.50), like the particles; on a mesh that follows the
+covariance (``--refinement``, solvers.gaussian.CovarianceFrameSolver) it converges to the ODE
+up to about 0.5-0.6 t* and is within 3 % at t = 0.50 (drivers/README.md).
 Expected: the particles follow the ODE with an O(N^{-1/2}) discrepancy while the tilt
 |S^{1/2} B x| stays moderate; near t* they cannot follow (a softmax mean of finitely many
 tokens stays in their convex hull, so particles never blow up: their velocity grows at most
@@ -47,6 +49,9 @@ source, m, S, eigenvalues), summary.json (classification, t* with brackets, disc
 
 Things to try:
 
+- ``--refinement 48 64 96``: the blow-up regime on a mesh that follows the covariance
+  (solvers.gaussian.CovarianceFrameSolver, box [-R, R]^2 in frame units, ``--half-width``)
+  against the moment ODE at t = 0.25, 0.5, 0.8 t*, 0.9 t* (drivers/README.md; minutes).
 - Raise ``--n`` (``--n 16000``): the particle discrepancy drops like N^{-1/2} for moderate
   tilts; near t* it stays large (exponentially many particles are needed to resolve the
   tilted softmax mean). Another sample: ``--seed 1``.
@@ -78,7 +83,14 @@ from drivers.engine import write_final
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention, Head
-from solvers.gaussian import Controls, GaussianParticles, blowup_time_vI, classify, solve_moments
+from solvers.gaussian import (
+    Controls,
+    GaussianParticles,
+    blowup_refinement,
+    blowup_time_vI,
+    classify,
+    solve_moments,
+)
 from solvers.transport import TransportSolver, cell_averages
 from solvers.weights import make_weights
 
@@ -275,6 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = experiment.parser()
     parser.add_argument("--n", type=int, default=None, help="number of particles (default 4000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial particles")
+    parser.add_argument(
+        "--refinement",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="instead: the moving-frame solver of the blow-up regime at N cells per side "
+        "(e.g. 48 64 96) against the moment ODE at t = 0.25, 0.5, 0.8 t*, 0.9 t* (in summary.json)",
+    )
+    parser.add_argument("--half-width", type=float, default=12.0, help="R of --refinement")
     args = experiment.start(parser, argv)
     log = experiment.log
 
@@ -324,6 +346,34 @@ def main(argv: list[str] | None = None) -> int:
     # a larger box (its spreading Gaussian leaves any box), and reports its outflow.
     exact = blowup_time_vI(regimes["blowup"], S0, 20.0)
     t_star = exact.t_star
+    if args.refinement:
+        # the moving-frame solver (solvers.gaussian.blowup_refinement), serial on every rank
+        study = blowup_refinement(
+            regimes["blowup"],
+            m0,
+            S0,
+            [0.25, 0.5, 0.8 * t_star, 0.9 * t_star],
+            args.half_width,
+            args.refinement,
+        )
+        for n, ce, me in zip(study.n, study.cov_error, study.mean_error, strict=True):
+            log(f"n = {int(n)}: relative S error {np.array2string(ce, precision=3)}, mean {me}")
+        if comm.rank == 0:
+            experiment.write_summary(
+                out,
+                {
+                    "t_star": t_star,
+                    "times": study.times,
+                    "n": study.n,
+                    "half_width": study.half_width,
+                    "cov_error": study.cov_error,
+                    "mean_error": study.mean_error,
+                    "mass": study.mass,
+                    "steps": study.steps,
+                    "mode": "refinement",
+                },
+            )
+        return 0
     t_end = {"bounded": 8.0, "blowup": t_star}
     ode = {}
     for name, ctr in regimes.items():

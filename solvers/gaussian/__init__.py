@@ -17,7 +17,9 @@ particle system of the same model.
 Modules: ``_moments`` (controls, the moment ODE, blow-up detection), ``_closed_forms``
 (isotropic controls, V = vI through P = S^-1), ``_classification`` (time-invariant
 parameters), ``_riccati`` (equilibria), ``_linearisation`` (rates), ``_mean_control``, ``_mixture``,
-``_particles`` (the particle system), ``_reachability``, ``_reach_attention``,
+``_particles`` (the particle system), ``_moving_frame`` (the PDE near blow-up on a mesh that
+follows the covariance: :class:`CovarianceFrameSolver`, :func:`blowup_refinement`),
+``_reachability``, ``_reach_attention``,
 ``_gaussianity``.
 """
 
@@ -76,6 +78,12 @@ from solvers.gaussian._moments import (
     moment_rhs,
     solve_moments,
 )
+from solvers.gaussian._moving_frame import (
+    BlowupRefinement,
+    CovarianceFrameSolver,
+    FrameMoments,
+    blowup_refinement,
+)
 from solvers.gaussian._particles import GaussianParticles
 from solvers.gaussian._reach_attention import AttentionReachPlan, reach_attention
 from solvers.gaussian._reachability import (
@@ -107,14 +115,17 @@ __all__ = [
     "STATISTICS",
     "AttentionReachPlan",
     "BlowUp",
+    "BlowupRefinement",
     "CareSolution",
     "Classification",
     "ControlValues",
     "Controls",
     "CovarianceEquilibrium",
+    "CovarianceFrameSolver",
     "Encoder",
     "EncoderLayer",
     "EquilibriumRates",
+    "FrameMoments",
     "GaussianFloor",
     "GaussianParticles",
     "Gaussianity",
@@ -127,6 +138,7 @@ __all__ = [
     "ReachPlan",
     "bass_stabilizer",
     "best_mixture",
+    "blowup_refinement",
     "blowup_time_vI",
     "care_residual",
     "classify",

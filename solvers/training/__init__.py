@@ -20,7 +20,13 @@ The drift of the training equation, grad_theta dL/drho at any theta (zero-weight
 in one adjoint solve, central differences in theta), for its Lipschitz ratio in the head law
 (:class:`DriftModel`): ``_drift``.
 
-Modules: ``_adjoint``, ``_drift``, ``_depth``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``, ``_particles``.
+Refinement of the coupled system (rho_s under mesh, depth-step and training-step refinement,
+:func:`self_convergence`) and the particles against the mean field at the Monte-Carlo rate
+(:func:`particle_comparison`, :func:`monte_carlo_fit`, exact W1 on the line :func:`line_w1`):
+``_refinement``.
+
+Modules: ``_adjoint``, ``_drift``, ``_depth``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``,
+``_particles``, ``_refinement``.
 """
 
 from solvers.training._adjoint import (
@@ -66,9 +72,25 @@ from solvers.training._ntk import (
 )
 from solvers.training._particles import ParticleState, ParticleTraining
 
+# refinement of the coupled system and particles against the mean field (issue 30, item 7)
+from solvers.training._refinement import (
+    CellLaw,
+    MonteCarloFit,
+    ParticleComparison,
+    SelfConvergence,
+    atom_law,
+    head_law,
+    line_w1,
+    monte_carlo_fit,
+    observed_orders,
+    particle_comparison,
+    self_convergence,
+)
+
 __all__ = [
     "FEATURES",
     "AdjointGradient",
+    "CellLaw",
     "DepthStudy",
     "Drift",
     "DriftModel",
@@ -78,12 +100,16 @@ __all__ = [
     "GradientDescent",
     "MMDLoss",
     "MeanFieldTraining",
+    "MonteCarloFit",
+    "ParticleComparison",
     "ParticleState",
     "ParticleTraining",
-    "SmoothedTransportModel",
     "PotentialLoss",
+    "SelfConvergence",
+    "SmoothedTransportModel",
     "TokenTransportModel",
     "TrainingState",
+    "atom_law",
     "depth_study",
     "distributed_gaussian_kernel_sums",
     "features",
@@ -91,14 +117,20 @@ __all__ = [
     "gaussian_kernel_sums",
     "gibbs_constants",
     "gradient_descent",
+    "head_law",
     "jacobian",
+    "line_w1",
     "linearised_rate",
     "lsi_rate",
     "measured_rate",
+    "monte_carlo_fit",
     "ntk",
+    "observed_orders",
+    "particle_comparison",
     "power_law_fit",
     "predicted_rate",
     "rk4_tokens",
+    "self_convergence",
     "simplex_projector",
     "softmax_sums",
     "softmax_transposed_sums",
