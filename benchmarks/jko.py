@@ -213,13 +213,16 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
     warm.destroy()
     n = small.n_owned
     for basis in ("sphere", "monomial"):  # the low-rank kernels of the larger levels
-        lowrank_kernel_sums(
-            small.centres[:n],
-            small.centres[:n],
-            small.measures[:n],
-            args.beta * np.eye(3)[None],
-            basis=basis,
-        )
+        try:  # a local warm-up: a rank's points may be too spread for it at this beta
+            lowrank_kernel_sums(
+                small.centres[:n],
+                small.centres[:n],
+                small.measures[:n],
+                args.beta * np.eye(3)[None],
+                basis=basis,
+            )
+        except ValueError:
+            pass
     cv = control_volumes(icosphere(comm, level))
     rho0 = initial_density(cv, density)
     row: dict = {"level": level, "cells": cv.n_global, "ranks": comm.size, "path": args.path}
