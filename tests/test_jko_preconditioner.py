@@ -19,6 +19,7 @@ from meshes import control_volumes, icosphere
 from solvers.attention import Attention, Head
 from solvers.errors import SolverError
 from solvers.transport import JKOSolver, initial_density
+from solvers.transport.jko._result import ONE_LEVEL_OPTIONS
 from solvers.transport.jko._solver import MAX_OVERLAP, overlap_for
 from solvers.weights import make_weights
 
@@ -44,7 +45,7 @@ def _splits(s: JKOSolver) -> list[PETSc.KSP]:
 
 def test_counts_do_not_grow_with_refinement(comm):
     """One step of tau = 0.1 at levels 3, 4, 5 (Courant number 0.6, 1.2, 2.5: it doubles with
-    every level) with the default preconditioner: at most one more Newton iteration at the
+    every level) with the default (one-level) preconditioner (``ONE_LEVEL_OPTIONS``): at most one more Newton iteration at the
     finest level than at the coarsest, and at most one more GMRES iteration per Newton
     iteration. Measured (Newton, GMRES) on 1 rank: (3, 16), (3, 16), (4, 21) (the one more
     Newton iteration is the nonlinearity, the same with an exact LU); with ILU(0) blocks the
@@ -52,7 +53,7 @@ def test_counts_do_not_grow_with_refinement(comm):
     1 need 24-28, 31-34, 44-61."""
     counts, courants = [], []
     for level in (3, 4, 5):
-        s = _jko(comm, level, 0.1, "jko_pc_counts_")
+        s = _jko(comm, level, 0.1, "jko_pc_counts_", petsc_options=ONE_LEVEL_OPTIONS)
         r = s.step()
         assert r.halvings == 0
         bp = s.block_preconditioner
@@ -67,9 +68,10 @@ def test_counts_do_not_grow_with_refinement(comm):
 
 
 def test_subdomain_solvers_are_exact_lu(comm):
-    """The ASM subdomain solvers are created at PCSetUp: they must still get the default
-    (LU, nested dissection), not PETSc's ILU(0), and the options prefix is left clean."""
-    s = _jko(comm, 2, 0.1, "jko_pc_sub_")
+    """The ASM subdomain solvers of the one-level default are created at PCSetUp: they must
+    still get the default (LU, nested dissection), not PETSc's ILU(0), and the options prefix is
+    left clean."""
+    s = _jko(comm, 2, 0.1, "jko_pc_sub_", petsc_options=ONE_LEVEL_OPTIONS)
     s.step()
     for split in _splits(s):
         pc = split.getPC()
@@ -95,6 +97,7 @@ def test_direct_solve_and_fixed_overlap_selectable(comm):
     opts = {
         "fieldsplit_psi_pc_type": "lu",
         "fieldsplit_psi_pc_factor_mat_solver_type": "mumps",
+        "fieldsplit_rho_pc_type": "asm",
         "fieldsplit_rho_pc_asm_overlap": 1,
     }
     a = _jko(comm, 3, 0.1, "jko_pc_direct_", petsc_options=opts)

@@ -12,15 +12,20 @@ Preconditioner (:data:`DEFAULT_OPTIONS`; reasons and measurements in
 matrix-free dense block), preconditioned by the sparse part: a multiplicative ``fieldsplit``
 (``psi`` first; the sparse part is block triangular, so exact block solves give its exact
 inverse) whose two blocks, mass plus upwind advection, are solved by restricted additive
-Schwarz (ASM) with a local LU (PETSc's, nested dissection ordering) per rank. The overlap is
-not an option default: the solver sets it at every step to ``ceil(2 (1 + C))`` cell layers,
-``C`` the step's Courant number, so that a subdomain holds the upstream cells its solution
-depends on; the GMRES count per Newton iteration then does not grow with refinement or with the
-rank count (one rank: one subdomain, an exact LU). Algebraic multigrid (GAMG; there is no hypre) and
-ILU(0) are not mesh independent on these advection blocks. Overrides, e.g.
+Schwarz (ASM) with a local LU per rank and an overlap that the solver sets at every step to
+``ceil(2 (1 + C))`` cell layers, ``C`` the step's Courant number, so that a subdomain holds the
+upstream cells its solution depends on: the GMRES count per Newton iteration then does not
+grow with refinement or with the rank count, but the overlap does (one rank: one subdomain,
+an exact LU). :data:`MULTIGRID_OPTIONS` select a coarse space instead: a multigrid V-cycle
+on the nested mesh hierarchy (``_coarse``; Galerkin coarse operators, one ASM sweep of
+overlap 2 with a local LU before and after the coarse correction, LU on the coarsest level),
+flat counts on 1-16 ranks with a fixed overlap, slower on 2 ranks (``_solver``).
+Algebraic multigrid (GAMG with its default smoothers; there is no hypre) and ILU(0) are not mesh
+independent on these advection blocks. Overrides, e.g.
 ``{"fieldsplit_psi_pc_type": "lu", "fieldsplit_psi_pc_factor_mat_solver_type": "mumps"}``
-(and the same for ``rho``): the previous distributed direct solve;
-``{"fieldsplit_rho_pc_asm_overlap": 4}`` fixes that block's overlap.
+(and the same for ``rho``): the distributed direct solve;
+``{"fieldsplit_rho_pc_asm_overlap": 4}`` fixes that block's overlap;
+``fieldsplit_<psi|rho>_mg_levels_pc_asm_overlap`` the PCMG smoother's.
 """
 
 from __future__ import annotations
@@ -34,7 +39,15 @@ import numpy.typing as npt
 
 from solvers.stepping import StepResult
 
-__all__ = ["DEFAULT_OPTIONS", "DIFFUSION_OPTIONS", "HESSIANS", "VARIANTS", "JKOStep"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "DIFFUSION_OPTIONS",
+    "HESSIANS",
+    "MULTIGRID_OPTIONS",
+    "ONE_LEVEL_OPTIONS",
+    "VARIANTS",
+    "JKOStep",
+]
 
 Array = npt.NDArray[np.float64]
 
@@ -54,17 +67,37 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "ksp_gmres_restart": 100,
     "pc_type": "fieldsplit",
     "pc_fieldsplit_type": "multiplicative",
-    "fieldsplit_psi_ksp_type": "preonly",
-    "fieldsplit_psi_pc_type": "asm",
-    "fieldsplit_psi_sub_ksp_type": "preonly",
-    "fieldsplit_psi_sub_pc_type": "lu",
-    "fieldsplit_psi_sub_pc_factor_mat_ordering_type": "nd",
-    "fieldsplit_rho_ksp_type": "preonly",
-    "fieldsplit_rho_pc_type": "asm",
-    "fieldsplit_rho_sub_ksp_type": "preonly",
-    "fieldsplit_rho_sub_pc_type": "lu",
-    "fieldsplit_rho_sub_pc_factor_mat_ordering_type": "nd",
 }
+for _split in ("psi", "rho"):
+    DEFAULT_OPTIONS |= {
+        f"fieldsplit_{_split}_{key}": value
+        for key, value in {
+            "ksp_type": "preonly",
+            "pc_type": "asm",  # one level; "mg": the nested hierarchy (``_coarse``)
+            # the one-level ASM (also the fallback of "mg" on meshes that are not nested)
+            "sub_ksp_type": "preonly",
+            "sub_pc_type": "lu",
+            "sub_pc_factor_mat_ordering_type": "nd",
+            # the multigrid V-cycle: Galerkin coarse operators, one ASM (overlap 2, local
+            # LU) smoothing step before and after the coarse correction, LU on level 0
+            "pc_mg_galerkin": "both",
+            "mg_levels_ksp_type": "richardson",
+            "mg_levels_ksp_max_it": 1,
+            "mg_levels_pc_type": "asm",
+            "mg_levels_pc_asm_overlap": 2,
+            "mg_levels_sub_ksp_type": "preonly",
+            "mg_levels_sub_pc_type": "lu",
+            "mg_levels_sub_pc_factor_mat_ordering_type": "nd",
+            "mg_coarse_pc_type": "redundant",
+            "mg_coarse_redundant_pc_type": "lu",
+        }.items()
+    }
+#: ``petsc_options`` (or ``-jko_fieldsplit_psi_pc_type mg -jko_fieldsplit_rho_pc_type mg``)
+#: that select the coarse space: PCMG blocks on the nested mesh hierarchy (``_solver``).
+MULTIGRID_OPTIONS: dict[str, Any] = {f"fieldsplit_{s}_pc_type": "mg" for s in ("psi", "rho")}
+#: ``petsc_options`` that select the one-level ASM blocks (the default), overlap following
+#: the Courant number.
+ONE_LEVEL_OPTIONS: dict[str, Any] = {f"fieldsplit_{s}_pc_type": "asm" for s in ("psi", "rho")}
 
 
 #: Defaults added with diffusion (``_entropy``): the entropy's Hessian couples the

@@ -142,6 +142,7 @@ from solvers.attention import (
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
 from solvers.transport.jko._adaptive import StepControl, StepController
+from solvers.transport.jko._coarse import NestedHierarchy
 from solvers.transport.jko._energy import InteractionEnergy
 from solvers.transport.jko._entropy import check_diffusion, entropy
 from solvers.transport.jko._fv import TwoPointOperator, circumcentres
@@ -288,7 +289,7 @@ class JKOSolver:
         first = self._op.first_row
         self._is_psi = PETSc.IS().createStride(n, first=first + n, step=1, comm=comm)
         self._is_rho = PETSc.IS().createStride(n, first=first, step=1, comm=comm)
-        self._snes = snes
+        self._snes, self._hierarchy = snes, NestedHierarchy(self.cv)
         pc = snes.getKSP().getPC()
         pc.setType(PETSc.PC.Type.FIELDSPLIT)  # the ISs must exist before setFromOptions
         pc.setFieldSplitIS(("psi", self._is_psi), ("rho", self._is_rho))
@@ -310,7 +311,7 @@ class JKOSolver:
         self._P.setValuesCOO(self._op.coo_values(rho, psi, self.tau, self._op.a, weight))
         self._P.assemble()
         self.ksp.setOperators(self.jacobian, self._P)
-        set_up_nested(self.ksp)
+        set_up_nested(self.ksp, self._hierarchy)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -425,6 +426,7 @@ class JKOSolver:
     def destroy(self) -> None:
         """Destroy the PETSc objects (collective)."""
         _petsc.destroy(self._snes, self._J, self._P, self._x, self._f, self._is_psi, self._is_rho)
+        self._hierarchy.destroy()
 
     # ------------------------------------------------------------------ energy
     @property

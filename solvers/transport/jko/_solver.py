@@ -1,4 +1,4 @@
-r"""The preconditioner of the JKO Newton system (``_scheme``): set-up and ASM overlap.
+r"""The preconditioner of the JKO Newton system (``_scheme``): set-up, coarse space, ASM overlap.
 
 Structure. In the ordering :math:`(\psi, \rho)` the sparse part of the Jacobian
 (``_fv``) is block lower triangular,
@@ -23,8 +23,9 @@ at levels 3, 4, 5); neither is ILU(0) (24, 34, 61); block Jacobi with exact loca
 :math:`(C / (1 + C))^{\text{distance}}`, i.e. over about :math:`1 + C` cells, and a
 subdomain that does not contain that much of its upstream neighbourhood drops it.
 
-Default. ASM with local LU (PETSc's own, nested dissection ordering) on both fieldsplit
-blocks, with an overlap that follows the Courant number: :func:`overlap_for`
+One level (the default; ``ONE_LEVEL_OPTIONS``). ASM with local LU (PETSc's own, nested
+dissection ordering) on both fieldsplit blocks, with an overlap that follows the Courant
+number: :func:`overlap_for`
 :math:`= \lceil 2 (1 + C) \rceil` cell layers rounded up to the ladder :data:`OVERLAPS`
 (ratio at most 1.5), from the Newton guess at the start of every step; the blocks are rebuilt
 only when that changes. On one rank the single subdomain is the whole block: an exact LU as
@@ -35,6 +36,37 @@ and with 16 at level 7: 19 (one rank: 15, 15, 19, 18); with the rule, levels 3-8
 28; ``benchmarks/README.md``). The extra cells per rank are the
 interface length times the overlap, :math:`O(h^{-1}) \cdot O(\tau h^{-1})`: a fixed
 fraction of the cells for a fixed :math:`\tau`.
+
+Coarse space (``MULTIGRID_OPTIONS`` of ``_result``: PCMG blocks; the one-level ASM above
+stays the default, faster on 2 ranks). Each block is preconditioned by a multigrid V-cycle
+on the nested mesh hierarchy (``_coarse``: the icosphere's levels, each coarse cell the
+aggregate of its children, piecewise constant interpolation, Galerkin coarse operators, i.e.
+the aggregated upwind finite-volume operator), smoothed before and after the coarse
+correction by one restricted ASM sweep with a fixed overlap of 2 and local LU, with an LU on
+level 0. The one-level ASM needs its overlap to follow the Courant number, so that at a large
+C every subdomain holds much of the mesh (overlap 64 at level 4, tau = 2: on 16 ranks each
+subdomain is the whole sphere), and with a fixed overlap its count grows with the rank count;
+the coarse levels carry the influence over long distances instead. GMRES iterations per
+Newton iteration, first step, level 4, beta
+= 3, s = -1 (1, 2, 4, 8, 16 oversubscribed ranks; docs/numerics.md):
+
+=================================  ==========================  ==========================
+preconditioner of the blocks       tau = 0.5 (C = 5.9)          tau = 2 (C = 24)
+=================================  ==========================  ==========================
+one-level ASM, Courant overlap     7.5, 7.5, 8.0, 8.0, 8.2      10.7 (all; overlap 64)
+one-level ASM, overlap 2           7.5, 11.2, 13.8, 15.0, 16.0  10.7, 17.7, 20.7, 24.4, 26.6
+GAMG aggregation, ASM smoother     7.5, 8.0, 8.2, 8.2, 9.2      10.7, 12.1, 13.0, 13.9, -
+PCMG nested hierarchy              7.5, 7.5, 8.2, 8.2, 8.2      10.7, 11.4, 12.1, 12.4, 13.3
+=================================  ==========================  ==========================
+
+A mesh without the nested numbering (read from a file, made by gmsh) falls back to the
+one-level ASM (:func:`install_hierarchy`), and so does one rank (a single subdomain: the
+ASM is an exact LU, which the V-cycle would only apply twice); ``ONE_LEVEL_OPTIONS``
+(``_result``) selects it anywhere. Cost: a V-cycle applies the smoother's LU twice on the
+fine level and factors the coarse levels too; on 2 ranks the one-level ASM (overlap 8-16 at
+levels 6-7, tau = 0.05) is nearly an exact LU with one solve, and a step with the PCMG blocks
+took 1.2-1.8x the CPU time (docs/numerics.md): the one-level ASM stays the default, PCMG is
+the choice where many subdomains would make the Courant overlap a large part of each.
 
 Set-up. ASM and block Jacobi create their subdomain solvers, which read their options, only
 at their own set-up; the solver's options are in the database only during its configuration
@@ -50,7 +82,7 @@ same for ``rho``) for the previous distributed direct solve; a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dolfinx_solver  # noqa: F401
@@ -63,6 +95,7 @@ __all__ = [
     "OVERLAPS",
     "OVERLAP_FACTOR",
     "BlockPreconditioner",
+    "install_hierarchy",
     "overlap_for",
     "set_up_nested",
 ]
@@ -73,6 +106,8 @@ OVERLAP_FACTOR = 2.0
 OVERLAPS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MAX_OVERLAP = OVERLAPS[-1]
 SPLITS = ("psi", "rho")
+#: the interpolations of a mesh hierarchy, coarsest first, on demand (``_coarse``)
+Hierarchy = Callable[[], Sequence[PETSc.Mat]]
 
 
 def overlap_for(courant: float) -> int:
@@ -97,12 +132,38 @@ def _sub_solvers(pc: PETSc.PC) -> list[PETSc.KSP]:
     return []
 
 
-def set_up_nested(ksp: PETSc.KSP) -> None:
+def install_hierarchy(ksp: PETSc.KSP, hierarchy: Hierarchy | None) -> None:
+    """Give a block whose PC is PCMG the levels of the nested mesh hierarchy (``hierarchy()``:
+    the interpolations, coarsest first, ``_coarse.NestedHierarchy``); without one (one rank,
+    or a mesh that is not a nested sphere mesh) the block falls back to the one-level ASM.
+    Run while the options are in the database: the level smoothers read theirs here.
+    Collective (every rank has the same PC types)."""
+    pc = ksp.getPC()
+    if pc.getType() != PETSc.PC.Type.MG:
+        return
+    interpolations = hierarchy() if hierarchy is not None else None
+    if not interpolations:  # the one-level ASM, with its options (pc_type would say mg)
+        opts, name = PETSc.Options(), f"{pc.getOptionsPrefix() or ''}pc_type"
+        before = opts.getString(name, None)
+        opts.setValue(name, PETSc.PC.Type.ASM)
+        try:
+            pc.setFromOptions()
+        finally:
+            opts.delValue(name) if before is None else opts.setValue(name, before)
+        return
+    pc.setMGLevels(len(interpolations) + 1)
+    for level, P in enumerate(interpolations, start=1):
+        pc.setMGInterpolation(level, P)
+    pc.setFromOptions()
+
+
+def set_up_nested(ksp: PETSc.KSP, hierarchy: Hierarchy | None = None) -> None:
     """Set up ``ksp`` and, recursively, the sub-solvers that its PC creates only at set-up,
     so that all of them read their options while the options are in the database.
 
     Fieldsplit blocks are set up (a block's ASM or block-Jacobi PC creates its subdomain
-    solvers, which read their options, only then); subdomain solvers are not (their
+    solvers, which read their options, only then; a PCMG block first gets the levels of
+    ``hierarchy``, :func:`install_hierarchy`); subdomain solvers are not (their
     factorisation would be of the operator's current values, and happens at the first solve
     anyway) unless they are composite themselves.
     """
@@ -110,7 +171,10 @@ def set_up_nested(ksp: PETSc.KSP) -> None:
     pc = ksp.getPC()
     composite = (PETSc.PC.Type.FIELDSPLIT, PETSc.PC.Type.BJACOBI, PETSc.PC.Type.ASM)
     for sub in _sub_solvers(pc):
-        if pc.getType() == PETSc.PC.Type.FIELDSPLIT or sub.getPC().getType() in composite:
+        if pc.getType() == PETSc.PC.Type.FIELDSPLIT:
+            install_hierarchy(sub, hierarchy)
+            set_up_nested(sub)
+        elif sub.getPC().getType() in composite:
             set_up_nested(sub)
 
 
