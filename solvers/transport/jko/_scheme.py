@@ -133,12 +133,7 @@ import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
 from solvers import _petsc
-from solvers.attention import (
-    Attention,
-    GlobalSources,
-    MeasureDiagnostics,
-    measure_diagnostics,
-)
+from solvers.attention import Attention, GlobalSources, MeasureDiagnostics, measure_diagnostics
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
 from solvers.transport.jko._adaptive import StepControl, StepController
