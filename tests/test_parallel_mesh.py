@@ -135,8 +135,9 @@ def test_parallel_mesh_equals_serial_on_three_ranks():
         "from mpi4py import MPI\n"
         "from tests.test_parallel_mesh import check_against_serial\n"
         "bad = check_against_serial(MPI.COMM_WORLD)\n"
-        "assert MPI.COMM_WORLD.allgather(bad) == [bad] * 3\n"
-        "print('BAD' if bad else 'OK', MPI.COMM_WORLD.rank, bad)\n"
+        "every = MPI.COMM_WORLD.gather(bad, root=0)\n"
+        "if MPI.COMM_WORLD.rank == 0:\n"
+        "    print('RESULT', every, flush=True)\n"
     )
     env = cli_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -146,4 +147,4 @@ def test_parallel_mesh_equals_serial_on_three_ranks():
     except subprocess.TimeoutExpired:
         pytest.fail("mpiexec -n 3 did not end in 120 s")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert sorted(out.stdout.split("\n"))[1:] == [f"OK {r} []" for r in range(3)], out.stdout
+    assert "RESULT [[], [], []]" in out.stdout.splitlines(), out.stdout
