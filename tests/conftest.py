@@ -39,6 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if workers and workers.isdigit() and "NUMBA_NUM_THREADS" not in os.environ:
         os.environ["MPI_LOCALNRANKS"] = workers
     configure_threads()
+    # density_3d.png costs a child process (about 1.5 s) per S^2 run with pictures: off for
+    # the suite's runs (inherited by the CLI runs it launches); tests/test_plots.py and
+    # tests/test_globe.py switch it back on where they check it
+    os.environ.setdefault("TRANSFORMER_PDE_3D", "0")
     if MPI.COMM_WORLD.rank != 0:
         config.option.verbose = -2
         reporter = config.pluginmanager.get_plugin("terminalreporter")

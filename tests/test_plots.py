@@ -399,10 +399,11 @@ def test_density_map_marks_both_antipodal_clusters(tmp_path):
     np.testing.assert_allclose(fig.marked, [[0.0, np.pi / 2]])
 
 
-def test_run_pictures_and_no_pictures(tmp_path_factory):
+def test_run_pictures_and_no_pictures(tmp_path_factory, monkeypatch):
     """An S^2 run draws density_map.png with the clusters of its clusters.csv (and
     density_3d.png where pyvista renders); --no-pictures
     and [output] pictures = false draw no png (the data files are the same)."""
+    monkeypatch.setenv("TRANSFORMER_PDE_3D", "1")  # off elsewhere in the suite (conftest.py)
     comm = MPI.COMM_WORLD
     root = Path(comm.bcast(str(tmp_path_factory.mktemp("maps")) if comm.rank == 0 else None))
     config = root / "s2.toml"

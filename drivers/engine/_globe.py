@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["GLOBE_VIEWS", "RENDER_TIMEOUT", "density_3d", "render_globe"]
+__all__ = ["GLOBE_SWITCH", "GLOBE_VIEWS", "RENDER_TIMEOUT", "density_3d", "render_globe"]
 
 Array = npt.NDArray[np.float64]
 
@@ -45,6 +45,11 @@ RENDER_TIMEOUT = 120.0
 VIEW_PIXELS = 420
 #: a picture whose grey levels have a smaller standard deviation is blank
 BLANK_STD = 4.0
+
+
+#: The environment variable that switches density_3d.png off in runs (value "0"): a machine
+#: where VTK cannot render, or many small runs (a render costs a child process, about 1.5 s).
+GLOBE_SWITCH = "TRANSFORMER_PDE_3D"
 
 
 def density_3d(

@@ -9,6 +9,7 @@ No axis uses matplotlib's offset notation ("1e-12+1"): the mass is plotted as ``
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ import numpy.typing as npt
 
 from drivers.engine._budget_caption import budget_caption, budget_context
 from drivers.engine._density_map import density_map, final_clusters
-from drivers.engine._globe import density_3d
+from drivers.engine._globe import GLOBE_SWITCH, density_3d
 from drivers.engine._pictures import (
     CurvePanel,
     SurfacePanel,
@@ -429,16 +430,18 @@ def run_pictures(
     equal-area map with the clusters of clusters.csv marked
     (:func:`drivers.engine._density_map.density_map`) and density_3d.png, four views of the
     globe rendered by pyvista (:func:`drivers.engine._globe.density_3d`; where it cannot
-    render, a one-line note on stderr instead); metrics.png; edi.png when there is a
+    render, a one-line note on stderr instead; not drawn when the environment has
+    ``TRANSFORMER_PDE_3D=0``); metrics.png; edi.png when there is a
     budget (``budget_title`` not None)."""
     out = Path(out)
     density_strip(out / "density.png", out / "density.xdmf", vertices, final_density, t)
     if manifold_of(np.asarray(vertices)) == "S2":
         clusters = final_clusters(out / "clusters.csv", t)
         density_map(out / "density_map.png", vertices, final_density, t, clusters)
-        why = density_3d(out / "density_3d.png", vertices, final_density, t, clusters)
-        if why is not None:
-            print(f"[transformer-pde] note: density_3d.png not drawn: {why}", file=sys.stderr)
+        if os.environ.get(GLOBE_SWITCH, "1") != "0":  # TRANSFORMER_PDE_3D=0: skip it
+            why = density_3d(out / "density_3d.png", vertices, final_density, t, clusters)
+            if why is not None:
+                print(f"[transformer-pde] note: density_3d.png not drawn: {why}", file=sys.stderr)
     plot_metrics(out / "metrics.png", rows, ["mass", "energy", "G2", "min_density"])
     if budget_title is not None and rows:
         plot_budget(out / "edi.png", rows, title=budget_title)
