@@ -40,6 +40,8 @@ import numpy.typing as npt
 import ufl
 
 from meshes._sphere_blocks import (
+    BASE_FACES,
+    base_vertices,
     circle_cell_block,
     circle_node_block,
     icosphere_cell_block,
@@ -89,50 +91,8 @@ def icosphere_arrays(level: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[n
     """Vertices (n_v, 3) and outward-oriented triangles (20 4^level, 3) of the icosphere."""
     if not (0 <= int(level) <= MAX_ICOSPHERE_LEVEL):
         raise MeshError(f"S2 refinement must be in [0, {MAX_ICOSPHERE_LEVEL}], got {level}")
-    p = (1.0 + np.sqrt(5.0)) / 2.0
-    x = np.array(
-        [
-            [-1, p, 0],
-            [1, p, 0],
-            [-1, -p, 0],
-            [1, -p, 0],
-            [0, -1, p],
-            [0, 1, p],
-            [0, -1, -p],
-            [0, 1, -p],
-            [p, 0, -1],
-            [p, 0, 1],
-            [-p, 0, -1],
-            [-p, 0, 1],
-        ],
-        dtype=np.float64,
-    )
-    x /= np.linalg.norm(x, axis=1)[:, None]
-    f = np.array(
-        [
-            [0, 11, 5],
-            [0, 5, 1],
-            [0, 1, 7],
-            [0, 7, 10],
-            [0, 10, 11],
-            [1, 5, 9],
-            [5, 11, 4],
-            [11, 10, 2],
-            [10, 7, 6],
-            [7, 1, 8],
-            [3, 9, 4],
-            [3, 4, 2],
-            [3, 2, 6],
-            [3, 6, 8],
-            [3, 8, 9],
-            [4, 9, 5],
-            [2, 4, 11],
-            [6, 2, 10],
-            [8, 6, 7],
-            [9, 8, 1],
-        ],
-        dtype=np.int64,
-    )
+    x = base_vertices()
+    f = BASE_FACES.copy()
     for _ in range(int(level)):
         edges = np.concatenate([f[:, [0, 1]], f[:, [1, 2]], f[:, [2, 0]]])
         edges.sort(axis=1)

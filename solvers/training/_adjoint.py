@@ -380,12 +380,20 @@ class TokenTransportModel:
             raise BlowUpError("non-finite velocity in the training forward map")
         return log_Z, mean, u
 
+    #: the facet flux, named in the CFL error
+    FLUX = "upwind"
+
+    def _fluxes(self, u: Array) -> tuple[Array, Array]:
+        """(u+, u-) of the interior facets' normal velocities u: the upwind split."""
+        return np.maximum(u, 0.0), np.maximum(-u, 0.0)
+
     def _step(self, m: Array, w: Array) -> tuple[Array, float]:
-        """One forward Euler upwind step from local masses m; returns (new local masses, CFL)."""
+        """One forward Euler step (the flux of :meth:`_fluxes`) from local masses m; returns
+        (new local masses, CFL)."""
         _, _, u = self._velocity(m, w)
         rho = m * self._inv
         ui, ub = u[: self._nf], u[self._nf :]
-        up, um, bp = np.maximum(ui, 0.0), np.maximum(-ui, 0.0), np.maximum(ub, 0.0)
+        (up, um), bp = self._fluxes(ui), np.maximum(ub, 0.0)
         n = self._n_local
         out = np.bincount(self._L, self._len_f * up, n) + np.bincount(self._R, self._len_f * um, n)
         out += np.bincount(self._B, self._len_b * bp, n)
@@ -395,8 +403,8 @@ class TokenTransportModel:
         )
         if cfl > 1.0 + 1e-12:
             raise SolverError(
-                f"CFL number {cfl:.3g} > 1 with dt = T/N = {self.dt:.3g}: the upwind step is not "
-                f"positive; increase n_steps (at least {math.ceil(self.n_steps * cfl)})"
+                f"CFL number {cfl:.3g} > 1 with dt = T/N = {self.dt:.3g}: the {self.FLUX} step is "
+                f"not positive; increase n_steps (at least {math.ceil(self.n_steps * cfl)})"
             )
         flux = self._len_f * (up * rho[self._L] - um * rho[self._R])
         dm = np.bincount(self._R, flux, n) - np.bincount(self._L, flux, n)

@@ -48,14 +48,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import dolfinx_solver  # noqa: F401
-from mpi4py import MPI
 
 import numpy as np
 import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
 from solvers.attention import Attention
-from solvers.errors import SolverError
 from solvers.training._adjoint import TokenTransportModel
 from solvers.weights import ParameterisedHeads
 
@@ -105,28 +103,11 @@ class SmoothedTransportModel(TokenTransportModel):
         s = np.sqrt(u**2 + self.smoothing**2)
         return 0.5 * (s + u), 0.5 * (s - u), 0.5 * (1 + u / s), 0.5 * (u / s - 1)
 
-    def _step(self, m: Array, w: Array) -> tuple[Array, float]:
-        _, _, u = self._velocity(m, w)
-        rho = m * self._inv
-        ui, ub = u[: self._nf], u[self._nf :]
-        up, um, _, _ = self._split(ui)
-        bp = np.maximum(ub, 0.0)
-        n = self._n_local
-        out = np.bincount(self._L, self._len_f * up, n) + np.bincount(self._R, self._len_f * um, n)
-        out += np.bincount(self._B, self._len_b * bp, n)
-        no = self.cv.n_owned
-        cfl = self.comm.allreduce(
-            float(self.dt * (out[:no] * self._inv[:no]).max(initial=0.0)), op=MPI.MAX
-        )
-        if cfl > 1.0 + 1e-12:
-            raise SolverError(
-                f"CFL number {cfl:.3g} > 1 with dt = T/N = {self.dt:.3g} (smoothed upwind): "
-                f"increase n_steps (at least {math.ceil(self.n_steps * cfl)})"
-            )
-        flux = self._len_f * (up * rho[self._L] - um * rho[self._R])
-        dm = np.bincount(self._R, flux, n) - np.bincount(self._L, flux, n)
-        dm -= np.bincount(self._B, self._len_b * bp * rho[self._B], n)
-        return self._scatter(m[:no] + self.dt * dm[:no]), cfl
+    FLUX = "smoothed upwind"
+
+    def _fluxes(self, u: Array) -> tuple[Array, Array]:
+        """(u+, u-) of the interior facets: the smoothed split (the upwind one at 0)."""
+        return self._split(u)[:2]
 
     def _backward_step(self, m: Array, q: Array, w: Array, grad: Array) -> Array:
         log_Z, mean, u = self._velocity(m, w)
