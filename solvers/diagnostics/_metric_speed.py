@@ -84,7 +84,7 @@ import scipy.sparse.linalg as spla
 
 from meshes.control_volumes import ControlVolumes
 
-__all__ = ["MetricSpeed", "metric_speed"]
+__all__ = ["MetricSpeed", "gather_rows", "metric_speed"]
 
 Array = npt.NDArray[np.float64]
 
@@ -115,8 +115,9 @@ class MetricSpeed:
     n_isolated: int
 
 
-def _gather(comm: MPI.Comm, local: Array) -> Array | None:
-    """Rows of every rank stacked in rank order on rank 0 (None elsewhere)."""
+def gather_rows(comm: MPI.Comm, local: Array) -> Array | None:
+    """Rows of every rank stacked in rank order on rank 0 (None elsewhere); also used by
+    ``_wasserstein_b``."""
     parts = comm.gather(np.ascontiguousarray(local), root=0)
     return None if parts is None else np.concatenate(parts, axis=0)
 
@@ -180,7 +181,7 @@ def metric_speed(
             cv.facet_normal[once],
         ]
     )
-    cells_all, facets_all = _gather(comm, cells), _gather(comm, facets)
+    cells_all, facets_all = gather_rows(comm, cells), gather_rows(comm, facets)
     result = None
     if comm.rank == 0:
         assert cells_all is not None and facets_all is not None

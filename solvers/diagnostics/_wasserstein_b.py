@@ -76,6 +76,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from meshes.control_volumes import ControlVolumes
+from solvers.diagnostics._metric_speed import gather_rows
 
 __all__ = ["WassersteinB", "wasserstein_b"]
 
@@ -110,12 +111,6 @@ class WassersteinB:
     newton_iterations: int
     residual: float
     midpoint: Array
-
-
-def _gather(comm: MPI.Comm, local: Array) -> Array | None:
-    """Rows of every rank stacked in rank order on rank 0 (None elsewhere)."""
-    parts = comm.gather(np.ascontiguousarray(local), root=0)
-    return None if parts is None else np.concatenate(parts, axis=0)
 
 
 def wasserstein_b(
@@ -192,7 +187,7 @@ def wasserstein_b(
             cv.facet_measure[once] / dist[once],
         ]
     )
-    cells_all, facets_all = _gather(comm, cells), _gather(comm, facets)
+    cells_all, facets_all = gather_rows(comm, cells), gather_rows(comm, facets)
     result: tuple | str | None = None
     if comm.rank == 0:
         assert cells_all is not None and facets_all is not None

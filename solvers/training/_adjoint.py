@@ -387,6 +387,10 @@ class TokenTransportModel:
         """(u+, u-) of the interior facets' normal velocities u: the upwind split."""
         return np.maximum(u, 0.0), np.maximum(-u, 0.0)
 
+    def _flux_derivative(self, u: Array, rho_L: Array, rho_R: Array) -> Array:
+        """d/du of u+ rho_L - u- rho_R, the facet flux of :meth:`_fluxes` per unit length."""
+        return np.where(u > 0, rho_L, rho_R)
+
     def _step(self, m: Array, w: Array) -> tuple[Array, float]:
         """One forward Euler step (the flux of :meth:`_fluxes`) from local masses m; returns
         (new local masses, CFL)."""
@@ -464,7 +468,7 @@ class TokenTransportModel:
         rho = m * self._inv
         L, R, B, n, dt = self._L, self._R, self._B, self._n_local, self.dt
         ui, ub = u[: self._nf], u[self._nf :]
-        up, um, bp = np.maximum(ui, 0.0), np.maximum(-ui, 0.0), np.maximum(ub, 0.0)
+        (up, um), bp = self._fluxes(ui), np.maximum(ub, 0.0)
         psi = dt * (q[R] - q[L])
         psi_b = -dt * q[B]
         direct = np.bincount(L, psi * self._len_f * up, n) - np.bincount(
@@ -473,7 +477,7 @@ class TokenTransportModel:
         direct += np.bincount(B, psi_b * self._len_b * bp, n)
         # velocity sensitivities: each facet counted once over the ranks (owned side of psi)
         psi_own = dt * (q[R] * self._own_R - q[L] * self._own_L)
-        dphi = self._len_f * np.where(ui > 0, rho[L], rho[R])
+        dphi = self._len_f * self._flux_derivative(ui, rho[L], rho[R])
         dphi_b = self._len_b * np.where(ub > 0, rho[B], 0.0)
         sigma = np.concatenate([psi_own * dphi, psi_b * dphi_b])
         grad += self.sign * np.einsum("t,ktd,ktd->k", sigma, self._ntil, mean)

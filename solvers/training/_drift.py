@@ -109,28 +109,10 @@ class SmoothedTransportModel(TokenTransportModel):
         """(u+, u-) of the interior facets: the smoothed split (the upwind one at 0)."""
         return self._split(u)[:2]
 
-    def _backward_step(self, m: Array, q: Array, w: Array, grad: Array) -> Array:
-        log_Z, mean, u = self._velocity(m, w)
-        rho = m * self._inv
-        L, R, B, n, dt = self._L, self._R, self._B, self._n_local, self.dt
-        ui, ub = u[: self._nf], u[self._nf :]
-        up, um, dup, dum = self._split(ui)
-        bp = np.maximum(ub, 0.0)
-        psi = dt * (q[R] - q[L])
-        psi_b = -dt * q[B]
-        direct = np.bincount(L, psi * self._len_f * up, n) - np.bincount(
-            R, psi * self._len_f * um, n
-        )
-        direct += np.bincount(B, psi_b * self._len_b * bp, n)
-        psi_own = dt * (q[R] * self._own_R - q[L] * self._own_L)
-        dphi = self._len_f * (rho[L] * dup - rho[R] * dum)
-        dphi_b = self._len_b * np.where(ub > 0, rho[B], 0.0)
-        sigma = np.concatenate([psi_own * dphi, psi_b * dphi_b])
-        grad += self.sign * np.einsum("t,ktd,ktd->k", sigma, self._ntil, mean)
-        alpha = self.sign * w[:, None] * sigma[None, :]
-        r = self._transposed(log_Z, mean, alpha)
-        no = self.cv.n_owned
-        return self._scatter(q[:no] + direct[:no] * self._inv[:no] + r)
+    def _flux_derivative(self, u: Array, rho_L: Array, rho_R: Array) -> Array:
+        """d/du of the smoothed flux u+ rho_L - u- rho_R."""
+        _, _, dup, dum = self._split(u)
+        return rho_L * dup - rho_R * dum
 
 
 class DriftModel:
