@@ -273,7 +273,12 @@ def adaptive_scheme(
     """The scheme of ``[time]`` on the adaptive mesh of ``[adapt]`` (collective): a forest
     from ``mesh.refinement`` to ``adapt.max_level``, adapted to the initial density."""
     m, ad = cfg["mesh"], cfg["adapt"]
-    forest_type = SphereForest if m["manifold"] == "S2" else CircleForest
+    if m["manifold"] == "S2":  # the JKO scheme's circumcentred fluxes need a Delaunay mesh
+        forest: Any = SphereForest(
+            m["refinement"], ad["max_level"], delaunay=cfg["time"]["scheme"] == "jko"
+        )
+    else:
+        forest = CircleForest(m["refinement"], ad["max_level"])
     options = AdaptOptions(
         every=ad["every"],
         indicator=ad["indicator"],
@@ -285,7 +290,7 @@ def adaptive_scheme(
     expression = cfg["initial"]["density"]
     return AdaptiveScheme(
         comm,
-        forest_type(m["refinement"], ad["max_level"]),
+        forest,
         build,
         lambda cv: initial_density(
             cv,

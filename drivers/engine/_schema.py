@@ -125,7 +125,8 @@ SECTIONS: dict[str, str] = {
     "transport": "the finite-volume reconstruction and the stepping of the diffusion",
     "output": "what is written, and how often",
     "adapt": "adaptive meshes that follow the solution (S1/S2 built-in meshes, "
-    f"{scheme_words('adaptive_mesh')}; docs/adaptivity.md); max_level = 0 keeps the uniform mesh",
+    f"{scheme_words('adaptive_mesh')}; docs/adaptivity.md); max_level = 0 keeps the uniform "
+    "mesh; jko runs on S2 add the cells of a Delaunay closure (what their fluxes need)",
     "particles": 'mesh-free particles on S^{d-1}, any d >= 2 (time.scheme = "particles"): a '
     "[particles] table with n replaces the mesh (without it the particle scheme puts one "
     "particle at each cell centre of [mesh]); the [mesh], [initial] and [adapt] tables then "

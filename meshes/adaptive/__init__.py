@@ -14,7 +14,9 @@ Both keep the 2:1 balance on demand (``balance()``: a leaf whose edge neighbour 
 levels finer is refined, until there is none; ``coarsen`` refuses merges that would break it),
 list their ``neighbours()`` across edges, and export a ``conforming_mesh()``: the leaves, each
 S^2 leaf cut through the hanging midpoints of its edges (green closure), so the result is a
-closed, outward-oriented, conforming triangulation whose triangles each lie in one leaf. DOLFINx's
+closed, outward-oriented, conforming triangulation whose triangles each lie in one leaf. With
+``SphereForest(..., delaunay=True)`` the closure also splits two green leaves facing each other
+across an edge, so that the triangulation is Delaunay (the JKO scheme's circumcentred fluxes). DOLFINx's
 own ``refine`` (Plaza bisection: no coarsening, children not nested in general) is not used.
 
 The midpoints

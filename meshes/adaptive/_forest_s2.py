@@ -58,6 +58,11 @@ class SphereForest:
             Level of the roots (``20 * 4**base_level`` icosphere triangles); never coarsened.
         max_level (int):
             Finest level a leaf may reach (``base_level <= max_level <= 20``).
+        delaunay (bool):
+            The Delaunay closure (:meth:`close`): also split two green leaves that face each
+            other across a whole edge, so that the conforming mesh is Delaunay (what the
+            two-point fluxes between circumcentres of the JKO scheme need). Default False:
+            the red-green closure alone.
 
     Note:
         Leaves are indexed in their deterministic order (:meth:`leaves`: by root, then Morton
@@ -69,8 +74,9 @@ class SphereForest:
     manifold = "S2"
     children_per_cell = 4
 
-    def __init__(self, base_level: int, max_level: int) -> None:
+    def __init__(self, base_level: int, max_level: int, delaunay: bool = False) -> None:
         base_level, max_level = int(base_level), int(max_level)
+        self.delaunay = bool(delaunay)
         if not 0 <= base_level <= max_level <= MAX_FOREST_LEVEL:
             raise ValueError(
                 f"need 0 <= base_level <= max_level <= {MAX_FOREST_LEVEL}, "
@@ -141,6 +147,7 @@ class SphereForest:
         (same vertices in the same order, hence the same conforming mesh)."""
         out = {k: getattr(self, f"_{k}").copy() for k in self._STATE}
         out["levels"] = np.array([self.base_level, self.max_level], dtype=np.int64)
+        out["delaunay"] = np.array(self.delaunay)
         return out
 
     @classmethod
@@ -151,7 +158,7 @@ class SphereForest:
             ValueError: the arrays are not a consistent forest state.
         """
         base, top = (int(v) for v in np.asarray(state["levels"]))
-        forest = cls(base, top)
+        forest = cls(base, top, bool(state["delaunay"]) if "delaunay" in state else False)
         for k in cls._STATE:
             setattr(forest, f"_{k}", np.array(state[k]))
         n = len(forest._tri)
@@ -302,8 +309,9 @@ class SphereForest:
 
         Args:
             leaf_mask (array_like of bool (n_leaves,) or of leaf indices):
-            closure (bool): also refuse merges whose parent would have two or more hanging
-                midpoints (:meth:`close` would split it again at once).
+            closure (bool): also refuse merges that :meth:`close` would split again at once:
+                the parent would have two or more hanging midpoints or (Delaunay closure)
+                be a green leaf facing another across an edge.
 
         Returns:
             int:
@@ -324,6 +332,11 @@ class SphereForest:
             bad = self._quarter_active(parents, active).any(axis=1)
             if closure:
                 bad |= self._hanging(parents, active).sum(axis=1) >= 2
+                if self.delaunay:
+                    leaves = np.flatnonzero(self._state == 1)
+                    facing = np.zeros(len(self._tri), dtype=bool)
+                    facing[leaves] = self._facing_greens(leaves, active)
+                    bad |= facing[parents]
             self._state[kids] = 1
             self._state[parents] = 2
             if not np.any(bad):
@@ -342,23 +355,63 @@ class SphereForest:
 
     def close(self) -> int:
         """Red-green closure: balance, then split every leaf with two or more hanging
-        midpoints, until there is none; returns the number of splits.
+        midpoints, until there is none; returns the number of splits. The Delaunay closure
+        (``delaunay=True``) also splits every green leaf (one hanging midpoint) that shares a
+        whole edge with another green leaf, until there is none.
 
         The conforming mesh then cuts a leaf only through one hanging midpoint (two triangles
         with a right angle at it for equilateral leaves), never into the obtuse triangles of a
         two-midpoint cut, whose circumcentres leave the cell: the two-point fluxes of the JKO
         scheme need circumcentres separated by the facets (a Delaunay mesh), and the
         least-squares gradients of the finite volumes are better conditioned.
+
+        Two green leaves sharing an edge each cut it off with a triangle whose angle at the
+        hanging midpoint, opposite the shared edge, is near 90 degrees: the four points are
+        nearly cocircular and the two circumcentres nearly coincide, on either side of the
+        edge (measured on adapted icospheres: separations from -0.19 to +0.05 times the edge),
+        so the mesh is not Delaunay there. No cut inside the two leaves cures it (a midpoint
+        on the shared edge makes isosceles trapezoids, cocircular again), hence the red split
+        of both; the conforming mesh is then Delaunay (every facet's circumcentres separated
+        by at least 0.07 times its length, measured on the adapted meshes of
+        docs/adaptivity.md).
         """
         total = 0
         while True:
             total += self.balance()
             ids = self.leaves()
-            bad = self._hanging(ids, self._active()).sum(axis=1) >= 2
+            active = self._active()
+            bad = self._hanging(ids, active).sum(axis=1) >= 2
+            if self.delaunay and not np.any(bad):
+                bad = self._facing_greens(ids, active)
             if not np.any(bad):
                 return total
             self._split(ids[bad])
             total += int(bad.sum())
+
+    def _facing_greens(self, ids: IntArray, active: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Per leaf of ``ids`` (all the leaves): True for a green leaf (one hanging midpoint)
+        that shares a whole edge with another green leaf (the same edge: same level)."""
+        green = self._hanging(ids, active).sum(axis=1) == 1
+        a, b = self._edges(ids)
+        keys = _key(a, b).ravel()
+        order = np.argsort(keys, kind="stable")
+        dup = np.flatnonzero(keys[order][1:] == keys[order][:-1])
+        i, j = order[dup] // 3, order[dup + 1] // 3
+        both = green[i] & green[j]
+        out = np.zeros(len(ids), dtype=bool)
+        out[i[both]] = True
+        out[j[both]] = True
+        return out
+
+    def is_delaunay_closed(self) -> bool:
+        """True when no leaf has two or more hanging midpoints and no two green leaves face
+        each other across an edge (what :meth:`close` with ``delaunay=True`` leaves)."""
+        ids = self.leaves()
+        active = self._active()
+        return not (
+            (self._hanging(ids, active).sum(axis=1) >= 2).any()
+            or self._facing_greens(ids, active).any()
+        )
 
     def is_balanced(self) -> bool:
         """True when no leaf has an edge neighbour two or more levels finer."""

@@ -318,7 +318,8 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
 
         Raises:
             SolverError: the inner scheme refuses the new mesh (the JKO scheme needs a
-                Delaunay mesh: see docs/adaptivity.md); the run then stops with its results.
+                Delaunay mesh, which the forest's Delaunay closure gives: docs/adaptivity.md);
+                the run then stops with its results.
         """
         inner, opts = self.inner, self.options
         self._adapted_at = inner.steps

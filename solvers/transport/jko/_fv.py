@@ -66,7 +66,9 @@ def facet_distances(cv: ControlVolumes, points: Array) -> Array:
 
     A facet whose two points are not separated by it along its normal (left -> right) means
     the mesh is not Delaunay and two-point fluxes are inconsistent there: ValueError on every
-    rank.
+    rank. Uniform icospheres and S^1 meshes are Delaunay, and so are adapted S^2 meshes whose
+    forest uses the Delaunay closure (``SphereForest(..., delaunay=True)``, what the engine
+    builds for JKO runs; docs/adaptivity.md).
     """
     L, R = cv.facet_cells[:, 0], cv.facet_cells[:, 1]
     d = arc_length(points[L], points[R])
