@@ -135,3 +135,5 @@ def test_adaptive_jko_on_s2_runs(shared_tmp):
     assert np.all(rows["newton_its"][1:] >= 1) and np.all(rows["halvings"] == 0)
     assert summary["adaptation"]["adaptations"] >= 1
     assert rows["cells"][-1] > rows["cells"][0]  # the mesh was refined during the run
+    # the same meshes on any number of ranks (the replicated forest): the serial run's counts
+    np.testing.assert_array_equal(rows["cells"], [780, 780, 812])
