@@ -20,10 +20,10 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
+from drivers._outputs import run_to
 from drivers.engine import GatheredCells, build_model, read_series
 from meshes import arc_length, control_volumes, icosphere, spherical_triangle_area
-from solvers.stepping import step_towards
-from solvers.transport import ParticleSystem, initial_density
+from solvers.transport import MeshParticles, initial_density
 
 __all__ = [
     "Reference",
@@ -66,7 +66,8 @@ class Reference:
 def particle_reference(
     cfg: dict[str, Any], level: int, dt: float, stops: Sequence[float], comm: MPI.Comm
 ) -> Reference:
-    """Weighted particles at the cell centres of an icosphere, RK4 to every stop (collective).
+    """Weighted particles at the cell centres of an icosphere (:class:`MeshParticles` with a
+    fixed step), RK4 to every stop (collective).
 
     Args:
         cfg: a validated run config (attention, weights and initial density are used).
@@ -80,22 +81,21 @@ def particle_reference(
     """
     attention, weights = build_model(cfg)  # the run's own model: the same backend and heads
     cv = control_volumes(icosphere(comm, level))
-    n = cv.n_owned
     rho0 = initial_density(cv, cfg["initial"]["density"])
-    system = ParticleSystem(
-        attention, weights, cv.centres[:n], rho0 * cv.measures[:n], comm=comm, integrator="rk4"
-    )
+    scheme = MeshParticles(cv, attention, weights, rho0, integrator="rk4", dt=dt)
     gathered = GatheredCells(cv)
-    masses = gathered.gather(system.masses)
-    states = {0.0: gathered.gather(system.points)}
-    wall0, t, steps = time.perf_counter(), 0.0, 0
-    for stop in sorted(set(float(s) for s in stops if s > 0)):
-        while t < stop:
-            h, t_new = step_towards(t, dt, stop)
-            system.step(t, h)
-            t, steps = t_new, steps + 1
-        states[stop] = gathered.gather(system.points)
+    masses = gathered.gather(scheme.masses)
+    states = {0.0: gathered.gather(scheme.points)}
+    times = sorted(set(float(s) for s in stops if s > 0))
+
+    def keep(particles: MeshParticles, result: Any) -> None:
+        states[particles.t] = gathered.gather(particles.points)
+
+    wall0 = time.perf_counter()
+    if times:
+        run_to(scheme, times[-1], comm, times, keep)
     wall = comm.allreduce(time.perf_counter() - wall0, op=MPI.MAX)
+    steps = scheme.steps
     return Reference(level, masses, states, steps, wall)
 
 

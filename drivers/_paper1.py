@@ -167,26 +167,34 @@ def run_particles(setup: Setup, factory: WeightsFactory, H: int, path: int, comm
     weights = factory(H, path)
     attention = Attention(setup.beta, setup.sign, backend=setup.backend or "numba")
     system = ParticleSystem(
-        attention, weights, points[mine], masses[mine], comm=comm, integrator=setup.integrator
+        attention,
+        weights,
+        points[mine],
+        masses[mine],
+        comm=comm,
+        integrator=setup.integrator,
+        dt=setup.dt,
     )
     budget = EnergyBudget(setup.backend)
     n_steps = round(setup.t_end / setup.dt)
     snap_at = snapshot_steps(n_steps, setup.dt)
     rows, snaps = [], {}
+    # the steps k dt, k = 0, 1, ...: every record_every-th, the last and the snapshots stop
+    stops = [k for k in range(1, n_steps + 1) if k % setup.record_every == 0 or k == n_steps]
+    times = [k * setup.dt for k in sorted(set(stops) | set(snap_at) - {0})]
 
-    def record(k: int) -> None:
-        t = k * setup.dt
-        metric = _record(budget, t, system.points, system.masses, weights, attention, comm)
-        rows.append(_row(budget, H, path, metric))
+    def record(*_: object) -> None:
+        k = system.steps
+        if k % setup.record_every == 0 or k == n_steps:
+            t = k * setup.dt
+            metric = _record(budget, t, system.points, system.masses, weights, attention, comm)
+            rows.append(_row(budget, H, path, metric))
+        if k in snap_at:
+            snaps[snap_at[k]] = gather_measure(comm, system.points, system.masses)[0]
 
-    record(0)
-    snaps[0.0] = gather_measure(comm, system.points, system.masses)[0]
-    for k in range(n_steps):
-        system.step(k * setup.dt, setup.dt)
-        if (k + 1) % setup.record_every == 0 or k + 1 == n_steps:
-            record(k + 1)
-        if k + 1 in snap_at:
-            snaps[snap_at[k + 1]] = gather_measure(comm, system.points, system.masses)[0]
+    record()
+    if times:
+        run_to(system, times[-1], comm, times, record)
     final = gather_measure(comm, system.points, system.masses)[0]
     return Run("particles", H, path, rows, snaps, final, time.perf_counter() - wall0)
 

@@ -170,8 +170,11 @@ def particle_run(
     lo, hi = comm.rank * n // comm.size, (comm.rank + 1) * n // comm.size
     attention = Attention(beta, sign, manifold=True)
     weights = make_weights("frozen", [Head.identity(3)])
-    system = ParticleSystem(attention, weights, x0[lo:hi], np.full(hi - lo, 1.0 / n), comm=comm)
-    system.advance(0.0, t_end, max(1, math.ceil(t_end / dt - 1e-9)))
+    h = t_end / max(1, math.ceil(t_end / dt - 1e-9))  # equal steps of at most dt
+    system = ParticleSystem(
+        attention, weights, x0[lo:hi], np.full(hi - lo, 1.0 / n), comm=comm, dt=h
+    )
+    run_to(system, t_end, comm)
     x1, _ = gather_measure(comm, system.points, system.masses)
     return x0, x1
 

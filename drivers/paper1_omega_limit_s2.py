@@ -93,6 +93,7 @@ from drivers._omega_limit import (
     summarise,
     summarise_full_matrix,
 )
+from drivers._outputs import run_to
 from drivers._paper1 import octahedron_tokens, write_csv
 from drivers.engine import write_final, write_json
 from meshes.box import box
@@ -186,7 +187,7 @@ def run(
     mine = np.array_split(np.arange(args.n_tokens), comm.size)[comm.rank]
     masses = np.full(args.n_tokens, 1.0 / args.n_tokens)
     attention = Attention(args.beta, args.sign, backend="numpy" if args.tiny else "numba")
-    system = ParticleSystem(attention, weights, points[mine], masses[mine], comm=comm)
+    system = ParticleSystem(attention, weights, points[mine], masses[mine], comm=comm, dt=args.dt)
     rows = []
 
     def record(t: float) -> None:
@@ -204,12 +205,12 @@ def run(
         row["theta_w2"] = gaussian_w2(mean, cov, *exact_law(t))
         rows.append(row)
 
+    # steps on the grid k dt, stopping every record_every steps and at the last
     n_steps = round(args.t_end / args.dt)
+    ks = [k for k in range(1, n_steps + 1) if k % args.record_every == 0 or k == n_steps]
     record(0.0)
-    for k in range(n_steps):
-        system.step(k * args.dt, args.dt)
-        if (k + 1) % args.record_every == 0 or k + 1 == n_steps:
-            record((k + 1) * args.dt)
+    if ks:
+        run_to(system, ks[-1] * args.dt, comm, [k * args.dt for k in ks], lambda s, r: record(s.t))
     final = gather_measure(comm, system.points, system.masses)[0]
     return Trajectory(name, H, path, rows, final, time.perf_counter() - wall0)
 

@@ -124,18 +124,6 @@ def heads_of(D: np.ndarray) -> list[Head]:
     return [Head(np.eye(D.shape[1]), Dh, Dh) for Dh in D]
 
 
-def advance(systems: list[ParticleSystem], k: int, dt: float) -> None:
-    """Step k of every particle system, t = k dt -> (k + 1) dt (collective).
-
-    Args:
-        systems: the particle systems.
-        k: the step index.
-        dt: the step.
-    """
-    for system in systems:
-        system.step(k * dt, dt)
-
-
 def input_particles(
     args: argparse.Namespace,
     attention: Attention,
@@ -160,7 +148,10 @@ def input_particles(
     mine = np.array_split(np.arange(n), comm.size)[comm.rank]
     starts = [x0] + [tangent_perturbation(x0, delta, [args.seed, 11]) for delta in args.deltas]
     weights, masses = FrozenWeights(heads), np.full(n, 1.0 / n)
-    systems = [ParticleSystem(attention, weights, x[mine], masses[mine], comm=comm) for x in starts]
+    systems = [
+        ParticleSystem(attention, weights, x[mine], masses[mine], comm=comm, dt=args.dt)
+        for x in starts
+    ]
     n_steps, every = round(args.t_end / args.dt), max(1, round(args.record_dt / args.dt))
     rows: list[dict] = []
     d0: dict[float, float] = {}
@@ -176,11 +167,12 @@ def input_particles(
             row = {"H": len(heads), "sign": attention.sign, "delta": delta, "t": t, **dist}
             rows.append({**row, "log_bound": log_bound})
 
+    # all copies on the grid k dt (Lockstep), stopping every few steps and at the last
+    ks = [k for k in range(1, n_steps + 1) if k % every == 0 or k == n_steps]
     record(0.0)
-    for k in range(n_steps):
-        advance(systems, k, args.dt)
-        if (k + 1) % every == 0 or k + 1 == n_steps:
-            record((k + 1) * args.dt)
+    if ks:
+        times = [k * args.dt for k in ks]
+        run_to(Lockstep(systems), times[-1], comm, times, lambda s, r: record(s.t))
     return rows
 
 
@@ -278,9 +270,11 @@ def long_run(
     n = len(x0)
     mine = np.array_split(np.arange(n), comm.size)[comm.rank]
     masses = np.full(n, 1.0 / n)
-    system = ParticleSystem(attention, FrozenWeights(heads), x0[mine], masses[mine], comm=comm)
-    for k in range(round(args.t_long / args.dt)):
-        system.step(k * args.dt, args.dt)
+    weights = FrozenWeights(heads)
+    system = ParticleSystem(attention, weights, x0[mine], masses[mine], comm=comm, dt=args.dt)
+    n_steps = round(args.t_long / args.dt)
+    if n_steps > 0:
+        run_to(system, n_steps * args.dt, comm)  # the grid k dt
     diag = measure_diagnostics(attention, heads, system.points, system.masses, comm)
     points = gather_measure(comm, system.points, system.masses)[0]
     return {"points": points, "energy": diag.energy, "G2": diag.G2}

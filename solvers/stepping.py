@@ -11,7 +11,9 @@ each step, the density and the diagnostics, and saves and restores the state thr
 
 Implemented by :class:`solvers.transport.TransportSolver` (finite volumes),
 :class:`solvers.transport.JKOSolver` (minimizing movement),
-:class:`solvers.transport.MeshParticles` (particles on a mesh) and
+:class:`solvers.transport.ParticleSystem` (weighted particles with a fixed step on a time
+grid; its subclasses :class:`solvers.transport.MeshParticles`, particles on a mesh, and
+:class:`solvers.transport.FreeParticles`, mesh-free) and
 :class:`solvers.weights.FokkerPlanckSolver` (the weight law). The first three are
 :class:`TokenScheme` s: they also give the token measure as quadrature points and masses
 (for the energy budget) and its :class:`~solvers.attention.MeasureDiagnostics`. A token scheme

@@ -10,7 +10,8 @@ Public face of the transport package: every scheme that the run loop steps.
   :mod:`solvers.transport.jko` (its operator, energy, Hessian, entropy, Newton system,
   preconditioner, adaptive step :class:`StepControl` and result :class:`JKOStep`);
 - :class:`ParticleSystem`: the discrete transformer (weighted particles, RK4/Euler; noise by
-  a Brownian step on the sphere, :func:`brownian_mean_factor`), and
+  a Brownian step on the sphere, :func:`brownian_mean_factor`; a scheme of the stepping
+  interface with a fixed step on a time grid), and its subclasses
   :class:`MeshParticles` ("particles"): particles started at the cell centres of a mesh, with
   a CFL step and densities by deposit; :class:`FreeParticles` ("particles" with a
   ``[particles]`` table): mesh-free particles on S^{d-1}, any d, on a :class:`PointCloud`,

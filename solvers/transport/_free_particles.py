@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from solvers.attention import Attention, MeasureDiagnostics
-from solvers.stepping import SchemeState, StepResult, step_towards
-from solvers.transport._particles import ParticleSystem, step_system
+from solvers.attention import Attention
+from solvers.stepping import step_towards
+from solvers.transport._particles import ParticleSystem
 from solvers.weights import WeightDynamics
 
 __all__ = ["CloudQuality", "FreeParticles", "PointCloud"]
@@ -87,8 +87,10 @@ class PointCloud:
         return CloudQuality(self.n_global, self.d)
 
 
-class FreeParticles:
-    """The particle scheme of a :class:`PointCloud` (module docstring).
+class FreeParticles(ParticleSystem):
+    """The particle scheme of a :class:`PointCloud` (module docstring): a
+    :class:`~solvers.transport.ParticleSystem` whose time is the sum of its steps (the
+    steps of :func:`~solvers.stepping.step_towards`), with the cloud as ``cv``.
 
     Args:
         cloud: the particles of this rank (initial positions on the sphere, masses).
@@ -113,8 +115,7 @@ class FreeParticles:
     ) -> None:
         if not (math.isfinite(dt) and dt > 0):
             raise ValueError(f"mesh-free particles need a fixed step dt > 0, got {dt}")
-        self.cv = cloud
-        self.system = ParticleSystem(
+        super().__init__(
             attention,
             weights,
             cloud.centres,
@@ -124,42 +125,11 @@ class FreeParticles:
             diffusion=diffusion,
             seed=seed,
             ids=cloud.original_index,
+            dt=dt,
         )
-        self.t, self.steps, self.dt = 0.0, 0, float(dt)
+        self.cv = cloud
 
-    def step(self, t_stop: float = math.inf) -> StepResult:
-        """One step of at most ``dt`` towards ``t_stop`` (collective).
-
-        Raises:
-            SolverError: non-finite positions.
-        """
-        dt, t_new = step_towards(self.t, self.dt, t_stop)
-        step_system(self.system, self.t, dt, self.steps)
-        self.t = t_new
-        self.steps += 1
-        return StepResult(t=self.t, dt=dt)
-
-    @property
-    def density(self) -> Array:
-        """n times each particle's mass (module docstring), on this rank's particles."""
-        return self.cv.n_global * np.array(self.system.masses, dtype=np.float64)
-
-    def measure(self) -> tuple[Array, Array]:
-        """This rank's particles (n_owned, d) and their masses (n_owned,)."""
-        return self.system.points, self.system.masses
-
-    def diagnostics(self) -> MeasureDiagnostics:
-        """Energy, G^2, dissipation and mass of the particle measure (collective)."""
-        return self.system.diagnostics(self.t)
-
-    def state(self) -> SchemeState:
-        """Positions and masses; row i is this rank's particle i (global index
-        ``cv.original_index[i]``)."""
-        cells = {"points": self.system.points.copy(), "masses": self.system.masses.copy()}
-        return SchemeState(self.t, self.steps, cells)
-
-    def restore(self, state: SchemeState) -> None:
-        """Continue from :meth:`state` (bit for bit; the Brownian stream at the step count)."""
-        self.system.set_state(state.cells["points"], state.cells["masses"])
-        self.t, self.steps = float(state.t), int(state.steps)
-        self.system.draws = self.steps
+    def next_step(self, t_stop: float) -> tuple[float, float, bool]:
+        """A step of at most ``dt`` towards ``t_stop``
+        (:func:`~solvers.stepping.step_towards`)."""
+        return (*step_towards(self.t, self.dt, t_stop), True)

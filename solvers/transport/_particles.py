@@ -74,7 +74,7 @@ from solvers.attention import (
     measure_diagnostics,
 )
 from solvers.errors import BlowUpError, SolverError
-from solvers.stepping import SchemeState, StepResult, step_towards
+from solvers.stepping import SLIVER, SchemeState, StepResult, step_towards
 from solvers.transport._deposit import deposit_to_cells
 from solvers.weights import WeightDynamics, head_weights_at
 
@@ -154,8 +154,36 @@ class ParticleSystem:
             which select their increments (default: the ranks' blocks in rank order, so a
             system split into consecutive blocks draws the same increments on any number of
             ranks).
+        dt: the fixed step of :meth:`step` towards a stop time (> 0; 0: none, then only the
+            explicit form ``step(t, dt)`` and :meth:`advance` step).
+        t0: the initial time.
+
+    A :class:`solvers.stepping.TokenScheme` (``isinstance(system, TokenScheme)``), so that
+    ``drivers.engine.advance`` and every loop of the stepping interface drive it like any
+    scheme. :meth:`step` has two forms (the second is the one of earlier versions):
+
+    - ``step(t_stop=inf)``: one step of the fixed step ``dt`` towards ``t_stop``. The steps
+      lie on the grid ``t_g + k dt`` (``t_g`` the time the grid starts: ``t0``, the end of an
+      explicit step, or a stop time that fell between two grid points), as in the loop
+      ``for k in range(n): step(t_g + k * dt, dt)``: step k starts at ``t_g + k dt`` (never a
+      sum of steps) and has the size ``dt``. A grid point within a sliver of ``t_stop``
+      (:data:`solvers.stepping.SLIVER` dt) is ``t_stop``: the step keeps the size ``dt`` and
+      ends exactly on ``t_stop``; a stop time between two grid points is reached by the
+      shorter step ``t_stop - t``, and the grid starts again there. So ``advance(t0, t1, n)``
+      and steps towards ``t1`` of a system built with ``dt = (t1 - t0) / n`` at ``t0`` move
+      the particles identically. Non-finite positions raise
+      :class:`solvers.errors.SolverError` (the stepping interface's failure).
+    - ``step(t, dt, draw=None)``: one step from the time ``t`` by ``dt`` (the caller keeps
+      the time); afterwards :attr:`t` is ``t + dt`` and the grid starts there. Non-finite
+      positions raise FloatingPointError.
+
+    Subclasses choose other steps by overriding :meth:`next_step` (:class:`MeshParticles`: a
+    CFL step; :class:`solvers.transport.FreeParticles`: sums of a fixed step).
 
     Attributes:
+        t: the current time.
+        steps: the number of steps taken (both forms).
+        dt: the fixed step (0: none).
         draws: the number of Brownian steps taken (the index k of the next one's stream).
     """
 
@@ -172,6 +200,8 @@ class ParticleSystem:
         diffusion: float = 0.0,
         seed: int = 0,
         ids: np.ndarray | None = None,
+        dt: float = 0.0,
+        t0: float = 0.0,
     ) -> None:
         if integrator not in INTEGRATORS:
             raise ValueError(f"unknown integrator {integrator!r}; expected one of {INTEGRATORS}")
@@ -217,6 +247,12 @@ class ParticleSystem:
         self._masses = masses
         self._points.flags.writeable = False
         self._masses.flags.writeable = False
+        if not (math.isfinite(dt) and dt >= 0):
+            raise ValueError(f"dt must be finite and >= 0 (0: no fixed step), got {dt}")
+        if not math.isfinite(t0):
+            raise ValueError(f"t0 must be finite, got {t0}")
+        self.dt, self.t, self.steps = float(dt), float(t0), 0
+        self._grid = (self.t, 0)  # (t_g, the step count there): the grid of next_step
 
     @staticmethod
     def _global_ids(comm, n_local: int, ids: np.ndarray | None) -> tuple[np.ndarray, int]:
@@ -294,15 +330,76 @@ class ParticleSystem:
             points, sources, self._masses, heads, head_weights_at(self.weights, t)
         )
 
-    def step(self, t: float, dt: float, draw: int | None = None) -> None:
-        """Advance the particles from t to t + dt (collective), retracting onto the sphere.
+    def step(
+        self, t_stop: float = math.inf, dt: float | None = None, *, draw: int | None = None
+    ) -> StepResult:
+        """One step (collective): ``step(t_stop)`` towards a stop time, or ``step(t, dt)``
+        from the time ``t`` by ``dt`` (class docstring: the two forms).
 
         RK4: k1 = X(t, x), k2 = X(t + dt/2, x + dt/2 k1), k3 = X(t + dt/2, x + dt/2 k2),
         k4 = X(t + dt, x + dt k3), x <- x + dt (k1 + 2 k2 + 2 k3 + k4)/6. Euler: x <- x + dt k1.
         Then x <- x/|x| when on the sphere. With diffusion, then the Brownian step with the
-        increments of stream ``draw`` (default :attr:`draws`); :attr:`draws` becomes
-        ``draw + 1``.
+        increments of stream ``draw`` (first form: the step count :attr:`steps`, so that a
+        restored state continues the stream; second form: default :attr:`draws`);
+        :attr:`draws` becomes ``draw + 1``.
+
+        Args:
+            t_stop: the stop time (first form); the start time ``t`` (second form).
+            dt: None for the first form; the step for the second.
+            draw: the Brownian stream of the step (second form only; default :attr:`draws`).
+
+        Returns:
+            What the step did (:class:`solvers.stepping.StepResult`).
+
+        Raises:
+            SolverError: non-finite positions (first form).
+            FloatingPointError: non-finite positions (second form).
+            ValueError: a non-finite time, a step <= 0, or the first form without a fixed
+                step ``dt``.
         """
+        if dt is not None:
+            t = float(t_stop)
+            self._move(t, dt, draw)
+            self.t, self.steps = t + float(dt), self.steps + 1
+            self._grid = (self.t, self.steps)
+            return StepResult(t=self.t, dt=float(dt))
+        if draw is not None:
+            raise ValueError("draw is for the explicit form step(t, dt, draw=...)")
+        h, t_new, regrid = self.next_step(float(t_stop))
+        try:
+            self._move(self.t, h, self.steps)
+        except FloatingPointError:
+            raise SolverError(
+                f"non-finite particle positions at t = {self.t + h:.6g}", t=self.t
+            ) from None
+        self.t, self.steps = t_new, self.steps + 1
+        if regrid:
+            self._grid = (self.t, self.steps)
+        return StepResult(t=self.t, dt=h)
+
+    def next_step(self, t_stop: float) -> tuple[float, float, bool]:
+        """The next step towards ``t_stop`` on the grid of the fixed step (class docstring).
+
+        Returns:
+            (the step, the time after it, whether the grid starts again there).
+
+        Raises:
+            ValueError: no fixed step (``dt`` = 0).
+        """
+        if not self.dt > 0:
+            raise ValueError(
+                "step(t_stop) needs a fixed step: ParticleSystem(..., dt=...) with dt > 0"
+            )
+        t_g, k0 = self._grid
+        t_next = t_g + (self.steps - k0 + 1) * self.dt
+        if abs(t_next - t_stop) <= SLIVER * self.dt:  # the grid point is the stop time
+            return self.dt, t_stop, False
+        if t_next > t_stop:  # the stop time lies inside the step
+            return t_stop - self.t, t_stop, True
+        return self.dt, t_next, False
+
+    def _move(self, t: float, dt: float, draw: int | None) -> None:
+        """The particles from t to t + dt (:meth:`step`'s numerics; collective)."""
         t, dt = float(t), float(dt)
         if not (np.isfinite(t) and np.isfinite(dt) and dt > 0.0):
             raise ValueError(f"need finite t and dt > 0, got t = {t}, dt = {dt}")
@@ -334,16 +431,40 @@ class ParticleSystem:
         self._points = new
 
     def advance(self, t0: float, t1: float, n_steps: int) -> float:
-        """Take ``n_steps`` equal steps from t0 to t1 (collective); returns t1."""
+        """Take ``n_steps`` equal steps from t0 to t1 (collective); returns t1 (then :attr:`t`).
+
+        The steps of ``step(t0 + k * dt, dt)``, dt = (t1 - t0)/n_steps: the same as stepping
+        a system with that fixed step from t0 towards t1 (class docstring).
+        """
         if n_steps < 1:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
         dt = (float(t1) - float(t0)) / n_steps
         for k in range(n_steps):
             self.step(t0 + k * dt, dt)
+        self.t = float(t1)
+        self._grid = (self.t, self.steps)
         return float(t1)
 
-    def diagnostics(self, t: float) -> MeasureDiagnostics:
-        """Energy, G^2, dissipation and mass of the particle measure at time t (collective)."""
+    @property
+    def system(self) -> ParticleSystem:
+        """The system itself (:class:`MeshParticles` and
+        :class:`~solvers.transport.FreeParticles` used to hold one under this name)."""
+        return self
+
+    @property
+    def density(self) -> np.ndarray:
+        """n m_i for each of this rank's particles (n the global count; 1 for equal masses):
+        without a mesh, each particle's mass relative to an equal share (a copy)."""
+        return self._n_global * np.array(self._masses, dtype=np.float64)
+
+    def measure(self) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's particles (n_local, d) and their masses (n_local,)."""
+        return self._points, self._masses
+
+    def diagnostics(self, t: float | None = None) -> MeasureDiagnostics:
+        """Energy, G^2, dissipation and mass of the particle measure at time t (default
+        :attr:`t`; collective)."""
+        t = self.t if t is None else t
         return measure_diagnostics(
             self.attention,
             self.weights.heads_at(t),
@@ -353,21 +474,38 @@ class ParticleSystem:
             head_weights=head_weights_at(self.weights, t),
         )
 
+    def state(self) -> SchemeState:
+        """Positions and masses (row i: this rank's particle i), and where the grid of the
+        fixed step starts (scalars ``grid_t``, ``grid_steps``)."""
+        cells = {"points": self._points.copy(), "masses": self._masses.copy()}
+        scalars = {"grid_t": self._grid[0], "grid_steps": float(self._grid[1])}
+        return SchemeState(self.t, self.steps, cells, scalars)
 
-class MeshParticles:
+    def restore(self, state: SchemeState) -> None:
+        """Continue from :meth:`state`: the positions bit for bit, the Brownian stream at the
+        step count, the grid where it was (at the saved time if the state has none)."""
+        self.set_state(state.cells["points"], state.cells["masses"])
+        self.t, self.steps = float(state.t), int(state.steps)
+        self.draws = self.steps
+        grid_t = state.scalars.get("grid_t", self.t)
+        self._grid = (float(grid_t), int(state.scalars.get("grid_steps", self.steps)))
+
+
+class MeshParticles(ParticleSystem):
     """The particle scheme on a mesh: one weighted particle per cell, densities by deposit.
 
     The particles start at the owned cell centres with the cell masses of ``density`` and
-    move by :class:`ParticleSystem` (RK4 or Euler, retraction onto the sphere; with noise the
-    Brownian step, its increments indexed by the step count and the particles' starting
+    move as a :class:`ParticleSystem` (RK4 or Euler, retraction onto the sphere; with noise
+    the Brownian step, its increments indexed by the step count and the particles' starting
     cells, so that a restart continues the same random stream). A step is ``dt`` when
     ``dt > 0``, else chosen from the CFL number, ``cfl h_min / max |X|`` (h_min the smallest
     cell diameter), and with noise at most ``(cfl h_min)^2 / (2 nu (d - 1))`` (the root mean
     square Brownian displacement sqrt(2 nu (d - 1) dt) of a step at most ``cfl h_min``, the
-    mesh's resolution); it never passes the stop time and lands on it exactly
-    (:func:`solvers.stepping.step_towards`). Implements :class:`solvers.stepping.TokenScheme`;
-    the density on the cells is the deposit of the particle masses
-    (:func:`solvers.transport.deposit_to_cells`).
+    mesh's resolution); the time is the sum of the steps, and a step never passes the stop
+    time and lands on it exactly (:func:`solvers.stepping.step_towards`). Implements
+    :class:`solvers.stepping.TokenScheme` (through :class:`ParticleSystem`, whose methods it
+    keeps but :meth:`next_step` and :attr:`density`); the density on the cells is the
+    deposit of the particle masses (:func:`solvers.transport.deposit_to_cells`).
 
     Args:
         cv: control volumes of the distributed mesh.
@@ -403,8 +541,7 @@ class MeshParticles:
         if not cv.curved:
             raise ValueError("the particle scheme runs on the spheres S1 and S2 (on boxes: fv)")
         n = cv.n_owned
-        self.cv = cv
-        self.system = ParticleSystem(
+        super().__init__(
             attention,
             weights,
             cv.centres[:n],
@@ -414,33 +551,29 @@ class MeshParticles:
             diffusion=diffusion,
             seed=seed,
             ids=cv.original_index[:n],
+            dt=dt,
         )
-        self.t = 0.0
-        self.steps = 0
-        self.dt, self.cfl, self.dt_min = float(dt), float(cfl), float(dt_min)
+        self.cv = cv
+        self.cfl, self.dt_min = float(cfl), float(dt_min)
         self.h = mesh_quality(cv).h_min
 
-    def step(self, t_stop: float = math.inf) -> StepResult:
-        """One particle step towards ``t_stop`` (collective).
+    def next_step(self, t_stop: float) -> tuple[float, float, bool]:
+        """``dt`` or the CFL step towards ``t_stop`` (class docstring; collective).
 
         Raises:
-            SolverError: non-finite velocity or positions.
+            SolverError: non-finite velocity.
             BlowUpError: the CFL step collapsed below ``dt_min``.
         """
         dt = self.dt if self.dt > 0 else self._cfl_step(t_stop)
-        dt, t_new = step_towards(self.t, dt, t_stop)
-        step_system(self.system, self.t, dt, self.steps)
-        self.t = t_new
-        self.steps += 1
-        return StepResult(t=self.t, dt=dt)
+        return (*step_towards(self.t, dt, t_stop), True)
 
     def _cfl_step(self, t_stop: float) -> float:
-        v = self.system.velocity(self.t, self.system.points)
+        v = self.velocity(self.t, self.points)
         vmax = self.cv.comm.allreduce(float(np.abs(v).max(initial=0.0)), op=MPI.MAX)
         if not math.isfinite(vmax):
             raise SolverError(f"non-finite particle velocity at t = {self.t:.6g}", t=self.t)
         dt = self.cfl * self.h / vmax if vmax > 0 else t_stop - self.t
-        nu = self.system.diffusion
+        nu = self.diffusion
         if nu > 0:
             dt = min(dt, (self.cfl * self.h) ** 2 / (2.0 * nu * (self.cv.d - 1)))
         if dt < self.dt_min and dt < t_stop - self.t:
@@ -454,24 +587,4 @@ class MeshParticles:
     @property
     def density(self) -> np.ndarray:
         """The particle masses deposited on the owned cells, as densities (collective)."""
-        return deposit_to_cells(self.cv, self.system.points, self.system.masses, local=True)
-
-    def measure(self) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's particles (n_local, d) and their masses (n_local,)."""
-        return self.system.points, self.system.masses
-
-    def diagnostics(self) -> MeasureDiagnostics:
-        """Energy, G^2, dissipation and mass of the particle measure (collective)."""
-        return self.system.diagnostics(self.t)
-
-    def state(self) -> SchemeState:
-        """Positions and masses; row i is the particle started in owned cell i."""
-        cells = {"points": self.system.points.copy(), "masses": self.system.masses.copy()}
-        return SchemeState(self.t, self.steps, cells)
-
-    def restore(self, state: SchemeState) -> None:
-        """Continue from :meth:`state` (the saved positions bit for bit; the Brownian stream
-        continues at the step count, module docstring)."""
-        self.system.set_state(state.cells["points"], state.cells["masses"])
-        self.t, self.steps = float(state.t), int(state.steps)
-        self.system.draws = self.steps
+        return deposit_to_cells(self.cv, self.points, self.masses, local=True)
