@@ -2,7 +2,7 @@
 
 A :class:`Recorder` owns the results folder of one run (docs/interface.md): the density time
 series for ParaView (``density.xdmf`` + ``.h5``; of mesh-free particles on a
-:class:`solvers.transport.PointCloud` the series of :mod:`drivers.engine._particle_writer`;
+:class:`solvers.transport.PointCloud` the series of :mod:`drivers.engine.io._particle_writer`;
 ``theta.xdmf`` for a weight measure on a
 parameter mesh of dimension <= 2), ``metrics.csv`` (:data:`METRIC_COLUMNS`, then the energy
 budget :data:`solvers.diagnostics.EDI_COLUMNS` with ``[output] edi``, then the weights'
@@ -64,7 +64,6 @@ import numpy as np
 import numpy.typing as npt
 
 from drivers.engine._cadence import Cadence, OutputOptions, output_cadence, output_options
-from drivers.engine._cell_blocks import CellBlocks
 from drivers.engine._checkpoint import (
     load_run_checkpoint,
     restore_cells,
@@ -75,7 +74,6 @@ from drivers.engine._config import ConfigError
 from drivers.engine._extras import ClusterOutput, Extras
 from drivers.engine._finish import finish_run
 from drivers.engine._folder import OutputGuard, ResultsFolder, checkpoint_owner, config_hash
-from drivers.engine._particle_writer import ParticleWriter
 from drivers.engine._problem import Problem, velocity_record
 from drivers.engine._provenance import provenance
 from drivers.engine._result import RunResult
@@ -87,7 +85,7 @@ from drivers.engine._summary import (
     run_summary,
     scaled,
 )
-from drivers.engine._writers import DensityWriter, MetricsWriter, write_json
+from drivers.engine.io import CellBlocks, DensityWriter, MetricsWriter, ParticleWriter, write_json
 from meshes import MeshQuality, flat_quality, mesh_quality
 from meshes.control_volumes import ControlVolumes, flat_control_volumes
 from solvers.attention import Attention, measure_diagnostics
