@@ -15,15 +15,18 @@ Invalid input raises :class:`ConfigError` naming the key; the CLI turns it into 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from drivers.engine._schema import choices, defaults, scheme_words, schemes_with
-from solvers.transport import SchemeSpec, scheme_spec
+
+if TYPE_CHECKING:
+    from solvers.transport import SchemeSpec
 
 __all__ = [
     "ConfigError",
@@ -53,8 +56,28 @@ class ConfigError(ValueError):
         self.key = key
 
 
-#: the default run configuration (from the schema of drivers.engine._schema)
-DEFAULTS: dict[str, dict[str, Any]] = defaults()
+#: the default run configuration (from the schema of drivers.engine._schema; built on first
+#: use, as the schema's tables: importing this module imports no solver)
+DEFAULTS: dict[str, dict[str, Any]]
+
+
+@functools.cache
+def _defaults() -> dict[str, dict[str, Any]]:
+    return defaults()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DEFAULTS":
+        return _defaults()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def scheme_spec(name: str) -> SchemeSpec:
+    """:func:`solvers.transport.scheme_spec`, imported on first use."""
+    from solvers.transport import scheme_spec as spec_of
+
+    return spec_of(name)
+
 
 #: the most time steps a fixed time.dt may ask for (a guard against typos such as 1e-300)
 MAX_STEPS = 1e9
@@ -165,7 +188,7 @@ def restart_config(stored: dict[str, Any], overrides: list[str] | None = None) -
 
 def validate(raw: dict[str, Any]) -> dict[str, Any]:
     """Merge with defaults and check every key; returns the resolved configuration."""
-    cfg = copy.deepcopy(DEFAULTS)
+    cfg = copy.deepcopy(_defaults())
     if "gaussian" in raw:
         raise ConfigError(
             "gaussian",
@@ -173,13 +196,13 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
             "run it with `transformer-pde gaussian CONFIG.toml`",
         )
     for section, table in raw.items():
-        if section not in DEFAULTS:
-            raise ConfigError(section, f"unknown section (known: {', '.join(DEFAULTS)})")
+        if section not in _defaults():
+            raise ConfigError(section, f"unknown section (known: {', '.join(_defaults())})")
         if not isinstance(table, dict):
             raise ConfigError(section, "must be a table")
         for key, value in table.items():
-            if key not in DEFAULTS[section]:
-                known = ", ".join(DEFAULTS[section])
+            if key not in _defaults()[section]:
+                known = ", ".join(_defaults()[section])
                 raise ConfigError(
                     f"{section}.{key}", f"unknown key (known in [{section}]: {known})"
                 )
