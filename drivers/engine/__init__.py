@@ -16,17 +16,19 @@ Names are imported on first use: the command line must parse its arguments and h
 PETSc options to ``petsc4py.init`` before anything imports DOLFINx or PETSc.
 
 Modules: ``_cli``, ``_schema`` (every config key: type, default, allowed values, meaning),
-``_config`` (TOML reading, ``--set``, validation), ``_problem``, ``_run``, ``_result`` (what
-``run`` returns), ``_recorder`` and ``_row`` (the metrics row of a state), ``_cadence`` (when
-outputs are due), ``_finish`` (the end of a run), ``_extras`` (columns and tables added by
-experiments), ``_sweep`` and ``_sweep_table`` (``transformer-pde sweep``: grids of runs,
-sweep.csv and sweep.png), ``_checkpoint``, ``_folder`` (the results folder and its lock),
-``_gaussian_command``, ``_resources`` (the memory check), ``_petsc_options`` (unused PETSc
-options), ``_provenance`` (version, commit, command line, host, threads, PETSc options of a
-results folder). The subpackage :mod:`drivers.engine.io` holds the files, pictures and
-animations (writers, XDMF, HDF5 rows, npz streams, plots, the S^2 map and globe, ``view``,
-``paraview``); the names of it that the engine exported before (``DensityWriter``,
-``plot_metrics``, ``read_series``, ...) are still exported here.
+``_config`` (TOML reading, ``--set``, validation; the ``[adapt]`` and ``[particles]`` tables
+and a law of weights in ``_adapt_config``, ``_particles_config``, ``_weights_config``),
+``_problem``, ``_run``, ``_result`` (what ``run`` returns), ``_recorder`` and ``_row`` (the
+metrics row of a state), ``_cadence`` (when outputs are due), ``_finish`` (the end of a run),
+``_extras`` (columns and tables added by experiments), ``_sweep`` and ``_sweep_table``
+(``transformer-pde sweep``: grids of runs, sweep.csv and sweep.png), ``_checkpoint``,
+``_folder`` (the results folder and its lock), ``_gaussian_command``, ``_resources`` (the
+memory check), ``_petsc_options`` (unused PETSc options), ``_provenance`` (version, commit,
+command line, host, threads, PETSc options of a results folder). The subpackage
+:mod:`drivers.engine.io` holds the files, pictures and animations (writers, XDMF, HDF5 rows,
+npz streams, plots, the S^2 map and globe, ``view``, ``paraview``); the names of it that the
+engine exported before (``DensityWriter``, ``plot_metrics``, ``read_series``, ...) are still
+exported here.
 """
 
 from __future__ import annotations

@@ -365,3 +365,42 @@ def load_run_checkpoint(
         raise ConfigError("--restart", error)
     log(f"restarting from {name}")
     return comm.bcast(state, root=0), name
+
+
+def restore_run_state(rec: Any, scheme: Any) -> dict[str, Any]:
+    """Restore the recorder's run from the newest valid checkpoint of its folder (collective):
+    check that the checkpoint belongs to the configuration and to the run the folder records
+    (take its run id, :func:`~drivers.engine._folder.checkpoint_owner`), take its energy scale,
+    restore an adaptive scheme's mesh and the scheme's state (its own cells' rows, any number
+    of ranks). Returns the checkpoint (for the budget, the tables and the outputs to keep).
+
+    Raises:
+        ConfigError: no usable checkpoint, one of another run or scheme, or an adaptive
+            checkpoint for a uniform run (or the reverse).
+    """
+    from drivers.engine._config import ConfigError
+    from drivers.engine._folder import checkpoint_owner
+    from solvers.stepping import SchemeState
+
+    saved, name = load_run_checkpoint(rec.comm, rec.out, rec.scheme_name, rec.log)
+    recorded = rec.folder.recorded if rec.folder is not None else {}
+    run_id = checkpoint_owner(saved, name, rec.config_hash, recorded, rec.out)
+    rec.run_id = run_id or rec.run_id
+    if rec.comm.rank == 0:
+        rec.provenance["run_id"] = rec.run_id
+    rec.log_scale = float(saved["log_scale"]) if "log_scale" in saved else 0.0
+    if rec.adaptive:
+        mesh = {k[5:]: v for k, v in saved.items() if k.startswith("mesh_")}
+        if not mesh:
+            raise ConfigError("--restart", "the checkpoint has no adaptive mesh (adapt.max_level)")
+        try:
+            scheme.restore_mesh(mesh)
+        except ValueError as exc:
+            raise ConfigError("adapt.max_level", f"cannot restart: {exc}") from None
+        rec.follow(scheme)
+    elif any(k.startswith("mesh_") for k in saved):
+        raise ConfigError("--restart", "the checkpoint is of an adaptive run (adapt.max_level)")
+    cells = restore_cells(saved, rec.gathered)
+    outflow = {"outflow": float(saved["outflow"])}
+    scheme.restore(SchemeState(float(saved["t"]), int(saved["steps"]), cells, outflow))
+    return saved

@@ -38,6 +38,7 @@ __all__ = [
     "defaults",
     "choices",
     "reference",
+    "scheme_spec",
     "scheme_words",
     "schemes_with",
 ]
@@ -83,6 +84,18 @@ def _specs() -> dict[str, SchemeSpec]:
     from solvers.transport import SCHEME_SPECS
 
     return SCHEME_SPECS
+
+
+def scheme_spec(name: str) -> SchemeSpec:
+    """:func:`solvers.transport.scheme_spec` (what the scheme ``name`` accepts), imported on
+    first use.
+
+    Raises:
+        KeyError: no scheme of that name is registered.
+    """
+    from solvers.transport import scheme_spec as spec_of
+
+    return spec_of(name)
 
 
 def schemes_with(flag: str) -> list[str]:
