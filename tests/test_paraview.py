@@ -188,6 +188,7 @@ def s1_run(tmp_path_factory) -> Path:
     return _run(folder / "s1", str(config), "--set", "output.every=2")
 
 
+@pytest.mark.slow
 @paraview
 def test_paraview_opens_s2(s2_run, tmp_path):
     out = s2_run
