@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from drivers.engine import DensityWriter
-from drivers.engine import _npz_stream as npz_stream
+from drivers.engine.io import _npz_stream as npz_stream
 from drivers.engine._checkpoint import (
     _digest,
     load_latest_checkpoint,

@@ -29,6 +29,12 @@ another step (wall time, a signal) adds no budget record: it saves the measure o
 record instead, so that no output depends on when it was taken, and a restart on the same
 number of ranks writes the same bits as an uninterrupted run.
 
+The metrics row of a state is :func:`~drivers.engine._row.metrics_row` (the measure and
+maximal-slope diagnostics in one pass over one :class:`solvers.diagnostics.Measure`, G^2 once);
+a restart's checkpoint is read and restored by
+:func:`~drivers.engine._checkpoint.restore_run_state`; the files are written by the writers
+of :mod:`drivers.engine.io`.
+
 Energy scale. Energy-type values are in units of e^Lambda, Lambda = beta max_h
 ||Q_h^T K_h||_2 at t = 0 (:func:`energy_log_scale`; docs/interface.md), computed from
 log Z - Lambda: no overflow for any beta on the sphere; Lambda is kept in checkpoints.
