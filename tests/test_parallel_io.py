@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 
 from drivers.engine import DensityWriter
-from drivers.engine.io import _npz_stream as npz_stream
 from drivers.engine._checkpoint import (
     _digest,
     load_latest_checkpoint,
     restore_cells,
     save_checkpoint_collective,
 )
+from drivers.engine.io import _npz_stream as npz_stream
 from drivers.engine.io._blocks import BlockLayout, block_bounds
 from drivers.engine.io._cell_blocks import CellBlocks
 from drivers.engine.io._npz_stream import Rows, npz_index, stream_digest, write_npz
