@@ -4,7 +4,7 @@ For an icosphere of level L on P ranks, measured with ``tracemalloc`` (numpy's b
 traced) around each write, on every rank:
 
 - ``density step``: one step of :class:`drivers.engine.DensityWriter` (row blocks, MPI-IO);
-- ``final.npz``: :func:`drivers.engine._writers.write_final_collective` (streamed by rank 0);
+- ``final.npz``: :func:`drivers.engine.io._writers.write_final_collective` (streamed by rank 0);
 - ``gather + savez`` (the baseline, what these outputs did before): the cell values gathered
   to rank 0 with :class:`drivers.engine.GatheredCells` and written there with ``np.savez``.
 
@@ -25,9 +25,9 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers.engine import DensityWriter, GatheredCells
-from drivers.engine._cell_blocks import CellBlocks
-from drivers.engine._npz_stream import Rows
-from drivers.engine._writers import write_final, write_final_collective
+from drivers.engine.io._cell_blocks import CellBlocks
+from drivers.engine.io._npz_stream import Rows
+from drivers.engine.io._writers import write_final, write_final_collective
 from meshes.control_volumes import control_volumes
 from meshes.sphere import icosphere
 

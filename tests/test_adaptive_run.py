@@ -214,6 +214,7 @@ def test_adapt_refused_on_boxes():
         load_config(None, ['mesh.manifold="R1"', "adapt.max_level=5"])
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_two_ranks_agree_with_serial(tmp_path):
     """The same adaptive run on 1 and 2 ranks: the same meshes (cells per output), densities
@@ -234,6 +235,7 @@ def test_two_ranks_agree_with_serial(tmp_path):
     assert np.abs(ra["energy"] - rb["energy"]).max() < 1e-10 * np.abs(ra["energy"]).max()
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_sigkill_and_restart_on_two_ranks(tmp_path):
     """kill -9 an adaptive run on 2 ranks after a checkpoint that holds an adapted mesh,

@@ -217,6 +217,7 @@ def _mpirun(args: list[str], n: int) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.parametrize("scheme", ["fv", "particles", "jko"])
 def test_serial_and_mpiexec_agree(tmp_path, scheme):
@@ -252,6 +253,7 @@ def test_serial_and_mpiexec_agree(tmp_path, scheme):
     assert np.abs(a["density"] - b["density"]).max() < 1e-10
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_eight_ranks_agree_with_serial_at_level_4(tmp_path):
     """`mpiexec -n 8` (oversubscribed) and one rank give the same run at level 4 to 1e-10.

@@ -202,6 +202,7 @@ def tiny(**sections: dict[str, object]) -> Case:
 TINY_RUN = tiny()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_pictures")
 @settings(
     max_examples=200 if MPI.COMM_WORLD.size == 1 else 60,  # under MPI: agreement, not breadth

@@ -42,6 +42,50 @@ def test_keys_command_prints_the_reference():
     assert out.stdout == reference()
 
 
+@pytest.mark.serial
+def test_config_code_imports_no_petsc():
+    """Importing the config code (load_config, validate, the schema) imports neither PETSc nor
+    DOLFINx, so a script can hand its options to petsc4py.init after it (reading a config
+    then imports them)."""
+    code = (
+        "import sys\n"
+        "import drivers.engine._config, drivers.engine._schema\n"
+        "from drivers.engine import load_config, validate, ConfigError\n"
+        "heavy = ('petsc4py', 'dolfinx', 'solvers.transport')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy[:2] or m in heavy))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["[]"], proc.stdout
+
+
+def test_schema_tables_quote_the_registry():
+    from solvers.transport import SCHEME_SPECS
+
+    scheme = next(k for k in KEYS if (k.section, k.name) == ("time", "scheme"))
+    assert scheme.choices == tuple(SCHEME_SPECS)
+    assert all(s.summary in scheme.meaning for s in SCHEME_SPECS.values())
+    assert DEFAULTS["time"]["scheme"] == "fv" and set(SECTIONS) == set(DEFAULTS)
+
+
+def test_owned_petsc_prefixes_come_from_the_specs():
+    from drivers.engine._petsc_options import WEIGHT_LAW_PREFIX, owned
+    from drivers.engine._problem import scheme_options
+    from solvers.transport import SCHEME_SPECS
+
+    prefixes = {
+        s.petsc_options_prefix: n for n, s in SCHEME_SPECS.items() if s.petsc_options_prefix
+    }
+    assert prefixes == {"jko_": "jko"}
+    table = owned()
+    assert set(table) == {*prefixes, WEIGHT_LAW_PREFIX}
+    assert table["jko_"] == ("the JKO scheme", ("time", "scheme"), "jko")
+    cfg = validate({"time": {"scheme": "jko", "dt": 0.1}})
+    assert scheme_options(cfg).petsc_options_prefix == "jko_"
+
+
 def test_every_key_is_documented_and_accepted():
     documented = {(k.section, k.name) for k in KEYS}
     accepted = {(s, k) for s, table in DEFAULTS.items() for k in table}

@@ -234,6 +234,7 @@ def test_driver_shape(name: str):
     assert order == sorted(set(order)), f"{name}: sections {titles} not in the order {SECTIONS}"
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_driver_runs(name: str, tmp_path_factory: pytest.TempPathFactory):

@@ -148,6 +148,7 @@ def test_dinov2_vit_matches_onnxruntime_reference():
     assert np.abs(h).sum() == pytest.approx(3883.44189453125, rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 @needs_vit
 def test_dinov2_vit_stays_near_gaussian_deeper_than_minilm(floor):

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from drivers.engine._budget_caption import budget_caption, budget_context
-from drivers.engine._globe import GLOBE_VIEWS, density_3d
-from drivers.engine._plots import plot_budget
+from drivers.engine.io._budget_caption import budget_caption, budget_context
+from drivers.engine.io._globe import GLOBE_VIEWS, density_3d
+from drivers.engine.io._plots import plot_budget
 from meshes.sphere import icosphere_arrays
 
 pytestmark = [

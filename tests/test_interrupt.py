@@ -122,6 +122,7 @@ def _progress(out: Path) -> int:
         return -1
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_stops_cleanly_and_restarts_bitwise(tmp_path, uninterrupted, sig, code):

@@ -336,3 +336,16 @@ def test_relative_links_resolve():
             if not (page.parent / target).exists():
                 missing.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not missing, "broken links:\n" + "\n".join(missing)
+
+
+def test_declared_markers_are_used():
+    """Every pytest marker declared in pyproject.toml marks some test (``slow``: the quick
+    subset ``pytest -m "not slow"`` of the README leaves out something)."""
+    import tomllib
+
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    markers = [m.split(":")[0] for m in options["ini_options"]["markers"]]
+    text = "\n".join(p.read_text() for p in sorted((ROOT / "tests").glob("*.py")))
+    assert {"serial", "slow"} <= set(markers)
+    unused = [m for m in markers if f"pytest.mark.{m}" not in text]
+    assert not unused, f"markers declared in pyproject.toml and never used: {unused}"

@@ -321,6 +321,7 @@ def test_wall_time_checkpoints_change_nothing(shared_tmp):
             assert np.array_equal(fa[key], fb[key]), key
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_wall_time_checkpoint_continued_on_one_rank(tmp_path):
     """The budget's saved measure is split over another number of ranks: a 2-rank run

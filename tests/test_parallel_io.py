@@ -23,16 +23,16 @@ import numpy as np
 import pytest
 
 from drivers.engine import DensityWriter
-from drivers.engine import _npz_stream as npz_stream
-from drivers.engine._blocks import BlockLayout, block_bounds
-from drivers.engine._cell_blocks import CellBlocks
 from drivers.engine._checkpoint import (
     _digest,
     load_latest_checkpoint,
     restore_cells,
     save_checkpoint_collective,
 )
-from drivers.engine._npz_stream import Rows, npz_index, stream_digest, write_npz
+from drivers.engine.io import _npz_stream as npz_stream
+from drivers.engine.io._blocks import BlockLayout, block_bounds
+from drivers.engine.io._cell_blocks import CellBlocks
+from drivers.engine.io._npz_stream import Rows, npz_index, stream_digest, write_npz
 from meshes._sphere_blocks import icosphere_cell_block
 from meshes.control_volumes import control_volumes
 from meshes.sphere import icosphere, icosphere_arrays

@@ -3,14 +3,14 @@
 Optional (marker ``paraview``; skipped with the reason when ``pvbatch`` is not installed):
 Debian's ``paraview`` package (5.11) plus ``xvfb`` (its pvbatch needs an X display; the
 Debian build aborts under ``--force-offscreen-rendering`` without one; each pvbatch run gets
-its own ``Xvfb -displayfd`` server, :func:`drivers.engine._paraview.x_display`), about 2
+its own ``Xvfb -displayfd`` server, :func:`drivers.engine.io._paraview.x_display`), about 2
 minutes and 1.5 GB to install with ``apt-get install -y paraview xvfb``. Small S^2 and S^1
 cases (and R^1/R^2 boxes) run in-process, then:
 
 - a pvbatch script opens each ``density.xdmf`` with the ``Xdmf3ReaderT`` reader (falling
   back to ``XDMFReader``), checks the number of time steps (= rows of metrics.csv) and of
   cells, colours by the cell array ``density`` and saves a screenshot, which must not be blank;
-- ``transformer-pde paraview`` (:mod:`drivers.engine._paraview`) renders one frame per
+- ``transformer-pde paraview`` (:mod:`drivers.engine.io._paraview`) renders one frame per
   output time with its own script (log colour scale over the series, or ``--linear``),
   checked against the series read with h5py: frame count, not blank, the colour range used;
 - a series whose mesh changes (written with DensityWriter on icospheres of level 1, 2, then
@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 
 from drivers.engine import main
-from drivers.engine._paraview import XServerError, add_arguments, run_from_args, run_pvbatch
+from drivers.engine.io._paraview import XServerError, add_arguments, run_from_args, run_pvbatch
 from tests.conftest import ROOT
 
 # serial: in-process runs and pvbatch; the tests that run pvbatch are marked ``paraview``
@@ -188,6 +188,7 @@ def s1_run(tmp_path_factory) -> Path:
     return _run(folder / "s1", str(config), "--set", "output.every=2")
 
 
+@pytest.mark.slow
 @paraview
 def test_paraview_opens_s2(s2_run, tmp_path):
     out = s2_run

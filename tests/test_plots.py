@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import drivers.engine._plots as plots
+import drivers.engine.io._plots as plots
 from drivers.engine import main as cli_main
 from drivers.engine import read_series
-from drivers.engine._pictures import LOG_FLOOR, choose_scale, manifold_of
-from drivers.engine._plots import plot_metrics, render_density, strip_steps
+from drivers.engine.io._pictures import LOG_FLOOR, choose_scale, manifold_of
+from drivers.engine.io._plots import plot_metrics, render_density, strip_steps
 from meshes.sphere import circle_arrays, icosphere_arrays
 
 pytestmark = pytest.mark.filterwarnings("error::UserWarning")  # e.g. layout warnings
@@ -309,7 +309,7 @@ def test_run_strip_falls_back_to_final(tmp_path_factory, monkeypatch):
 def test_fine_meshes_drawn_as_images(tmp_path, monkeypatch):
     """Past RASTER_CELLS cells a surface is an image, each pixel the colour of its cell:
     exactly so on a uniform R^2 grid, and the densest cell at the centre of the S^2 front."""
-    import drivers.engine._pictures as pictures
+    import drivers.engine.io._pictures as pictures
 
     monkeypatch.setattr(pictures, "RASTER_CELLS", 100)
     monkeypatch.setattr(pictures, "RASTER_PIXELS", 40)
@@ -379,7 +379,7 @@ def _antipodal(vertices: np.ndarray) -> np.ndarray:
 def test_density_map_marks_both_antipodal_clusters(tmp_path):
     """Two antipodal bumps: both are marked (the density's own cluster statistics), away from
     the map's seam, and the map is a picture, not a blank."""
-    from drivers.engine._density_map import density_map
+    from drivers.engine.io._density_map import density_map
 
     x, cells = icosphere_arrays(2)
     vertices = x[cells]

@@ -134,6 +134,7 @@ def _run(args: list[str], n: int) -> None:
     assert proc.returncode == 0, err
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.parametrize("n_run,n_restart", [(1, 1), (2, 2), (2, 1)])
 def test_sigkill_and_restart(tmp_path, n_run, n_restart):

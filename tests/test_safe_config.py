@@ -324,6 +324,7 @@ def test_petsc_options_still_reach_petsc(tmp_path):
     assert "SNES Function norm" in proc.stdout, proc.stdout[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.serial
 def test_unused_petsc_options_are_named_at_start_up(tmp_path):
     """A misspelt -jko_ option: one warning line at start-up, exit 0, and PETSc does not list

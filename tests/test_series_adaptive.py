@@ -21,10 +21,10 @@ import h5py
 import numpy as np
 import pytest
 
-import drivers.engine._plots as plots
+import drivers.engine.io._plots as plots
 import meshes
 from drivers.engine import DensityWriter, GatheredCells, read_series, render_frames, view
-from drivers.engine._plots import density_strip, render_density
+from drivers.engine.io._plots import density_strip, render_density
 
 pytestmark = pytest.mark.filterwarnings("error::UserWarning")
 

@@ -1,4 +1,4 @@
-"""``transformer-pde view``: animations of a results folder (drivers/engine/_view.py).
+"""``transformer-pde view``: animations of a results folder (drivers/engine/io/_view.py).
 
 Tiny S^2, S^1, R^1 and R^2 runs (collective, so the file also runs under ``mpiexec -n 2``),
 then on rank 0: the GIF has one frame per output step (= rows of metrics.csv), no frame is
@@ -23,7 +23,7 @@ import pytest
 
 from drivers.engine import frame_indices, read_series, render_frames, view
 from drivers.engine import main as cli_main
-from drivers.engine._view import main
+from drivers.engine.io._view import main
 from tests.conftest import ROOT
 
 #: a frame whose pixel standard deviation is below this is blank (one colour); our frames

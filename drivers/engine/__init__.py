@@ -16,17 +16,19 @@ Names are imported on first use: the command line must parse its arguments and h
 PETSc options to ``petsc4py.init`` before anything imports DOLFINx or PETSc.
 
 Modules: ``_cli``, ``_schema`` (every config key: type, default, allowed values, meaning),
-``_config`` (TOML reading, ``--set``, validation), ``_problem``, ``_run``, ``_result`` (what
-``run`` returns), ``_recorder``, ``_cadence`` (when outputs are due), ``_finish`` (the end of
-a run), ``_writers`` (XDMF, CSV, npz, json), ``_plots`` and ``_pictures`` (the
-pictures of a run and of ``view``), ``_density_map`` (the equal-area map of an S^2 density),
-``_globe`` (density_3d.png: the S^2 globe by pyvista), ``_budget_caption`` (what edi.png's
-residual should be),
-``_sweep`` and ``_sweep_table`` (``transformer-pde sweep``: grids of runs, sweep.csv and
-sweep.png), ``_checkpoint``, ``_view``,
-``_paraview`` (the ``paraview`` command; its pvbatch script is ``paraview_density.py``),
-``_gaussian_command``, ``_resources`` (the memory check), ``_provenance`` (version, commit, command line, host, threads, PETSc
-options of a results folder).
+``_config`` (TOML reading, ``--set``, validation; the ``[adapt]`` and ``[particles]`` tables
+and a law of weights in ``_adapt_config``, ``_particles_config``, ``_weights_config``),
+``_problem``, ``_run``, ``_result`` (what ``run`` returns), ``_recorder`` and ``_row`` (the
+metrics row of a state), ``_cadence`` (when outputs are due), ``_finish`` (the end of a run),
+``_extras`` (columns and tables added by experiments), ``_sweep`` and ``_sweep_table``
+(``transformer-pde sweep``: grids of runs, sweep.csv and sweep.png), ``_checkpoint``,
+``_folder`` (the results folder and its lock), ``_gaussian_command``, ``_resources`` (the
+memory check), ``_petsc_options`` (unused PETSc options), ``_provenance`` (version, commit,
+command line, host, threads, PETSc options of a results folder). The subpackage
+:mod:`drivers.engine.io` holds the files, pictures and animations (writers, XDMF, HDF5 rows,
+npz streams, plots, the S^2 map and globe, ``view``, ``paraview``); the names of it that the
+engine exported before (``DensityWriter``, ``plot_metrics``, ``read_series``, ...) are still
+exported here.
 """
 
 from __future__ import annotations
@@ -69,25 +71,25 @@ _HOME = {
     "output_cadence": "_cadence",
     "output_options": "_cadence",
     "run": "_run",
-    "DensityWriter": "_writers",
-    "GatheredCells": "_writers",
-    "MetricsWriter": "_writers",
-    "gather_cells": "_writers",
-    "write_final": "_writers",
-    "write_json": "_writers",
-    "plot_budget": "_plots",
-    "plot_metrics": "_plots",
-    "render_density": "_plots",
-    "density_strip": "_plots",
+    "DensityWriter": "io",
+    "GatheredCells": "io",
+    "MetricsWriter": "io",
+    "gather_cells": "io",
+    "write_final": "io",
+    "write_json": "io",
+    "plot_budget": "io",
+    "plot_metrics": "io",
+    "render_density": "io",
+    "density_strip": "io",
     "CheckpointError": "_checkpoint",
     "checkpoint_dir": "_checkpoint",
     "load_latest_checkpoint": "_checkpoint",
     "save_checkpoint": "_checkpoint",
-    "DensitySeries": "_view",
-    "frame_indices": "_view",
-    "read_series": "_view",
-    "render_frames": "_view",
-    "view": "_view",
+    "DensitySeries": "io",
+    "frame_indices": "io",
+    "read_series": "io",
+    "render_frames": "io",
+    "view": "io",
     "load_gaussian_config": "_gaussian_command",
     "run_gaussian": "_gaussian_command",
 }

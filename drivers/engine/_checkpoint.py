@@ -12,7 +12,7 @@ SHA-256 digest of all of it.
 
 Writing (:func:`write_run_checkpoint`, collective): the cell arrays go to contiguous blocks
 of the global order on the ranks, and rank 0 streams them block after block into an
-uncompressed archive (:func:`drivers.engine._npz_stream.write_npz`: rank 0 holds one chunk at
+uncompressed archive (:func:`drivers.engine.io._npz_stream.write_npz`: rank 0 holds one chunk at
 a time, never a whole array), computing the digest on the way; the file is the one
 ``np.savez`` writes. A temporary file, ``fsync``, then ``os.replace`` onto the final name, so
 a write killed half-way never damages an existing checkpoint; the two newest are kept.
@@ -21,7 +21,7 @@ Reading (:func:`load_run_checkpoint`, collective): newest first; rank 0 checks t
 streaming through the file (O(chunk) memory); a file that fails to load or whose digest does
 not match is reported (warning) and the previous one is used. The small members are
 broadcast; the cell arrays and the budget's measure stay on disk
-(:class:`~drivers.engine._npz_stream.MemberOnDisk`): each rank reads its block of the global
+(:class:`~drivers.engine.io._npz_stream.MemberOnDisk`): each rank reads its block of the global
 order and fetches the rows of its own cells from the blocks (:func:`restore_cells`). So a
 checkpoint written on N ranks restarts on any M: bit for bit the same state (the values are
 copied, not recomputed).
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from drivers.engine._npz_stream import MemberOnDisk, Rows, npz_index, stream_digest, write_npz
+from drivers.engine.io import MemberOnDisk, Rows, npz_index, stream_digest, write_npz
 
 __all__ = [
     "CheckpointError",
@@ -106,7 +106,7 @@ def save_checkpoint_collective(
     comm: Any, out: str | Path, step: int, members: dict[str, Any]
 ) -> Path:
     """:func:`save_checkpoint` from distributed rows (collective): ``members`` maps keys to
-    :class:`~drivers.engine._npz_stream.Rows` (each rank's block) or to small arrays (rank
+    :class:`~drivers.engine.io._npz_stream.Rows` (each rank's block) or to small arrays (rank
     0's are written). The same file as :func:`save_checkpoint` of the assembled arrays, the
     same digest; no rank holds a whole array. A failed write raises on rank 0 only."""
     folder = checkpoint_dir(out)
@@ -160,7 +160,7 @@ def load_latest_checkpoint(
     A damaged one (truncated, unreadable, wrong digest) is reported in one line, by
     ``on_damaged(message)`` when given, else as a ``RuntimeWarning``, and the previous one is
     tried. ``lazy``: the cell arrays and the budget's measure as
-    :class:`~drivers.engine._npz_stream.MemberOnDisk` (read by rows later), the digest checked
+    :class:`~drivers.engine.io._npz_stream.MemberOnDisk` (read by rows later), the digest checked
     in O(chunk) memory.
 
     Raises:
@@ -203,7 +203,7 @@ def stored_config(
 def gather_budget_measure(budget: Any, t: float, comm: Any) -> dict[str, Any]:
     """The measure of the energy budget's latest record for a checkpoint at time ``t``
     (collective): ``edi_points`` and ``edi_masses`` as distributed
-    :class:`~drivers.engine._npz_stream.Rows` (the ranks' parts in rank order) and the
+    :class:`~drivers.engine.io._npz_stream.Rows` (the ranks' parts in rank order) and the
     per-rank ``edi_counts``; nothing when that record is at ``t`` (the restored state is then
     its measure)."""
     if budget is None or budget.t is None or budget.t == t:
@@ -243,7 +243,7 @@ def budget_measure(saved: dict[str, Any], comm: Any) -> tuple[np.ndarray, np.nda
 def restore_cells(saved: dict[str, Any], cells: Any) -> dict[str, np.ndarray]:
     """The saved cell arrays (``state_<name>``) at this rank's owned cells, in their order
     (collective): each rank reads its block of the global order from disk and fetches its
-    cells' rows from the blocks (:class:`~drivers.engine._cell_blocks.CellBlocks`).
+    cells' rows from the blocks (:class:`~drivers.engine.io._cell_blocks.CellBlocks`).
 
     Raises:
         ConfigError: an array whose length is not the mesh's number of cells (every rank).
@@ -299,7 +299,7 @@ def write_run_checkpoint(rec: Any, scheme: Any) -> None:
 
 
 def _json_default(o: Any) -> Any:
-    from drivers.engine._writers import json_default
+    from drivers.engine.io import json_default
 
     return json_default(o)
 
@@ -365,3 +365,42 @@ def load_run_checkpoint(
         raise ConfigError("--restart", error)
     log(f"restarting from {name}")
     return comm.bcast(state, root=0), name
+
+
+def restore_run_state(rec: Any, scheme: Any) -> dict[str, Any]:
+    """Restore the recorder's run from the newest valid checkpoint of its folder (collective):
+    check that the checkpoint belongs to the configuration and to the run the folder records
+    (take its run id, :func:`~drivers.engine._folder.checkpoint_owner`), take its energy scale,
+    restore an adaptive scheme's mesh and the scheme's state (its own cells' rows, any number
+    of ranks). Returns the checkpoint (for the budget, the tables and the outputs to keep).
+
+    Raises:
+        ConfigError: no usable checkpoint, one of another run or scheme, or an adaptive
+            checkpoint for a uniform run (or the reverse).
+    """
+    from drivers.engine._config import ConfigError
+    from drivers.engine._folder import checkpoint_owner
+    from solvers.stepping import SchemeState
+
+    saved, name = load_run_checkpoint(rec.comm, rec.out, rec.scheme_name, rec.log)
+    recorded = rec.folder.recorded if rec.folder is not None else {}
+    run_id = checkpoint_owner(saved, name, rec.config_hash, recorded, rec.out)
+    rec.run_id = run_id or rec.run_id
+    if rec.comm.rank == 0:
+        rec.provenance["run_id"] = rec.run_id
+    rec.log_scale = float(saved["log_scale"]) if "log_scale" in saved else 0.0
+    if rec.adaptive:
+        mesh = {k[5:]: v for k, v in saved.items() if k.startswith("mesh_")}
+        if not mesh:
+            raise ConfigError("--restart", "the checkpoint has no adaptive mesh (adapt.max_level)")
+        try:
+            scheme.restore_mesh(mesh)
+        except ValueError as exc:
+            raise ConfigError("adapt.max_level", f"cannot restart: {exc}") from None
+        rec.follow(scheme)
+    elif any(k.startswith("mesh_") for k in saved):
+        raise ConfigError("--restart", "the checkpoint is of an adaptive run (adapt.max_level)")
+    cells = restore_cells(saved, rec.gathered)
+    outflow = {"outflow": float(saved["outflow"])}
+    scheme.restore(SchemeState(float(saved["t"]), int(saved["steps"]), cells, outflow))
+    return saved

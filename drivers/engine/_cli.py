@@ -133,11 +133,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace the results of another run in the output folder",
     )
-    from drivers.engine._view import add_arguments as view_arguments
+    from drivers.engine.io import view_arguments
 
     v = sub.add_parser("view", help="render the density of a results folder as a GIF/MP4")
     view_arguments(v)
-    from drivers.engine._paraview import add_arguments as paraview_arguments
+    from drivers.engine.io import paraview_arguments
 
     pv = sub.add_parser(
         "paraview", help="render the density of a results folder with ParaView (pvbatch)"
@@ -234,13 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "view":  # no MPI, no PETSc: rank 0 of a launcher renders, others return
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        from drivers.engine._view import run_from_args
+        from drivers.engine.io import run_view
 
-        return run_from_args(args)
+        return run_view(args)
     if args.command == "paraview":  # no MPI, no PETSc: rank 0 of a launcher runs pvbatch
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        from drivers.engine._paraview import run_from_args as paraview_run
+        from drivers.engine.io import run_paraview as paraview_run
 
         return paraview_run(args)
     petsc_args = _petsc_arguments(parser, rest)

@@ -15,15 +15,18 @@ Invalid input raises :class:`ConfigError` naming the key; the CLI turns it into 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from drivers.engine._schema import choices, defaults, scheme_words, schemes_with
-from solvers.transport import SchemeSpec, scheme_spec
+from drivers.engine._schema import choices, defaults, scheme_spec, scheme_words, schemes_with
+
+if TYPE_CHECKING:
+    from solvers.transport import SchemeSpec
 
 __all__ = [
     "ConfigError",
@@ -53,8 +56,19 @@ class ConfigError(ValueError):
         self.key = key
 
 
-#: the default run configuration (from the schema of drivers.engine._schema)
-DEFAULTS: dict[str, dict[str, Any]] = defaults()
+#: the default run configuration (from the schema of drivers.engine._schema; built on first
+#: use, as the schema's tables: importing this module imports no solver)
+DEFAULTS: dict[str, dict[str, Any]]
+
+
+_defaults = functools.cache(defaults)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DEFAULTS":
+        return _defaults()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: the most time steps a fixed time.dt may ask for (a guard against typos such as 1e-300)
 MAX_STEPS = 1e9
@@ -165,7 +179,7 @@ def restart_config(stored: dict[str, Any], overrides: list[str] | None = None) -
 
 def validate(raw: dict[str, Any]) -> dict[str, Any]:
     """Merge with defaults and check every key; returns the resolved configuration."""
-    cfg = copy.deepcopy(DEFAULTS)
+    cfg = copy.deepcopy(_defaults())
     if "gaussian" in raw:
         raise ConfigError(
             "gaussian",
@@ -173,13 +187,13 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
             "run it with `transformer-pde gaussian CONFIG.toml`",
         )
     for section, table in raw.items():
-        if section not in DEFAULTS:
-            raise ConfigError(section, f"unknown section (known: {', '.join(DEFAULTS)})")
+        if section not in _defaults():
+            raise ConfigError(section, f"unknown section (known: {', '.join(_defaults())})")
         if not isinstance(table, dict):
             raise ConfigError(section, "must be a table")
         for key, value in table.items():
-            if key not in DEFAULTS[section]:
-                known = ", ".join(DEFAULTS[section])
+            if key not in _defaults()[section]:
+                known = ", ".join(_defaults()[section])
                 raise ConfigError(
                     f"{section}.{key}", f"unknown key (known in [{section}]: {known})"
                 )
@@ -279,7 +293,9 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
             f'random phases are for dynamics = "oscillating", not {w["dynamics"]!r}',
         )
     if w["dynamics"] == "fokker-planck":
-        _weight_measure(w, cfg, d)
+        from drivers.engine._weights_config import check_weight_law
+
+        check_weight_law(w, cfg, d)
     if w["dynamics"] not in ("frozen", "fokker-planck") and w["init"] == "config":
         from solvers.attention import Head
         from solvers.weights import config_matrices
@@ -457,52 +473,6 @@ def _diffusion(cfg: dict[str, Any]) -> None:
             "noisy tokens need a Delaunay mesh (two-point fluxes between circumcentres), and "
             "the green closure of adaptive meshes is not: set adapt.max_level = 0",
         )
-
-
-def _weight_measure(w: dict[str, Any], cfg: dict[str, Any], d: int) -> None:
-    """Validate the [weights] keys of dynamics = "fokker-planck" (in place)."""
-    p = w["p"] = as_int(w["p"], "weights.p")
-    if p not in (1, 2, 3):
-        raise ConfigError("weights.p", f"must be 1, 2 or 3, got {p}")
-    if (
-        cfg["mesh"]["manifold"] not in ("S1", "S2")
-        or not scheme_spec(cfg["time"]["scheme"]).weight_law
-    ):
-        raise ConfigError(
-            "weights.dynamics",
-            f"fokker-planck weights drive the {scheme_words('weight_law')} on S1/S2",
-        )
-    B = w["B"] if w["B"] else [np.diag([1.0] + [0.0] * (d - 1)).tolist()] * p
-    try:
-        Barr = np.array(B, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            "weights.B", f"must be a list of {p} symmetric {d}x{d} matrices"
-        ) from None
-    if (
-        Barr.shape != (p, d, d)
-        or not np.all(np.isfinite(Barr))
-        or not np.allclose(Barr, Barr.swapaxes(1, 2))
-    ):
-        raise ConfigError("weights.B", f"must be a list of {p} symmetric {d}x{d} matrices")
-    w["B"] = Barr.tolist()
-    for key in ("lower", "upper", "centre", "mean0"):
-        w[key] = as_vector(w[key], p, f"weights.{key}")
-    if not all(lo < hi for lo, hi in zip(w["lower"], w["upper"], strict=True)):
-        raise ConfigError("weights.upper", "must be > weights.lower on every axis")
-    cells = w["cells"] if isinstance(w["cells"], list) else [w["cells"]] * p
-    if len(cells) != p:
-        raise ConfigError("weights.cells", f"must be an integer or a list of {p} integers")
-    w["cells"] = [as_int(c, "weights.cells") for c in cells]
-    if min(w["cells"]) < 1 or int(np.prod(w["cells"])) > 4096:
-        raise ConfigError("weights.cells", "must be >= 1 per axis and at most 4096 cells in all")
-    w["std0"] = as_float(w["std0"], "weights.std0")
-    if not w["std0"] > 0 or not w["sigma"] > 0:
-        raise ConfigError("weights.std0", "std0 and sigma must be > 0 for the weight measure")
-    head = cfg["attention"]["heads"][0]
-    V = head_matrix(head, 0, "V", d)
-    if not np.allclose(V, V.T):
-        raise ConfigError("attention.heads[0].V", "D0 = V of the first head must be symmetric")
 
 
 def mesh_free(cfg: dict[str, Any]) -> bool:

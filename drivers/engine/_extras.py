@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from drivers.engine._writers import MetricsWriter
+from drivers.engine.io import MetricsWriter
 from solvers.diagnostics import (
     EVENT_COLUMNS,
     ClusterAnalysis,

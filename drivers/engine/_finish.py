@@ -19,20 +19,23 @@ from mpi4py import MPI
 
 import numpy as np
 
-from drivers.engine._cell_blocks import PICTURE_CELLS, CellBlocks
-from drivers.engine._density_map import density_map, final_clusters
 from drivers.engine._folder import OutputError, describe
-from drivers.engine._npz_stream import Rows
-from drivers.engine._plots import (
+from drivers.engine._result import FinalState, RunResult, read_table
+from drivers.engine._summary import Outcome, peak_rss_mb, run_summary
+from drivers.engine.io import (
+    PICTURE_CELLS,
+    CellBlocks,
+    Rows,
+    density_map,
+    final_clusters,
     manifold_of,
     plot_budget,
     plot_metrics,
     render_density,
     run_pictures,
+    write_final_collective,
+    write_json,
 )
-from drivers.engine._result import FinalState, RunResult, read_table
-from drivers.engine._summary import Outcome, peak_rss_mb, run_summary
-from drivers.engine._writers import write_final_collective, write_json
 
 if TYPE_CHECKING:
     from solvers.stepping import TokenScheme
@@ -144,10 +147,10 @@ def _pictures(rec: Any, cells: CellBlocks) -> None:
     """density.png, density_map.png (S^2), metrics.png and edi.png (collective; drawn on rank
     0): a failed write is a failure of the run, any other error of a picture only a warning.
 
-    Above :data:`~drivers.engine._cell_blocks.PICTURE_CELLS` cells rank 0 gets a coarsened
+    Above :data:`~drivers.engine.io._cell_blocks.PICTURE_CELLS` cells rank 0 gets a coarsened
     copy (an icosphere: the cell means on a coarser icosphere,
-    :meth:`~drivers.engine._cell_blocks.CellBlocks.coarsened`; else every k-th cell,
-    :meth:`~drivers.engine._cell_blocks.CellBlocks.sample`) and draws the final state alone
+    :meth:`~drivers.engine.io._cell_blocks.CellBlocks.coarsened`; else every k-th cell,
+    :meth:`~drivers.engine.io._cell_blocks.CellBlocks.sample`) and draws the final state alone
     (no strip read back from the series): no rank holds the whole state for a picture."""
     coarse = cells.coarsened(rec.density) if cells.n_global > PICTURE_CELLS else None
     if coarse is not None:

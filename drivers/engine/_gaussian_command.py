@@ -25,7 +25,7 @@ import numpy as np
 from drivers.engine._config import ConfigError, as_float, as_int, as_matrix, as_vector, read_toml
 from drivers.engine._provenance import provenance
 from drivers.engine._schema import GAUSSIAN_KEYS
-from drivers.engine._writers import write_json
+from drivers.engine.io import write_json
 
 __all__ = ["load_gaussian_config", "run_gaussian"]
 

@@ -1,7 +1,9 @@
 """PETSc options of the command line that no solver of the run reads, reported at start-up.
 
-A run owns two options prefixes (:data:`OWNED`): ``jko_`` (the SNES/KSP/PC of the JKO scheme)
-and ``theta_`` (the KSP of the weight law of ``weights.dynamics = "fokker-planck"``). Their
+A run owns the options prefixes of :func:`owned`: that of each scheme with PETSc solvers,
+from its :class:`~solvers.transport.SchemeSpec` (``petsc_options_prefix``: ``jko_``, the
+SNES/KSP/PC of the JKO scheme), and :data:`WEIGHT_LAW_PREFIX` (``theta_``, the KSP of the
+weight law of ``weights.dynamics = "fokker-planck"``). Their
 solvers are built with the problem and read their options then (the JKO fieldsplit blocks
 and their ASM sub-solvers included, ``solvers._petsc.apply_options``), so once the problem is
 built an option with an owned prefix that PETSc reports as not used (``PetscOptionsUsed``)
@@ -25,18 +27,31 @@ from typing import Any
 
 from drivers.engine._config import ConfigError
 
-__all__ = ["OWNED", "check_after_first_step", "check_start_up"]
+__all__ = ["WEIGHT_LAW_PREFIX", "check_after_first_step", "check_start_up", "owned"]
 
-#: the options prefixes a run owns: the solver, and the setting that builds it
-OWNED = {
-    "jko_": ("the JKO scheme", ("time", "scheme"), "jko"),
-    "theta_": ("the weight law", ("weights", "dynamics"), "fokker-planck"),
-}
+#: the options prefix of the weight law's KSP (``weights.dynamics = "fokker-planck"``)
+WEIGHT_LAW_PREFIX = "theta_"
+
+
+def owned() -> dict[str, tuple[str, tuple[str, str], str]]:
+    """The options prefixes a run owns: prefix -> (the solver in words, the setting that
+    builds it, its value). The schemes' from the registry (:class:`~solvers.transport.SchemeSpec`
+    ``petsc_options_prefix``), then the weight law's."""
+    from solvers.transport import SCHEME_SPECS
+
+    out = {
+        s.petsc_options_prefix: (f"the {s.title} scheme", ("time", "scheme"), s.name)
+        for s in SCHEME_SPECS.values()
+        if s.petsc_options_prefix
+    }
+    out[WEIGHT_LAW_PREFIX] = ("the weight law", ("weights", "dynamics"), "fokker-planck")
+    return out
 
 
 def _why(name: str, cfg: dict[str, Any]) -> str:
-    prefix = next(p for p in OWNED if name.startswith(p))
-    solver, (section, key), value = OWNED[prefix]
+    table = owned()
+    prefix = next(p for p in table if name.startswith(p))
+    solver, (section, key), value = table[prefix]
     if cfg[section][key] != value:
         return (
             f"-{name} (no {prefix} solver: {section}.{key} is {cfg[section][key]!r}, not {value!r})"
@@ -49,7 +64,7 @@ def _unused(names: list[str] | None = None) -> list[str]:
 
     opts = PETSc.Options()
     if names is None:
-        names = sorted(n for n in opts.getAll() if n.startswith(tuple(OWNED)))
+        names = sorted(n for n in opts.getAll() if n.startswith(tuple(owned())))
     return [n for n in names if not opts.used(n)]  # (hasName would mark it used)
 
 
@@ -74,9 +89,10 @@ def check_start_up(cfg: dict[str, Any], comm: Any, strict: bool = False) -> list
     now: list[str] = []
     later: list[str] = []
     if comm.rank == 0:
+        table = owned()
         for name in _unused():
-            prefix = next(p for p in OWNED if name.startswith(p))
-            _, (section, key), value = OWNED[prefix]
+            prefix = next(p for p in table if name.startswith(p))
+            _, (section, key), value = table[prefix]
             active = cfg[section][key] == value
             (later if active and "view" in name else now).append(name)
     now, later = comm.bcast((now, later), root=0)

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drivers.engine._config import ConfigError, dimension, head_matrices, mesh_free
+from drivers.engine._petsc_options import WEIGHT_LAW_PREFIX
 from drivers.engine._resources import check_memory
 from meshes import (
     ControlVolumes,
@@ -156,7 +157,7 @@ def _weight_measure(w: dict[str, Any], heads: list[Head]) -> WeightDynamics:
         ou_drift(1.0, np.array(w["centre"])),
         w["sigma"],
         density=lambda c: np.ones(len(c)),
-        petsc_options_prefix="theta_",
+        petsc_options_prefix=WEIGHT_LAW_PREFIX,
     )
     fp.set_density(gaussian_density(fp.cv, w["mean0"], w["std0"] ** 2 * np.eye(p)))
     return FokkerPlanckWeights(fp, ParameterisedHeads(heads[0].V, np.array(w["B"])), dt=w["dt"])
@@ -180,13 +181,14 @@ def feedforward(cfg: dict[str, Any]):
 def scheme_options(cfg: dict[str, Any]) -> SchemeOptions:
     """The :class:`~solvers.transport.SchemeOptions` of ``[time]`` and ``[transport]``."""
     t = cfg["time"]
+    prefix = scheme_spec(t["scheme"]).petsc_options_prefix  # (the options default if none)
     return SchemeOptions(
         dt=t["dt"],
         cfl=t["cfl"],
         rk=t["rk"],
         reconstruction=cfg["transport"]["reconstruction"],
         background=feedforward(cfg),
-        petsc_options_prefix="jko_",
+        **({"petsc_options_prefix": prefix} if prefix else {}),
         diffusion=cfg["attention"]["diffusion"],
         diffusion_step=cfg["transport"]["diffusion_step"],
         seed=cfg["weights"]["seed"],

@@ -2,7 +2,7 @@
 
 A :class:`Recorder` owns the results folder of one run (docs/interface.md): the density time
 series for ParaView (``density.xdmf`` + ``.h5``; of mesh-free particles on a
-:class:`solvers.transport.PointCloud` the series of :mod:`drivers.engine._particle_writer`;
+:class:`solvers.transport.PointCloud` the series of :mod:`drivers.engine.io._particle_writer`;
 ``theta.xdmf`` for a weight measure on a
 parameter mesh of dimension <= 2), ``metrics.csv`` (:data:`METRIC_COLUMNS`, then the energy
 budget :data:`solvers.diagnostics.EDI_COLUMNS` with ``[output] edi``, then the weights'
@@ -28,6 +28,12 @@ of wall time have passed since the last one; the state is added to the energy bu
 another step (wall time, a signal) adds no budget record: it saves the measure of the latest
 record instead, so that no output depends on when it was taken, and a restart on the same
 number of ranks writes the same bits as an uninterrupted run.
+
+The metrics row of a state is :func:`~drivers.engine._row.metrics_row` (the measure and
+maximal-slope diagnostics in one pass over one :class:`solvers.diagnostics.Measure`, G^2 once);
+a restart's checkpoint is read and restored by
+:func:`~drivers.engine._checkpoint.restore_run_state`; the files are written by the writers
+of :mod:`drivers.engine.io`.
 
 Energy scale. Energy-type values are in units of e^Lambda, Lambda = beta max_h
 ||Q_h^T K_h||_2 at t = 0 (:func:`energy_log_scale`; docs/interface.md), computed from
@@ -64,37 +70,34 @@ import numpy as np
 import numpy.typing as npt
 
 from drivers.engine._cadence import Cadence, OutputOptions, output_cadence, output_options
-from drivers.engine._cell_blocks import CellBlocks
 from drivers.engine._checkpoint import (
-    load_run_checkpoint,
-    restore_cells,
+    restore_run_state,
     resume_budget,
     write_run_checkpoint,
 )
 from drivers.engine._config import ConfigError
 from drivers.engine._extras import ClusterOutput, Extras
 from drivers.engine._finish import finish_run
-from drivers.engine._folder import OutputGuard, ResultsFolder, checkpoint_owner, config_hash
-from drivers.engine._particle_writer import ParticleWriter
+from drivers.engine._folder import OutputGuard, ResultsFolder, config_hash
 from drivers.engine._problem import Problem, velocity_record
 from drivers.engine._provenance import provenance
 from drivers.engine._result import RunResult
+from drivers.engine._row import metrics_row
 from drivers.engine._summary import (
     METRIC_COLUMNS,
     Outcome,
     RunFailure,
     energy_log_scale,
     run_summary,
-    scaled,
 )
-from drivers.engine._writers import DensityWriter, MetricsWriter, write_json
+from drivers.engine.io import CellBlocks, DensityWriter, MetricsWriter, ParticleWriter, write_json
 from meshes import MeshQuality, flat_quality, mesh_quality
 from meshes.control_volumes import ControlVolumes, flat_control_volumes
-from solvers.attention import Attention, measure_diagnostics
-from solvers.diagnostics import EDI_COLUMNS, EnergyBudget, metric_diagnostics
-from solvers.stepping import AdaptiveScheme, SchemeState, StepResult, TokenScheme
+from solvers.attention import Attention
+from solvers.diagnostics import EDI_COLUMNS, EnergyBudget
+from solvers.stepping import AdaptiveScheme, StepResult, TokenScheme
 from solvers.transport import PointCloud
-from solvers.weights import WeightDynamics, head_weights_at
+from solvers.weights import WeightDynamics
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -343,29 +346,8 @@ class Recorder:
                 not match it, or no energy budget in it.
         """
         self._bind(scheme)
-        saved = self._load_checkpoint()
-        self._check_owner(saved)
-        self.log_scale = float(saved["log_scale"]) if "log_scale" in saved else 0.0
-        if self.adaptive:
-            mesh = {k[5:]: v for k, v in saved.items() if k.startswith("mesh_")}
-            if not mesh:
-                raise ConfigError(
-                    "--restart", "the checkpoint has no adaptive mesh (adapt.max_level)"
-                )
-            try:
-                scheme.restore_mesh(mesh)
-            except ValueError as exc:
-                raise ConfigError("adapt.max_level", f"cannot restart: {exc}") from None
-            self._follow(scheme)
-        elif any(k.startswith("mesh_") for k in saved):
-            raise ConfigError("--restart", "the checkpoint is of an adaptive run (adapt.max_level)")
+        saved = restore_run_state(self, scheme)
         cv = self._cv(scheme)
-        cells = restore_cells(saved, self.gathered)
-        scheme.restore(
-            SchemeState(
-                float(saved["t"]), int(saved["steps"]), cells, {"outflow": float(saved["outflow"])}
-            )
-        )
         self._make_budget()
         if self.budget is not None:
             resume_budget(self.budget, saved, scheme, self.weights, self.attention, self.comm)
@@ -383,33 +365,15 @@ class Recorder:
         self._write_summary(scheme)
         self.guard.agree()
 
-    def _check_owner(self, saved: dict[str, Any]) -> None:
-        """The checkpoint belongs to this configuration and to the run the folder records;
-        take its run id (:func:`~drivers.engine._folder.checkpoint_owner`)."""
-        recorded = self.folder.recorded if self.folder is not None else {}
-        run_id = checkpoint_owner(
-            saved, self._checkpoint_name, self.config_hash, recorded, self.out
-        )
-        self.run_id = run_id or self.run_id
-        if self.comm.rank == 0:
-            self.provenance["run_id"] = self.run_id
-
     def _cv(self, scheme: TokenScheme) -> ControlVolumes:
         """The control volumes the scheme's state lives on now."""
         return scheme.cv if self.adaptive else self.cv
 
-    def _follow(self, scheme: TokenScheme) -> None:
+    def follow(self, scheme: TokenScheme) -> None:
         """After a change of an adaptive scheme's mesh: the cells to gather (collective)."""
         if self.adaptive and scheme.mesh_version != self._mesh_version:
             self._mesh_version = scheme.mesh_version
             self.gathered = CellBlocks(scheme.cv)
-
-    def _load_checkpoint(self) -> dict[str, Any]:
-        """The newest valid checkpoint (:func:`~drivers.engine._checkpoint.load_run_checkpoint`)."""
-        state, self._checkpoint_name = load_run_checkpoint(
-            self.comm, self.out, self.scheme_name, self.log
-        )
-        return state
 
     # ------------------------------------------------------------------ every step
     def record(self, scheme: TokenScheme, result: StepResult, checkpoint_due: bool = False) -> None:
@@ -420,7 +384,7 @@ class Recorder:
             OutputError: a write failed. RunFailure: a non-finite value in the row.
         """
         self.last = result
-        self._follow(scheme)
+        self.follow(scheme)
         k = scheme.steps
         write = self.cadence.due(k, scheme.t)
         periodic = bool(self.checkpoint_every) and k % self.checkpoint_every == 0
@@ -462,16 +426,8 @@ class Recorder:
         value is not finite, or None."""
         density = scheme.density
         points, masses = scheme.measure()
-        comm, t, last = self.comm, scheme.t, self.last
-        heads, hw = self.weights.heads_at(t), head_weights_at(self.weights, t)
-        diag = measure_diagnostics(
-            self.attention, heads, points, masses, comm, head_weights=hw, log_scale=self.log_scale
-        )
-        metric = metric_diagnostics(
-            self.attention, heads, points, masses, comm, head_weights=hw, log_scale=self.log_scale
-        )
-        rho_min = comm.allreduce(float(density.min(initial=np.inf)), op=MPI.MIN)
-        rho_max = comm.allreduce(float(density.max(initial=-np.inf)), op=MPI.MAX)
+        t = scheme.t
+        row = metrics_row(self, scheme, points, masses)
         with self.guard.writing(self.writer.h5path):
             if self.cloud:
                 self.writer.write(t, scheme.steps, points, masses)
@@ -480,33 +436,6 @@ class Recorder:
         if self.theta_writer is not None:
             with self.guard.writing(self.theta_writer.h5path):
                 self.theta_writer.write(t, self.weights.parameter_density(t))
-        row = {
-            "t": t,
-            "step": scheme.steps,
-            "dt": last.dt,
-            "mass": diag.mass,
-            "energy": diag.energy,
-            "min_density": rho_min,
-            "max_density": rho_max,
-            "G2": diag.G2,
-            "dissipation": diag.dissipation,
-            **metric.columns(),
-            "outflow": last.outflow,
-            "newton_its": last.newton_its,
-            "ksp_its": last.ksp_its,
-            "halvings": last.halvings,
-            "cells": self._cv(scheme).n_global,
-        }
-        if self.budget is not None:
-            row.update(self.budget.columns())
-            if self.adaptive:
-                row["adapt_energy_jump"] = math.fsum(
-                    scaled(j, self.log_scale) for j in scheme.energy_jumps()
-                )
-        if self.adaptive:
-            row["adapt_error_estimate"] = scheme.error_estimate()
-        row.update(self.weights.diagnostics(t))
-        row.update(self.extras.row(scheme))
         with self.guard.writing(self.out / "metrics.csv"):
             self.metrics.write(row)
         self.extras.write(scheme, self.guard)

@@ -145,7 +145,7 @@ def read_metrics(path: Path) -> dict[str, np.ndarray]:
 def sweep_figure(path: Path, points: list[Any]) -> Any:
     """sweep.png (module docstring); returns the (closed) figure, None when no run has
     metrics."""
-    from drivers.engine._pictures import pyplot
+    from drivers.engine.io import pyplot
 
     tables = [(p, read_metrics(p.out / "metrics.csv")) for p in points]
     tables = [(p, t) for p, t in tables if "t" in t and len(t["t"])]

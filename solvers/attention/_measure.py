@@ -36,12 +36,12 @@ from solvers.attention._checks import as_masses as _as_masses
 from solvers.attention._checks import as_matrix as _as_matrix
 from solvers.attention._checks import comm_size as _comm_size
 from solvers.attention._checks import normalised_head_weights as _head_weights
-from solvers.attention._distributed import resolve_sources
+from solvers.attention._token_measure import Measure, as_measure
 
 if TYPE_CHECKING:
     from solvers.attention._attention import Attention, Head
 
-__all__ = ["MeasureDiagnostics", "gather_measure", "measure_diagnostics"]
+__all__ = ["MeasureDiagnostics", "gather_measure", "measure_diagnostics", "measure_sums"]
 
 
 def gather_measure(
@@ -98,13 +98,23 @@ class MeasureDiagnostics:
     dissipation: float
     mass: float
 
+    #: the number of partial sums of :func:`measure_sums`
+    N_SUMS = 4
+
+    @classmethod
+    def from_sums(cls, parts: Sequence[np.ndarray]) -> MeasureDiagnostics:
+        """The diagnostics from every rank's :func:`measure_sums` (in rank order; each may
+        carry more entries after the first :attr:`N_SUMS`), added with ``math.fsum``."""
+        energy, G2, dissipation, mass = (math.fsum(p[q] for p in parts) for q in range(4))
+        return cls(energy=energy, G2=G2, dissipation=dissipation, mass=mass)
+
 
 def measure_diagnostics(
     attention: Attention,
     heads: Sequence[Head],
-    points_local: np.ndarray,
-    masses_local: np.ndarray,
-    comm: Any,
+    points_local: np.ndarray | Measure,
+    masses_local: np.ndarray | None = None,
+    comm: Any = None,
     sources: np.ndarray | None = None,
     masses_all: np.ndarray | None = None,
     head_weights: np.ndarray | None = None,
@@ -112,7 +122,9 @@ def measure_diagnostics(
 ) -> MeasureDiagnostics:
     r"""Energy, :math:`G^2`, dissipation and mass of :math:`\mu = \sum_i m_i \delta_{x_i}`.
 
-    The measure is distributed: rank r holds points_local (n_r, d) and masses_local (n_r,).
+    The measure is distributed: a :class:`~solvers.attention.Measure` (this rank's points and
+    masses, the communicator and the sources), or the same as the old argument list: rank r
+    holds points_local (n_r, d) and masses_local (n_r,) on ``comm``.
     By default (``sources`` None) the kernel sums are evaluated at the local points without
     gathering the measure (:class:`DistributedSources`: low-rank moments or a ring pass, module
     ``_distributed``; a repeated evaluation of the same state is reused); ``sources`` may also
@@ -131,10 +143,29 @@ def measure_diagnostics(
     :math:`\beta` when :math:`\Lambda \ge \max \log Z_h` (e.g. :math:`\Lambda = \beta
     \max_h \|Q_h^T K_h\|_2` on the sphere: the normalised energy of the metastability
     literature for identity heads). The velocity and the mass do not depend on it.
+
+    Raises:
+        ValueError: invalid input, or a :class:`Measure` passed with more arguments.
     """
-    sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
-    X, log_Z, _, Pa = attention.head_outputs(points_local, sources, masses_all, heads, True)
-    w = _as_masses("masses_local", masses_local, X.shape[0])
+    measure = as_measure(points_local, masses_local, comm, sources, masses_all)
+    partial = measure_sums(attention, heads, measure, head_weights, log_scale)
+    parts = [partial] if _comm_size(measure.comm) == 1 else measure.comm.allgather(partial)
+    return MeasureDiagnostics.from_sums(parts)
+
+
+def measure_sums(
+    attention: Attention,
+    heads: Sequence[Head],
+    measure: Measure,
+    head_weights: np.ndarray | None = None,
+    log_scale: float = 0.0,
+) -> np.ndarray:
+    """This rank's partial sums of :func:`measure_diagnostics` (energy, :math:`G^2`,
+    dissipation, mass; no communication but the kernel sums'), for a caller that combines
+    them with its own in one gather (:meth:`MeasureDiagnostics.from_sums`). Collective."""
+    sources, masses_all = measure.summed
+    X, log_Z, _, Pa = attention.head_outputs(measure.points, sources, masses_all, heads, True)
+    w = _as_masses("masses_local", measure.masses, X.shape[0])
     H = len(heads)
     hw = _head_weights(head_weights, H)
     log_Z = log_Z - log_scale  # units of e^Lambda (bitwise unchanged for log_scale = 0)
@@ -154,7 +185,7 @@ def measure_diagnostics(
     if attention.velocity_model == "gradient":  # the drift keeps V_h (= M_h: the gradient)
         grad = attention.energy_gradient(X, sources, masses_all, heads, head_weights, True)
         velocity = grad.gradient_velocity
-    partial = np.array(
+    return np.array(
         [
             energy,
             np.sum(w * np.einsum("ik,ik->i", velocity, velocity) * b),
@@ -162,6 +193,3 @@ def measure_diagnostics(
             np.sum(w),
         ]
     )
-    parts = [partial] if _comm_size(comm) == 1 else comm.allgather(partial)
-    energy, G2, dissipation, mass = (math.fsum(p[q] for p in parts) for q in range(4))
-    return MeasureDiagnostics(energy=energy, G2=G2, dissipation=dissipation, mass=mass)

@@ -8,7 +8,12 @@ token dissipation and the residual); the module ``_edi`` writes out the mathemat
 budget evaluates at every record.
 ``_metric`` asks whether the flow is a curve of maximal slope of the energy in the b-weighted
 Wasserstein metric (:func:`metric_diagnostics`: the metric speed G^2, the slope, the
-maximal-slope defect and the uphill mass, with the mathematics in its docstring);
+maximal-slope defect and the uphill mass, with the mathematics in its docstring;
+:func:`state_diagnostics`: these and the measure diagnostics of one state in one pass, G^2
+computed once, as a run's metrics row needs them). The diagnostics of a state take the state
+as one :class:`Measure` (``solvers.attention.Measure``, re-exported here: this rank's points
+and masses, the communicator and the sources the kernel sums run over), or the old argument
+list (points, masses, comm, sources, masses_all);
 ``_metric_speed`` computes the exact metric speed of a mesh density (:func:`metric_speed`: the
 minimal velocity by the weighted elliptic problem on the control volumes, of which G^2 is an
 upper bound); ``_wasserstein_b`` the b-weighted Wasserstein distance of two mesh densities
@@ -35,6 +40,7 @@ network simplex, growth exponents, rates in the perturbation size, a sampled Lip
 constant, the Dirac rest points of the flow).
 """
 
+from solvers.attention import Measure
 from solvers.diagnostics._adaptive_w1 import W1Result, bin_points, wasserstein1
 from solvers.diagnostics._cluster_tracker import (
     CLUSTER_EVENT_KINDS,
@@ -100,6 +106,7 @@ from solvers.diagnostics._metric import (
     REST_RTOL,
     MetricDiagnostics,
     metric_diagnostics,
+    state_diagnostics,
 )
 from solvers.diagnostics._metric_speed import MetricSpeed, metric_speed
 from solvers.diagnostics._stability import (
@@ -154,6 +161,7 @@ __all__ = [
     "ClusterTracker",
     "EnergyBudget",
     "EnergyDerivatives",
+    "Measure",
     "MetricDiagnostics",
     "MetricSpeed",
     "PowerLawFit",
@@ -188,6 +196,7 @@ __all__ = [
     "bin_points",
     "wasserstein1",
     "metric_diagnostics",
+    "state_diagnostics",
     "metric_speed",
     "mmd_vmf",
     "noise_contraction",

@@ -120,7 +120,7 @@ from typing import Any
 
 import numpy as np
 
-from solvers.attention import Attention, DistributedSources
+from solvers.attention import Attention, Measure
 from solvers.diagnostics._energy import (
     EnergyDerivatives,
     brute_force_backend,
@@ -283,9 +283,7 @@ class _State:
     M: np.ndarray
     hw: np.ndarray | None
     head_energies: np.ndarray
-    points: np.ndarray
-    masses: np.ndarray
-    sources: DistributedSources
+    measure: Measure  # this rank's points and masses (copies), its sources
     moving: bool  # the matrices depend on time (dM/dt known)
 
 
@@ -350,7 +348,7 @@ class EnergyBudget:
         at a later time than the latest record."""
         if self._state is None:
             return None
-        return self._state.points.copy(), self._state.masses.copy()
+        return self._state.measure.points.copy(), self._state.measure.masses.copy()
 
     def _evaluate(
         self,
@@ -364,17 +362,14 @@ class EnergyBudget:
         """The diagnostics and weight derivatives of the state at time t (collective)."""
         points = np.array(points_local, dtype=np.float64)
         masses = np.array(masses_local, dtype=np.float64)
-        sources = DistributedSources(comm, points)
+        measure = Measure(points, masses, comm)  # distributed sources of the points
         M, V, hw, rate = _weight_matrices(weights, t)
         ou = _is_ou(weights) and float(weights.sigma) > 0.0
         der = energy_derivatives(
             attention,
             M,
-            points,
-            masses,
-            comm,
+            measure,
             values=V,
-            sources=sources,
             second=ou or self.diffusion > 0,
             backend=self.backend,
             head_weights=hw,
@@ -406,9 +401,7 @@ class EnergyBudget:
             M,
             hw,
             der.head_energies,
-            points,
-            masses,
-            sources,
+            measure,
             rate is not None,
         )
 
@@ -446,10 +439,7 @@ class EnergyBudget:
             e_ab = interaction_energy(
                 attention,
                 state.M,
-                prev.points,
-                prev.masses,
-                comm,
-                sources=prev.sources,
+                prev.measure,
                 backend=self.backend,
                 head_weights=state.hw,
                 log_scale=self.log_scale,
@@ -457,10 +447,7 @@ class EnergyBudget:
             e_ba = interaction_energy(
                 attention,
                 prev.M,
-                state.points,
-                state.masses,
-                comm,
-                sources=state.sources,
+                state.measure,
                 backend=self.backend,
                 head_weights=prev.hw,
                 log_scale=self.log_scale,

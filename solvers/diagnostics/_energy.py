@@ -80,9 +80,10 @@ from solvers.attention import (
     HAVE_NUMBA,
     Attention,
     DistributedSources,
+    Measure,
+    as_measure,
     energy_gradient_from_sums,
     kernel_sums,
-    resolve_sources,
 )
 
 __all__ = [
@@ -206,9 +207,9 @@ class EnergyDerivatives:
 def energy_derivatives(
     attention: Attention,
     matrices: np.ndarray,
-    points_local: np.ndarray,
-    masses_local: np.ndarray,
-    comm: Any,
+    points_local: np.ndarray | Measure,
+    masses_local: np.ndarray | None = None,
+    comm: Any = None,
     *,
     values: np.ndarray | None = None,
     sources: np.ndarray | None = None,
@@ -225,8 +226,10 @@ def energy_derivatives(
             ``"gradient"``, :math:`X = s \nabla_S(\delta E/\delta\mu)/b` in :math:`G^2` and
             :math:`\mathcal D`).
         matrices: (H, d, d) the :math:`M_h = Q_h^T K_h` (kernel :math:`e^{\beta x^T M_h y}`).
-        points_local, masses_local: this rank's part of :math:`\mu` ((n_r, d), (n_r,)).
-        comm: mpi4py communicator or None. Collective.
+        points_local, masses_local: this rank's part of :math:`\mu` ((n_r, d), (n_r,)), or
+            a :class:`~solvers.attention.Measure` alone (then no ``masses_local``,
+            ``sources``, ``masses_all``: they are in it).
+        comm: mpi4py communicator or None (the Measure's). Collective.
         values: (H, d, d) the :math:`V_h` (default ``matrices``, the gradient-flow case).
         sources, masses_all: the gathered measure, or a
             :class:`~solvers.attention.DistributedSources` with ``masses_all`` None, or both
@@ -247,7 +250,9 @@ def energy_derivatives(
     Returns:
         The :class:`EnergyDerivatives`, identical on every rank.
     """
-    sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
+    measure = as_measure(points_local, masses_local, comm, sources, masses_all)
+    (sources, masses_all), comm = measure.summed, measure.comm
+    points_local, masses_local = measure.points, measure.masses
     M = np.asarray(matrices, dtype=np.float64)
     V = M if values is None else np.asarray(values, dtype=np.float64)
     if M.ndim != 3 or V.shape != M.shape:
@@ -314,9 +319,9 @@ def energy_derivatives(
 def interaction_energy(
     attention: Attention,
     matrices: np.ndarray,
-    points_local: np.ndarray,
-    masses_local: np.ndarray,
-    comm: Any,
+    points_local: np.ndarray | Measure,
+    masses_local: np.ndarray | None = None,
+    comm: Any = None,
     *,
     sources: np.ndarray | None = None,
     masses_all: np.ndarray | None = None,
@@ -326,8 +331,11 @@ def interaction_energy(
 ) -> float:
     r""":math:`E(\mu, M) = (2\beta)^{-1} \sum_h w_h \sum_i m_i Z_h(x_i)`, :math:`w_h = 1/H` by
     default (collective); in units of :math:`e^{\Lambda}`, :math:`\Lambda` = ``log_scale``
-    (as :func:`energy_derivatives`)."""
-    sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
+    (as :func:`energy_derivatives`; the measure a :class:`~solvers.attention.Measure`, or
+    the old list of points, masses, comm and sources)."""
+    measure = as_measure(points_local, masses_local, comm, sources, masses_all)
+    (sources, masses_all), comm = measure.summed, measure.comm
+    points_local, masses_local = measure.points, measure.masses
     M = np.asarray(matrices, dtype=np.float64)
     X = np.asarray(points_local, dtype=np.float64).reshape(-1, M.shape[1])
     log_Z = _moments(attention, M, X, sources, masses_all, False, backend)[0]

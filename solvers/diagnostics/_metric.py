@@ -81,6 +81,9 @@ attention's backend, and the evaluation of the same state by
 :func:`~solvers.attention.measure_diagnostics` or the energy budget is reused), and the
 per-rank partial sums are added in rank order with ``math.fsum`` (an allgather), so every rank
 holds identical values, and the values for different numbers of ranks differ by rounding only.
+:func:`state_diagnostics` gives these and :func:`~solvers.attention.measure_diagnostics` of one
+state (a :class:`~solvers.attention.Measure`) with one gather and :math:`G^2` computed once:
+what the metrics row of a run needs.
 
 Reference: [AGS08] L. Ambrosio, N. Gigli, G. Savaré, *Gradient flows in metric spaces and in
 the space of probability measures*, 2nd ed., Birkhäuser (2008), Ch. 1-2.
@@ -95,9 +98,23 @@ from typing import Any
 
 import numpy as np
 
-from solvers.attention import Attention, DistributedSources, Head, resolve_sources
+from solvers.attention import (
+    Attention,
+    DistributedSources,
+    Head,
+    Measure,
+    MeasureDiagnostics,
+    as_measure,
+    measure_sums,
+)
 
-__all__ = ["MAXIMAL_SLOPE_COLUMNS", "REST_RTOL", "MetricDiagnostics", "metric_diagnostics"]
+__all__ = [
+    "MAXIMAL_SLOPE_COLUMNS",
+    "REST_RTOL",
+    "MetricDiagnostics",
+    "metric_diagnostics",
+    "state_diagnostics",
+]
 
 #: the columns of metrics.csv added by these diagnostics (``G2`` is there already)
 MAXIMAL_SLOPE_COLUMNS = ("slope2", "slope_defect", "uphill_mass")
@@ -137,9 +154,9 @@ class MetricDiagnostics:
 def metric_diagnostics(
     attention: Attention,
     heads: Sequence[Head],
-    points_local: np.ndarray,
-    masses_local: np.ndarray,
-    comm: Any,
+    points_local: np.ndarray | Measure,
+    masses_local: np.ndarray | None = None,
+    comm: Any = None,
     *,
     sources: np.ndarray | None = None,
     masses_all: np.ndarray | None = None,
@@ -151,8 +168,10 @@ def metric_diagnostics(
     Args:
         attention: beta, sign, manifold, backend and velocity model (the :math:`X` judged).
         heads: the heads at the time of the state.
-        points_local, masses_local: this rank's part of :math:`\mu` ((n_r, d), (n_r,)).
-        comm: mpi4py communicator or None. Collective.
+        points_local, masses_local: this rank's part of :math:`\mu` ((n_r, d), (n_r,)), or
+            a :class:`~solvers.attention.Measure` alone (then no ``masses_local``,
+            ``sources``, ``masses_all``: they are in it).
+        comm: mpi4py communicator or None (the Measure's). Collective.
         sources, masses_all: the gathered measure, or a
             :class:`~solvers.attention.DistributedSources` with ``masses_all`` None, or both
             None (the default: distributed sources of the local points, nothing gathered).
@@ -166,10 +185,63 @@ def metric_diagnostics(
     Returns:
         The :class:`MetricDiagnostics`, identical on every rank.
     """
-    sources, masses_all = resolve_sources(comm, points_local, masses_local, sources, masses_all)
-    m = np.asarray(masses_local, dtype=np.float64)
+    measure = as_measure(points_local, masses_local, comm, sources, masses_all)
+    partial = _metric_sums(attention, heads, measure, head_weights, log_scale, with_G2=True)
+    return _from_sums(_gather(measure.comm, partial))
+
+
+def state_diagnostics(
+    attention: Attention,
+    heads: Sequence[Head],
+    measure: Measure,
+    *,
+    head_weights: np.ndarray | None = None,
+    log_scale: float = 0.0,
+) -> tuple[MeasureDiagnostics, MetricDiagnostics]:
+    r""":func:`~solvers.attention.measure_diagnostics` and :func:`metric_diagnostics` of one
+    state in one pass: :math:`G^2` computed once, one gather of the partial sums.
+
+    What the metrics row of a run needs (energy, :math:`G^2`, dissipation, mass, and the
+    maximal-slope columns). Both results are bitwise those of the two functions called one
+    after the other, but the metric diagnostics' ``G2``, which is the measure diagnostics'
+    (the same integral :math:`\int b |X|^2 d\mu`, summed in another order: the two differ by
+    rounding only). Collective.
+
+    Args:
+        attention, heads, head_weights, log_scale: as :func:`metric_diagnostics`.
+        measure: the state, a :class:`~solvers.attention.Measure`.
+
+    Returns:
+        ``(measure diagnostics, metric diagnostics)``, identical on every rank.
+    """
+    measure = as_measure(measure)
+    first = measure_sums(attention, heads, measure, head_weights, log_scale)
+    second = _metric_sums(attention, heads, measure, head_weights, log_scale, with_G2=False)
+    parts = _gather(measure.comm, np.concatenate([first, second]))
+    diag = MeasureDiagnostics.from_sums(parts)
+    n = MeasureDiagnostics.N_SUMS
+    return diag, _from_sums([p[n:] for p in parts], G2=diag.G2)
+
+
+def _gather(comm: Any, partial: np.ndarray) -> list[np.ndarray]:
+    """Every rank's partial sums, in rank order (an allgather)."""
+    return [partial] if comm is None or comm.Get_size() == 1 else comm.allgather(partial)
+
+
+def _metric_sums(
+    attention: Attention,
+    heads: Sequence[Head],
+    measure: Measure,
+    head_weights: np.ndarray | None,
+    log_scale: float,
+    with_G2: bool,
+) -> np.ndarray:
+    """This rank's partial sums of :func:`metric_diagnostics`: G2 (0.0 without
+    ``with_G2``), slope2, dissipation, defect, uphill mass, mass, and the least cosine."""
+    (sources, masses_all), comm = measure.summed, measure.comm
+    m = np.asarray(measure.masses, dtype=np.float64)
     grad = attention.energy_gradient(
-        points_local, sources, masses_all, heads, head_weights, reuse=True, log_scale=log_scale
+        measure.points, sources, masses_all, heads, head_weights, reuse=True, log_scale=log_scale
     )
     X_grad = grad.gradient_velocity
     X = X_grad if attention.velocity_model == "gradient" else grad.attention_velocity
@@ -192,9 +264,9 @@ def metric_diagnostics(
     denominator = norm_X * np.linalg.norm(g, axis=1)
     cosine = np.divide(inner, denominator, out=np.zeros_like(inner), where=denominator > 0)
     diff = X - X_grad
-    partial = np.array(
+    return np.array(
         [
-            np.sum(m * b * np.einsum("ik,ik->i", X, X)),
+            np.sum(m * b * np.einsum("ik,ik->i", X, X)) if with_G2 else 0.0,
             np.sum(m * np.einsum("ik,ik->i", g, g) / b),
             np.sum(m * np.einsum("ik,ik->i", g, X)),
             0.5 * np.sum(m * b * np.einsum("ik,ik->i", diff, diff)),
@@ -203,12 +275,15 @@ def metric_diagnostics(
             float(np.min(cosine[moving], initial=1.0)),
         ]
     )
-    parts = [partial] if comm is None or comm.Get_size() == 1 else comm.allgather(partial)
-    G2, slope2, dissipation, defect, uphill_mass, mass = (
+
+
+def _from_sums(parts: list[np.ndarray], G2: float | None = None) -> MetricDiagnostics:
+    """The diagnostics from every rank's :func:`_metric_sums` (``G2``: given, not summed)."""
+    summed, slope2, dissipation, defect, uphill_mass, mass = (
         math.fsum(p[q] for p in parts) for q in range(6)
     )
     return MetricDiagnostics(
-        G2=G2,
+        G2=summed if G2 is None else G2,
         slope2=slope2,
         dissipation=dissipation,
         slope_defect=defect,

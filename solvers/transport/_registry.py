@@ -115,6 +115,9 @@ class SchemeSpec:
             bytes, for the memory estimate of a run.
         state_per_cell: the numbers of the state per cell, as (scalars, vectors of R^d)
             (the size of a checkpoint).
+        petsc_options_prefix: the options prefix of the scheme's PETSc solvers in a run
+            (:attr:`SchemeOptions.petsc_options_prefix`; the prefix whose command-line
+            options the run engine checks), or "" when the scheme has no PETSc solver.
     """
 
     name: str
@@ -131,6 +134,7 @@ class SchemeSpec:
     velocity: str | None = None
     bytes_per_cell: float = 2.0 * 1024
     state_per_cell: tuple[int, int] = (1, 0)
+    petsc_options_prefix: str = ""
 
     def __post_init__(self) -> None:
         if not self.title:
@@ -287,6 +291,7 @@ def _mesh_particles(cv, attention, weights, density, options: SchemeOptions) -> 
         # doubles) and the sparse direct factorisation
         bytes_per_cell=(2.0 + 8.0) * 1024,
         state_per_cell=(2, 0),
+        petsc_options_prefix="jko_",
     )
 )
 def _jko(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:

@@ -3,9 +3,9 @@ to a mesh run.
 
 At every output the particles go to contiguous blocks of their global order (rows of the
 initial array; :class:`solvers.transport.PointCloud`;
-:class:`~drivers.engine._cell_blocks.CellBlocks`), never to one rank: the ``.npz`` files are
-streamed through rank 0 one chunk at a time (:mod:`drivers.engine._npz_stream`), the HDF5
-rows written by every rank with MPI-IO into datasets rank 0 made (:mod:`drivers.engine._h5_rows`):
+:class:`~drivers.engine.io._cell_blocks.CellBlocks`), never to one rank: the ``.npz`` files are
+streamed through rank 0 one chunk at a time (:mod:`drivers.engine.io._npz_stream`), the HDF5
+rows written by every rank with MPI-IO into datasets rank 0 made (:mod:`drivers.engine.io._h5_rows`):
 
 - ``particles/particles_<k>.npz`` (k = 00000, 00001, ...), any d: ``points`` (n, d),
   ``masses`` (n,), ``t``, ``step``;
@@ -17,7 +17,7 @@ rows written by every rank with MPI-IO into datasets rank 0 made (:mod:`drivers.
 
 On a restart (``keep``) the steps from ``keep`` on are deleted. A failed write raises on rank 0
 and leaves the writer failed (later writes do their collective part only), as
-:class:`~drivers.engine._writers.DensityWriter` does; the recorder's guard makes the ranks agree.
+:class:`~drivers.engine.io._writers.DensityWriter` does; the recorder's guard makes the ranks agree.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._cell_blocks import CellBlocks
 from drivers.engine._folder import ensure_space
-from drivers.engine._h5_rows import create_contiguous, write_rows
-from drivers.engine._npz_stream import Rows, npz_index, write_npz
-from drivers.engine._writers import write_text_atomic
+from drivers.engine.io._cell_blocks import CellBlocks
+from drivers.engine.io._h5_rows import create_contiguous, write_rows
+from drivers.engine.io._npz_stream import Rows, npz_index, write_npz
+from drivers.engine.io._writers import write_text_atomic
 
 __all__ = ["ParticleWriter", "particle_series_xml"]
 

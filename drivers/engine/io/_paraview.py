@@ -1,7 +1,7 @@
 """ParaView pictures of a results folder: ``transformer-pde paraview DIR``.
 
 Writes ``DIR/paraview_density.py``, a standalone script for ParaView's own Python (the file
-:file:`drivers/engine/paraview_density.py`, which imports only ``paraview.simple`` and the
+:file:`drivers/engine/io/paraview_density.py`, which imports only ``paraview.simple`` and the
 standard library), and runs it with ``pvbatch`` when ParaView is installed. The script opens
 ``DIR/density.xdmf`` with the ``Xdmf3ReaderT`` reader (VTK's legacy ``XDMF Reader`` segfaults
 on DOLFINx function files, in ``vtkXdmfHeavyData::ReadTemporalCollection``),
@@ -261,7 +261,7 @@ def _write_gif(folder: Path, frames: Sequence[str], fps: float) -> Path | None:
         from PIL import Image
     except ImportError:
         return None
-    from drivers.engine._pictures import write_gif
+    from drivers.engine.io._pictures import write_gif
 
     images = []
     for name in frames:
@@ -424,7 +424,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m drivers.engine._paraview DIR [--out FOLDER] [--fps N] [--no-run] [--linear]``."""
+    """``python -m drivers.engine.io._paraview DIR [--out FOLDER] [--fps N] [--no-run] [--linear]``."""
     parser = _Parser(prog="transformer-pde paraview", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

@@ -1,9 +1,9 @@
 """Pictures of a run: the density, the metrics and the energy budget (rank 0 only).
 
-matplotlib (Agg) only, through the panels and colour scales of :mod:`drivers.engine._pictures`
+matplotlib (Agg) only, through the panels and colour scales of :mod:`drivers.engine.io._pictures`
 (shared with the animations of ``transformer-pde view``): S^2 as its two opposite hemispheres
 (orthographic projection), R^2 as coloured cells, S^1 and R^1 as curves. A density spanning
-more than three decades gets a log colour scale (:func:`drivers.engine._pictures.choose_scale`).
+more than three decades gets a log colour scale (:func:`drivers.engine.io._pictures.choose_scale`).
 No axis uses matplotlib's offset notation ("1e-12+1"): the mass is plotted as ``mass - 1``.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._budget_caption import budget_caption, budget_context
-from drivers.engine._density_map import density_map, final_clusters
-from drivers.engine._globe import GLOBE_SWITCH, density_3d
-from drivers.engine._pictures import (
+from drivers.engine.io._budget_caption import budget_caption, budget_context
+from drivers.engine.io._density_map import density_map, final_clusters
+from drivers.engine.io._globe import GLOBE_SWITCH, density_3d
+from drivers.engine.io._pictures import (
     CurvePanel,
     SurfacePanel,
     choose_scale,
@@ -29,7 +29,7 @@ from drivers.engine._pictures import (
     pyplot,
     sphere_views,
 )
-from drivers.engine._view import read_series
+from drivers.engine.io._view import read_series
 
 __all__ = [
     "density_strip",
@@ -316,7 +316,7 @@ def plot_budget(
     V = Q^T K symmetric: the defect and the uphill mass) are named in the panel, not drawn.
     A caption under the panels gives the residual relative to the largest term and the
     residual expected of the scheme and the weights
-    (:func:`drivers.engine._budget_caption.budget_caption`); ``scheme``, ``dynamics`` and
+    (:func:`drivers.engine.io._budget_caption.budget_caption`); ``scheme``, ``dynamics`` and
     ``heads`` name them, by default read from a title "energy budget: fv, 3 head(s), ou
     weights" (as a run gives it) or from the rows. Returns the (closed) figure.
     """
@@ -428,8 +428,8 @@ def run_pictures(
     intermediate times, the final state) read back from density.xdmf on one colour scale, each
     on its own mesh (:func:`density_strip`); on S^2 density_map.png, the final density on an
     equal-area map with the clusters of clusters.csv marked
-    (:func:`drivers.engine._density_map.density_map`) and density_3d.png, four views of the
-    globe rendered by pyvista (:func:`drivers.engine._globe.density_3d`; where it cannot
+    (:func:`drivers.engine.io._density_map.density_map`) and density_3d.png, four views of the
+    globe rendered by pyvista (:func:`drivers.engine.io._globe.density_3d`; where it cannot
     render, a one-line note on stderr instead; not drawn when the environment has
     ``TRANSFORMER_PDE_3D=0``); metrics.png; edi.png when there is a
     budget (``budget_title`` not None)."""

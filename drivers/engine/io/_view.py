@@ -3,9 +3,9 @@
 Reads the density time series that a run wrote (``density.xdmf`` + ``density.h5``, DOLFINx's
 XDMF layout: one mesh grid, then a temporal collection of cell or vertex attributes; the steps
 of an adaptive run on another mesh carry their own Topology and Geometry,
-:mod:`drivers.engine._xdmf`) and renders one frame per output time, each on its own mesh,
+:mod:`drivers.engine.io._xdmf`) and renders one frame per output time, each on its own mesh,
 with matplotlib (Agg; no X server, no OpenGL) through the panels of
-:mod:`drivers.engine._pictures` (the same colours as ``density.png``):
+:mod:`drivers.engine.io._pictures` (the same colours as ``density.png``):
 
 - S^2 (Triangle): the sphere seen from the densest cell of the last frame and from the
   opposite side (orthographic, the visible hemispheres), with a colour bar;
@@ -36,7 +36,7 @@ Example::
     transformer-pde view results/demo --3d                # -> results/demo/density_3d.png
 
 ``--3d`` (S^2) draws the last output as density_3d.png instead: four views of the globe
-rendered off-screen by pyvista (:mod:`drivers.engine._globe`, as at the end of a run).
+rendered off-screen by pyvista (:mod:`drivers.engine.io._globe`, as at the end of a run).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._pictures import (
+from drivers.engine.io._pictures import (
     ColourScale,
     CurvePanel,
     SurfacePanel,
@@ -64,7 +64,7 @@ from drivers.engine._pictures import (
     sphere_views,
     write_gif,
 )
-from drivers.engine._xdmf import MeshLocation, nodes_per_cell, parse_series
+from drivers.engine.io._xdmf import MeshLocation, nodes_per_cell, parse_series
 
 __all__ = [
     "DensitySeries",
@@ -342,7 +342,7 @@ def render_frames(
         series: the density series.
         every: render every k-th output step (the last one always).
         log: log colour scale (log y axis on S^1/R^1); None: automatic
-            (:func:`drivers.engine._pictures.choose_scale`, decided over all the frames).
+            (:func:`drivers.engine.io._pictures.choose_scale`, decided over all the frames).
         clim: a fixed colour range (lo, hi) for every frame.
         range_mode: "global" (one colour range for the frames) or "frame" (each its own;
             the log-or-linear choice is still made once for the series).
@@ -459,14 +459,14 @@ def view(
 def view_3d(out_dir: str | Path, output: str | Path | None = None) -> Path:
     """density_3d.png of the last output of an S^2 results folder (``view --3d``): four views
     of the globe by pyvista, with the clusters of its clusters.csv
-    (:func:`drivers.engine._globe.density_3d`); returns its path.
+    (:func:`drivers.engine.io._globe.density_3d`); returns its path.
 
     Raises:
         ValueError: one line: no S^2 density series there, not a .png, or VTK cannot render
             here (the reason).
     """
-    from drivers.engine._density_map import final_clusters
-    from drivers.engine._globe import density_3d
+    from drivers.engine.io._density_map import final_clusters
+    from drivers.engine.io._globe import density_3d
 
     series = read_series(out_dir)
     base = Path(out_dir) if Path(out_dir).suffix != ".xdmf" else Path(out_dir).parent

@@ -14,7 +14,7 @@ true to scale, so that every cluster is visible and their masses compare by eye.
 - Clusters: the centres and masses of the cluster statistics (``clusters.csv`` of the run at
   the final time, :func:`final_clusters`); without them, the cluster statistics of the
   drawn density itself (:class:`solvers.diagnostics.ClusterAnalysis` on the cell masses).
-- The colour scale: :func:`drivers.engine._pictures.choose_scale` (log beyond three decades).
+- The colour scale: :func:`drivers.engine.io._pictures.choose_scale` (log beyond three decades).
 
 Rank 0 only; matplotlib (Agg).
 """
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._pictures import choose_scale, pyplot
+from drivers.engine.io._pictures import choose_scale, pyplot
 
 __all__ = ["MAP_PIXELS", "density_map", "final_clusters", "map_longitude"]
 

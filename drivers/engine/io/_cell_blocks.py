@@ -20,7 +20,7 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._blocks import BlockLayout, block_bounds, fetch_rows
+from drivers.engine.io._blocks import BlockLayout, block_bounds, fetch_rows
 
 if TYPE_CHECKING:
     from meshes.control_volumes import ControlVolumes

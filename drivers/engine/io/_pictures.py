@@ -1,7 +1,7 @@
 """Drawing a cell density on S^1, S^2, R^1 or R^2 with matplotlib: the colour scale and panels.
 
-Shared by the pictures of a run (:mod:`drivers.engine._plots`, ``density.png``) and the
-animations of ``transformer-pde view`` (:mod:`drivers.engine._view`), so that both use the
+Shared by the pictures of a run (:mod:`drivers.engine.io._plots`, ``density.png``) and the
+animations of ``transformer-pde view`` (:mod:`drivers.engine.io._view`), so that both use the
 same colours:
 
 - :func:`choose_scale` picks the colour range of one or several snapshots: a logarithmic scale

@@ -4,7 +4,7 @@ density.png (two hemispheres) and density_map.png (an equal-area map) are matplo
 the 3-D view: the cells of the mesh as a pyvista ``PolyData`` built from numpy arrays (never
 from our XDMF files: VTK's XDMF reader segfaults on DOLFINx function files),
 coloured by the density on the scale of the other pictures
-(:func:`drivers.engine._pictures.choose_scale`, viridis, log beyond three decades), lit, with
+(:func:`drivers.engine.io._pictures.choose_scale`, viridis, log beyond three decades), lit, with
 
 - four orthographic views from latitude 20 degrees north, at longitudes 0, 90, 180 and 270
   degrees, so that every cluster is seen (nearly) face on in one of them;
@@ -15,7 +15,7 @@ coloured by the density on the scale of the other pictures
 Rendering needs OpenGL: off-screen through Mesa EGL (Debian ``libegl1 libegl-mesa0
 libgl1-mesa-dri``, which docker/install.sh installs), or an X display. VTK can crash the
 process where neither works, so the picture is drawn in a child process
-(``python -m drivers.engine._globe DATA.npz OUT.png``) under a time limit: whatever happens
+(``python -m drivers.engine.io._globe DATA.npz OUT.png``) under a time limit: whatever happens
 there, the run goes on, and :func:`density_3d` returns a one-line reason instead of a picture
 (the run prints it as a note). A picture whose pixels are all (nearly) one colour counts as a
 failure too. Rank 0 only.
@@ -78,7 +78,7 @@ def density_3d(
     Raises:
         ValueError: the arrays are not an S^2 mesh and its cell values.
     """
-    from drivers.engine._pictures import choose_scale
+    from drivers.engine.io._pictures import choose_scale
 
     vertices = np.asarray(vertices, dtype=np.float64)
     density = np.asarray(density, dtype=np.float64).reshape(-1)
@@ -106,7 +106,7 @@ def density_3d(
         )
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "drivers.engine._globe", str(data), str(path)],
+                [sys.executable, "-m", "drivers.engine.io._globe", str(data), str(path)],
                 cwd=Path(__file__).resolve().parents[2],
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -245,9 +245,9 @@ def render_globe(data: str | Path, out: str | Path) -> None:
 
 
 def _main(argv: list[str]) -> int:
-    """The child process: ``python -m drivers.engine._globe DATA.npz OUT.png``."""
+    """The child process: ``python -m drivers.engine.io._globe DATA.npz OUT.png``."""
     if len(argv) != 2:
-        print("usage: python -m drivers.engine._globe DATA.npz OUT.png", file=sys.stderr)
+        print("usage: python -m drivers.engine.io._globe DATA.npz OUT.png", file=sys.stderr)
         return 2
     try:
         render_globe(argv[0], argv[1])

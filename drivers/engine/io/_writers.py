@@ -32,17 +32,17 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
-from drivers.engine._cell_blocks import CellBlocks
 from drivers.engine._folder import ensure_space
-from drivers.engine._h5_rows import (
+from drivers.engine.io._cell_blocks import CellBlocks
+from drivers.engine.io._h5_rows import (
     DatasetPlace,
     create_contiguous,
     dataset_place,
     read_rows,
     write_rows,
 )
-from drivers.engine._npz_stream import write_npz
-from drivers.engine._xdmf import MeshShape, mesh_group, mesh_number, series_xml
+from drivers.engine.io._npz_stream import write_npz
+from drivers.engine.io._xdmf import MeshShape, mesh_group, mesh_number, series_xml
 
 __all__ = [
     "GatheredCells",
@@ -105,9 +105,9 @@ class DensityWriter:
     every step, so a run killed at any point leaves a valid series of the steps written.
     The layout is DOLFINx's (``Xdmf3 Reader T`` in ParaView; meshio's TimeSeriesReader).
 
-    Parallel writing without a gather (:mod:`drivers.engine._h5_rows`): rank 0 creates each
+    Parallel writing without a gather (:mod:`drivers.engine.io._h5_rows`): rank 0 creates each
     dataset (contiguous, allocated, attributes set) with h5py and closes the file; then
-    every rank writes its block of rows (:class:`~drivers.engine._cell_blocks.CellBlocks`:
+    every rank writes its block of rows (:class:`~drivers.engine.io._cell_blocks.CellBlocks`:
     contiguous cells of the global order) with MPI-IO, collectively. No rank holds more than
     its block of the mesh or of a step; the file is what a serial h5py write of the gathered
     arrays gives (same datasets, shapes, values and order).
@@ -116,7 +116,7 @@ class DensityWriter:
     ``/Mesh/mesh``; each later mesh whose arrays differ from the current one's is stored
     once as ``/Mesh/mesh_<j>`` (j = 1, 2, ...), the steps on it carry the attribute
     ``mesh`` = j and, in the XDMF file, their own Topology and Geometry
-    (:mod:`drivers.engine._xdmf`). ParaView reads every step on its mesh; meshio's
+    (:mod:`drivers.engine.io._xdmf`). ParaView reads every step on its mesh; meshio's
     TimeSeriesReader only the first mesh. A series whose mesh never changes has the XDMF text
     of earlier versions byte for byte.
 
@@ -473,9 +473,9 @@ def write_final(
 def write_final_collective(comm: MPI.Comm, path: str | Path, members: dict[str, Any]) -> None:
     """final.npz from distributed rows, never whole on one rank (collective): ``members``
     maps the keys of :func:`write_final` (and extras) to
-    :class:`~drivers.engine._npz_stream.Rows` (each rank's block, the global order) or to
+    :class:`~drivers.engine.io._npz_stream.Rows` (each rank's block, the global order) or to
     small arrays (rank 0's are written). Rank 0 streams the blocks into the uncompressed
-    archive one chunk at a time (:func:`~drivers.engine._npz_stream.write_npz`); ``np.load``
+    archive one chunk at a time (:func:`~drivers.engine.io._npz_stream.write_npz`); ``np.load``
     reads it as it reads :func:`write_final`'s. A failed write raises on rank 0 only, and
     leaves no temporary file."""
     write_npz(comm, path, members)
