@@ -371,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                     else -1
                 )
                 formed = formed_count(t, fv["n_clusters"], t_lin, 2.0 / sigma_star)
+                after = np.asarray(fv["n_clusters"])[t >= t_lin]  # growth and merges overlap
+                peak = int(after.max()) if len(after) else -1
                 runs = plateaus(pa["t"], pa["n_clusters"])
                 merges = [p.end for p in runs if p.count > runs[-1].count] if runs else []
                 counts.append(
@@ -386,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                         "predicted_prominent": prominent,
                         "fv_formed": formed.count if formed else -1,
                         "t_formed": formed.start if formed else float("nan"),
+                        "fv_peak": peak,
                         "fv_measured": measured,
                         "particles_final": pa["n_clusters"][-1],
                         "fv_final": fv["n_clusters"][-1],
