@@ -10,7 +10,12 @@ fastest l* ~ sqrt(2 beta); every mode decays above nu_c = r_1(beta) / beta. The 
 measures (a) the growth rates of the modes, fitted to the angular power spectrum in the linear
 window, against that dispersion relation; (b) the number of clusters at the end of the linear
 phase against the linear prediction (the initial perturbation evolved by the linearised
-equation until it is of size one, its maxima counted by the same cluster statistics) and l*;
+equation until it is of size one, sampled at the run's cell centres; on S^2 its attractors
+counted: the local maxima of prominence 5 % whose basins hold a share of the mass) and l*,
+compared
+with the clusters formed (the first plateau of the fv count after the linear phase lasting
+two e-folding times 2 / sigma*) and with the fv count at the linear end (a transient);
+on S^1 the maxima counted are the prominent ones (prominence 1/2, as the runs' clusters);
 (c) plateaus of the cluster count and the first merge time against beta, with a fitted law
 log T = a + c beta and a bootstrap interval (particles, whose time step grows through the
 plateaus); (d) meshes (finite volumes) and particles side by side; (e) the noise transition
@@ -76,11 +81,13 @@ from solvers.attention.spectral import circle_moments, sphere_moments
 from solvers.diagnostics import (
     ClusterAnalysis,
     angular_power,
+    basin_maxima,
     critical_diffusion,
     dispersion_relation,
     fastest_mode,
     fit_exponential_law,
     fit_growth_rates,
+    formed_count,
     linear_prediction,
     plateaus,
 )
@@ -137,6 +144,13 @@ def run_case(
 
     recorder.add_snapshot("power", ["t", "l", "C"], spectrum)
     coeffs = initial_perturbation(problem, manifold, scheme, L)
+    cells = None
+    if scheme == "fv":  # the prediction is sampled where the run's clusters are counted
+        cv = problem.cv
+        cells = (
+            np.concatenate(comm.allgather(np.asarray(cv.centres[: cv.n_owned]))),
+            np.concatenate(comm.allgather(np.asarray(cv.measures[: cv.n_owned]))),
+        )
     recorder.start(problem.scheme)
     outcome = advance(problem.scheme, recorder, t_end, log=lambda m: None)
     recorder.finish(problem.scheme, outcome, 0.0)
@@ -154,6 +168,7 @@ def run_case(
         "n_clusters": [r["n_clusters"] for r in rows],
         "power": np.array(power),
         "coeffs": coeffs,
+        "cells": cells,
         "L": L,
         "status": outcome.status,
         "h": problem.quality.h,
@@ -231,9 +246,18 @@ def noise_row(run: dict[str, Any], beta: float, factor: float, nu_c: float) -> d
     }
 
 
-def count_clusters(manifold: str, h: float) -> Any:
-    """The cluster statistics of the runs, applied to a sampled density (the prediction)."""
+def count_clusters(manifold: str, h: float, attractors: bool | None = None) -> Any:
+    """The count of the prediction, on a sampled density: its attractors
+    (:func:`basin_maxima`: maxima of relative prominence 5 % whose basins hold the clusters'
+    share of the mass), or the clusters of the runs' statistics (prominence 1/2). Default
+    (None): the attractors on S^2, where the prominent maxima at the linear end are 2-4
+    times fewer than the clusters formed, and the prominent maxima on S^1, where they were
+    the clusters formed in 28/28 runs and the shallow ones merge (drivers/README.md)."""
+    if attractors is None:
+        attractors = manifold == "S2"
     analysis = ClusterAnalysis.for_mesh(2 if manifold == "S1" else 3, h)
+    if attractors:
+        return lambda points, f, w: basin_maxima(analysis, points, f * w)
     return lambda points, f, w: analysis.statistics(points, f * w).n_clusters
 
 
@@ -322,13 +346,33 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
                 sigma = dispersion_relation(np.arange(fv["L"] + 1), beta, manifold)
+                points, weights = fv["cells"]
                 t_lin, predicted = linear_prediction(
-                    fv["coeffs"], sigma, manifold, count_clusters(manifold, fv["h"])
+                    fv["coeffs"],
+                    sigma,
+                    manifold,
+                    count_clusters(manifold, fv["h"]),
+                    points=points,
+                    weights=weights,
+                )
+                _, prominent = linear_prediction(
+                    fv["coeffs"],
+                    sigma,
+                    manifold,
+                    count_clusters(manifold, fv["h"], attractors=False),
+                    points=points,
+                    weights=weights,
                 )
                 t = np.asarray(fv["t"])
+                # the output nearest the linear end (the count rises fast there)
                 measured = (
-                    int(fv["n_clusters"][int(np.searchsorted(t, t_lin))]) if t_lin <= t[-1] else -1
+                    int(fv["n_clusters"][int(np.argmin(np.abs(t - t_lin)))])
+                    if t_lin <= t[-1]
+                    else -1
                 )
+                formed = formed_count(t, fv["n_clusters"], t_lin, 2.0 / sigma_star)
+                after = np.asarray(fv["n_clusters"])[t >= t_lin]  # growth and merges overlap
+                peak = int(after.max()) if len(after) else -1
                 runs = plateaus(pa["t"], pa["n_clusters"])
                 merges = [p.end for p in runs if p.count > runs[-1].count] if runs else []
                 counts.append(
@@ -341,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
                         "mesh_seed": seed_size,
                         "t_linear_end": t_lin,
                         "predicted": predicted,
+                        "predicted_prominent": prominent,
+                        "fv_formed": formed.count if formed else -1,
+                        "t_formed": formed.start if formed else float("nan"),
+                        "fv_peak": peak,
                         "fv_measured": measured,
                         "particles_final": pa["n_clusters"][-1],
                         "fv_final": fv["n_clusters"][-1],
@@ -349,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
                 log(
-                    f"{tag}: l* = {l_star}, clusters predicted {predicted}, fv {measured}; "
+                    f"{tag}: l* = {l_star}, clusters predicted {predicted}, formed in fv "
+                    f"{formed.count if formed else '-'} (fv {measured} at the linear end); "
                     f"particles end with {pa['n_clusters'][-1]}; wall "
                     f"{time.perf_counter() - wall0:.0f} s"
                 )

@@ -99,3 +99,105 @@ def test_two_particles_close_in_the_pair_merge_time(d: int) -> None:
     assert target - rates[2] < 0.1 * (target - rates[0])
     with pytest.raises(ValueError):
         pair_merge_time(4.0, 0.4, 1.2)
+
+
+def _cells(level: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cell centres and areas of the icosphere's triangles (a mesh as the fv runs see it)."""
+    from meshes.control_volumes import spherical_triangle_area
+    from meshes.sphere import icosphere_arrays
+
+    v, f = icosphere_arrays(level)
+    c = v[f].sum(axis=1)
+    return c / np.linalg.norm(c, axis=1)[:, None], spherical_triangle_area(
+        v[f[:, 0]], v[f[:, 1]], v[f[:, 2]]
+    )
+
+
+def _bumps(points: np.ndarray, centres: np.ndarray, heights, kappa: float) -> np.ndarray:
+    """1 + sum_j heights_j e^{kappa (<x, c_j> - 1)}: shallow maxima on a uniform floor."""
+    return 1.0 + np.exp(kappa * (points @ centres.T - 1.0)) @ np.asarray(heights)
+
+
+_OCTAHEDRON = np.vstack([np.eye(3), -np.eye(3)])
+
+
+@pytest.mark.parametrize("level", [3, 4])
+def test_basin_maxima_counts_shallow_maxima_on_the_sphere(level: int) -> None:
+    """Six shallow bumps (peaks 1.15 to 1.3 over a floor of 1: relative prominence 0.13 to
+    0.23) on two meshes: six attractors, where the cluster statistics (prominence 1/2) see
+    none; a seventh bump next to one of them (closer than the width) is no new attractor;
+    the uniform density's cell ripple gives none."""
+    from solvers.diagnostics import ClusterAnalysis, basin_maxima
+
+    x, area = _cells(level)
+    analysis = ClusterAnalysis(3, sigma=0.1, level=4)
+    f = _bumps(x, _OCTAHEDRON, [0.3, 0.25, 0.2, 0.3, 0.15, 0.2], 8.0)
+    assert basin_maxima(analysis, x, f * area) == 6
+    assert analysis.statistics(x, f * area).n_clusters == 0
+    near = np.array([[np.cos(0.03), np.sin(0.03), 0.0]])
+    g = f + _bumps(x, near, [0.1], 8.0) - 1.0
+    assert basin_maxima(analysis, x, g * area) == 6
+    assert basin_maxima(analysis, x, area) == 0
+
+
+def test_basin_maxima_on_the_circle_and_its_mass_share() -> None:
+    """Five shallow bumps on S^1 (1,000 cells): five attractors; with a mass share above a
+    basin's (about 1/5 each) none."""
+    from solvers.diagnostics import ClusterAnalysis, basin_maxima
+
+    n = 1000
+    theta = 2 * np.pi * (np.arange(n) + 0.5) / n
+    x = np.column_stack([np.cos(theta), np.sin(theta)])
+    centres = np.column_stack(
+        [np.cos(2 * np.pi * np.arange(5) / 5), np.sin(2 * np.pi * np.arange(5) / 5)]
+    )
+    f = _bumps(x, centres, [0.2, 0.3, 0.25, 0.15, 0.3], 10.0)
+    w = np.full(n, 2 * np.pi / n)
+    assert basin_maxima(ClusterAnalysis(2, sigma=0.05), x, f * w) == 5
+    assert ClusterAnalysis(2, sigma=0.05).statistics(x, f * w).n_clusters == 0
+    assert basin_maxima(ClusterAnalysis(2, sigma=0.05, min_mass=0.3), x, f * w) == 0
+
+
+def test_linear_prediction_on_the_sphere_counts_the_attractors() -> None:
+    """A perturbation with six maxima (the octahedron's bumps, as coefficients of degree
+    <= 12) grown at one rate: the prediction stops when its relative size is one
+    (t = ln(1 / size(0)) / rate) and counts six attractors at the cell centres of a mesh and
+    on the default quadrature alike."""
+    from solvers.attention.spectral import sphere_moments
+    from solvers.diagnostics import ClusterAnalysis, basin_maxima
+    from solvers.diagnostics._cluster_bins import icosphere_bins
+
+    L = 12
+    bins = icosphere_bins(5)
+    f = _bumps(bins.nodes, _OCTAHEDRON, [0.3, 0.25, 0.2, 0.3, 0.15, 0.2], 8.0)
+    c = sphere_moments(bins.nodes, (f * bins.areas)[None], L)[0]
+    c0 = c[0] / np.sqrt(4 * np.pi)  # the mean density
+    c[0] /= 1.0
+    c[1:] *= 1e-3  # a small perturbation of the same shape
+    sigma = np.ones(L + 1)
+    sigma[0] = 0.0
+    analysis = ClusterAnalysis(3, sigma=0.1, level=4)
+
+    def attractors(points, g, w):
+        return basin_maxima(analysis, points, g * w)
+
+    x, area = _cells(4)
+    t_end, n = linear_prediction(c, sigma, "S2", attractors, points=x, weights=area)
+    perturbation = f - np.sum(f * bins.areas) / (4 * np.pi)
+    size0 = 1e-3 * np.sqrt(np.sum(perturbation**2 * bins.areas) / (4 * np.pi)) / c0
+    assert n == 6 and t_end == pytest.approx(np.log(1.0 / size0), rel=2e-3)
+    assert linear_prediction(c, sigma, "S2", attractors)[1] == 6
+    with pytest.raises(ValueError, match="both points and weights"):
+        linear_prediction(c, sigma, "S2", attractors, points=x)
+
+
+def test_formed_count_is_the_first_long_plateau_after_the_linear_end() -> None:
+    from solvers.diagnostics import formed_count
+
+    t = np.arange(0.0, 10.0, 0.5)
+    k = [0, 0, 1, 1, 3, 6, 6, 7, 9, 10, 10, 10, 10, 10, 10, 9, 9, 9, 9, 9]
+    p = formed_count(t, k, 2.2, 2.0)
+    assert (p.count, p.start, p.end) == (10, 4.5, 7.0)
+    # a plateau that began before the linear end counts (S^1: prominent at once)
+    assert formed_count(t, [5] * 20, 6.0, 2.0).count == 5
+    assert formed_count(t, k, 2.2, 5.0) is None
