@@ -310,6 +310,11 @@ KEYS: tuple[Key, ...] = (
     Key("adapt", "conserve_energy", "boolean", True,
         "correct the masses carried onto refined cells so that the cell-centre energy is "
         "continuous across each adaptation (false: the plain limited linear transfer)"),
+    Key("adapt", "local_time_stepping", "boolean", False,
+        "fv: local time steps, each cell at its own CFL step in power-of-two classes up to "
+        "2^(max_level - mesh.refinement) substeps a step, the velocity once a stage of the "
+        "coarse step, conservative at class interfaces (docs/numerics.md); every then counts "
+        "coarse steps"),
     # [particles]
     Key("particles", "n", "integer", None,
         "number of particles, 1..1,000,000; required in a [particles] table (its presence "
