@@ -318,9 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lts", action="store_true", help="also each adaptive run with local time steps"
     )
-    parser.add_argument(
-        "--lts-every", type=int, default=None, help="their every (default every / 2^K)"
-    )
     parser.add_argument("--w1-tol", type=float, default=1e-7, help="bin mass x radius")
     parser.add_argument("--w1-bins", type=int, default=8000, help="most bins per measure")
     args = experiment.start(parser, argv)
@@ -361,9 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_conserve_energy:
             table.update(conserve_energy=False)
         runs.append((f"adaptive_L{base}_{top}", "adaptive", run_config(base, t_end, table)))
-        if args.lts:  # the same with local time steps, adapting about as often in time
-            lts_every = args.lts_every or max(1, every >> (top - base))
-            table = {**table, "local_time_stepping": True, "every": lts_every}
+        if args.lts:  # the same with local time steps (adapting as often in time)
+            table = {**table, "local_time_stepping": True}
             label = f"adaptive_L{base}_{top}_lts"
             runs.append((label, "adaptive", run_config(base, t_end, table)))
 

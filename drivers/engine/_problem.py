@@ -285,8 +285,10 @@ def adaptive_scheme(
     from ``mesh.refinement`` to ``adapt.max_level``, adapted to the initial density."""
     m, ad = cfg["mesh"], cfg["adapt"]
     forest_type = SphereForest if m["manifold"] == "S2" else CircleForest
+    # with local time steps a step spans up to 2^K steps of the finest cells: adapt as often in
+    # time as without them (every counts steps of the finest cells)
     options = AdaptOptions(
-        every=ad["every"],
+        every=max(1, ad["every"] >> substep_levels(cfg)),
         indicator=ad["indicator"],
         refine=ad["refine"] or None,
         coarsen=ad["coarsen"],
