@@ -4,8 +4,8 @@ S^2 mesh (levels 2..4), against the global-step :class:`~solvers.transport.Trans
 K = 0 is the global scheme bit for bit; K = 2 conserves mass to round-off, keeps rho >= 0,
 costs two velocity evaluations a coarse step, and its distance to a global run with a small
 step falls like the coarse step squared (the predicted velocity; module docstring); serial
-and distributed runs agree; an adaptive run with local steps restarts bitwise; the config key
-is checked.
+and distributed runs agree; an engine run with local steps adapts and restarts bitwise; the
+config key is checked.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from drivers.engine import ConfigError, load_config, main
 from meshes import control_volumes, icosphere
 from meshes.adaptive import SphereForest
 from solvers.attention import Attention, Head
-from solvers.stepping import SchemeState
 from solvers.transport import (
     AdaptiveScheme,
     AdaptOptions,
@@ -132,41 +131,6 @@ def test_serial_and_distributed_agree(mesh):
     worst = comm.allreduce(float(np.abs(dist.masses - mine).max(initial=0.0)), op=MPI.MAX)
     assert len(rd) == len(rs) and dist.t == serial.t
     assert worst <= 1e-12 * float(full.max())
-
-
-def _lts_adaptive(comm):
-    def build(cv, density):
-        return MultirateTransport(cv, ATTENTION, WEIGHTS, density, cfl=0.4, substep_levels=2)
-
-    return AdaptiveScheme(
-        comm,
-        SphereForest(1, 3),
-        build,
-        lambda cv: initial_density(cv, "exp(6 * x[0] * x[2]) + 0.1"),
-        AdaptOptions(every=2, refine=8e-4, coarsen=4e-4),
-    )
-
-
-def test_adaptive_run_with_local_steps_restarts_bitwise(comm):
-    """An adaptive run with local steps (levels 1..3, K = 2): checkpoint at step 2 (before
-    the adaptation due there), restore, 3 more steps (the mesh changes at steps 2 and 4):
-    the same bits, the same history, mass to 1e-13."""
-    a = _lts_adaptive(comm)
-    for _ in range(2):
-        a.step()
-    saved, state = a.mesh_state(), a.state()
-    for _ in range(3):
-        a.step()
-    b = _lts_adaptive(comm)
-    b.restore_mesh(dict(saved))
-    b.restore(SchemeState(state.t, state.steps, dict(state.cells), dict(state.scalars)))
-    for _ in range(3):
-        b.step()
-    assert a.t == b.t and [h["step"] for h in a.history] == [0, 2, 4]
-    assert np.array_equal(a.measure()[1], b.measure()[1])
-    assert a.history == b.history
-    mass = comm.allreduce(float(a.measure()[1].sum()), op=MPI.SUM)
-    assert abs(mass - 1.0) < 1e-13
 
 
 def test_refuses_split_diffusion_and_bad_levels(mesh):
