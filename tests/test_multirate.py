@@ -2,8 +2,8 @@
 S^2 mesh (levels 2..4), against the global-step :class:`~solvers.transport.TransportSolver`.
 
 K = 0 is the global scheme bit for bit; K = 2 conserves mass to round-off, keeps rho >= 0,
-costs two velocity evaluations a coarse step, and its distance to a global run with a small
-step falls like the coarse step squared (the predicted velocity; module docstring); serial
+costs five velocity evaluations a coarse step, and its distance to a global run with a small
+step falls like the coarse step cubed (module docstring); serial
 and distributed runs agree; an engine run with local steps adapts and restarts bitwise; the
 config key is checked.
 """
@@ -85,13 +85,12 @@ def test_one_substep_is_the_global_scheme_bitwise(mesh):
     assert b.velocity_evaluations == 3 * len(rb)
 
 
-def test_local_steps_conserve_and_converge_at_second_order(mesh):
+def test_local_steps_conserve_and_converge_at_third_order(mesh):
     """K = 2 (base 2, max 4): mass 1 to 1e-13 and rho >= 0 at every step; a coarse step is
-    4x the global one and costs 2 velocity evaluations (global: 3 per step); with coarse
-    steps T, T/2, T/4 (``dt_max``), the L1 distance to a global run at cfl 0.1 (whose own
-    time error is far smaller) falls like the coarse step squared (order >= 1.8 twice;
-    measured 6.0e-5, 1.5e-5, 3.9e-6: orders 1.96, 1.98) and
-    stays below 1e-4 of the mass."""
+    4x the global one and costs 5 velocity evaluations (global: 3 per step, 12 over the
+    same time); with coarse steps T, T/2, T/4 (``dt_max``), the L1 distance to a global run
+    at cfl 0.1 falls like the coarse step cubed (order >= 2.7 twice; measured 3.6e-6,
+    3.6e-7, 4.2e-8: orders 3.3, 3.1) and stays below 1e-5 of the mass."""
     comm = mesh.comm
     ref, _, _ = _run(mesh, None, cfl=0.1)
     rho = initial_density(mesh, DENSITY)
@@ -104,11 +103,11 @@ def test_local_steps_conserve_and_converge_at_second_order(mesh):
         mass = comm.allreduce(float(s.masses.sum()), op=MPI.SUM)
         assert abs(mass - 1.0) < 1e-13 and lowest >= 0.0
         assert all(abs(r.mass - 1.0) < 1e-13 for r in steps)
-        assert len(steps) == n and s.velocity_evaluations == 2 * n
+        assert len(steps) == n and s.velocity_evaluations == 5 * n
         errors.append(_l1(comm, s, ref))
     order = np.log2(errors[0] / errors[1]), np.log2(errors[1] / errors[2])
-    assert min(order) >= 1.8, (errors, order)
-    assert errors[0] < 1e-4, errors
+    assert min(order) >= 2.7, (errors, order)
+    assert errors[0] < 1e-5, errors
 
 
 def test_upwind_at_the_positivity_limit_stays_positive(mesh):

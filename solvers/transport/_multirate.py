@@ -12,39 +12,41 @@ rate (:meth:`TransportSolver.cfl_rate`) and :math:`u_0 = u(m_0, t_0)` the facet 
 the start; on an adaptive mesh :math:`K` = ``max_level - base_level``, so that
 :math:`\Delta` is about the CFL step of the base-level cells. It is made of :math:`2^K`
 substeps :math:`\delta = \Delta / 2^K` of the solver's SSP Runge-Kutta scheme, each as in
-the global scheme except for its stage velocities, which are prescribed in time:
+the global scheme except for its stage velocities, which are prescribed functions of time:
 
-1. predictor: the :math:`2^K` substeps from :math:`m_0` with the velocity frozen at
-   :math:`u_0`, giving :math:`m^*`; then :math:`u_1 = u(m^*, t_0 + \Delta)`;
-2. corrector: the :math:`2^K` substeps from :math:`m_0` again with the velocity linear in
-   time, :math:`u(t_0 + \theta \Delta) = (1 - \theta) u_0 + \theta u_1`.
+1. predictor: the substeps from :math:`m_0` with the velocity frozen at :math:`u_0`;
+2. two corrections: with :math:`u_{1/2} = u(m(t_0 + \Delta/2), t_0 + \Delta/2)` and
+   :math:`u_1 = u(m(t_0 + \Delta), t_0 + \Delta)` from the previous pass's states, the
+   substeps again from :math:`m_0` with the velocity quadratic in time through
+   :math:`u_0, u_{1/2}, u_1`.
 
-A coarse step costs two velocity evaluations instead of the :math:`3 \cdot 2^K` of the
-global SSP-RK3 steps over the same time, and :math:`2 \cdot 2^K` substeps of flux passes
-instead of :math:`2^K`.
+A coarse step costs :math:`1 + 2 \cdot 2 = 5` velocity evaluations (:data:`CORRECTIONS` = 2)
+instead of the :math:`3 \cdot 2^K` of the global SSP-RK3 steps over the same time, and
+:math:`3 \cdot 2^K` substeps of flux passes instead of :math:`2^K`.
 
 Properties. Every substep is a step of the global scheme's form (fluxes computed once per
 facet and added to one cell, subtracted from the other), so the mass is conserved to
-round-off. Positivity: the interpolated velocity is a convex combination, and
-:math:`(\cdot)^+` is convex, so every stage's CFL number is at most
-:math:`\delta \max(r(u_0), r(u_1))`; the step is rejected and retried with a smaller
-:math:`\Delta` when :math:`\delta\, r(u_1) > \ell` (as the global scheme rejects a stage).
-Order: :math:`m^*` is first-order accurate, so :math:`u_1` is within :math:`O(\Delta^2)` of
-the velocity at :math:`t_0 + \Delta`, and the linear velocity within :math:`O(\Delta^2)` of
-the true one over the step: the coupling error is :math:`O(\Delta^2)` globally (second order
-in the coarse step), beside the substeps' own error of the SSP scheme's order in
-:math:`\delta`. With K = 0 the scheme is the global scheme, bit for bit (the velocity at
-every stage). docs/numerics.md has the measured accuracy and cost against the global step,
-and against the multirate Euler scheme (cell classes, Osher & Sanders 1983), which was
-measured first and rejected: first order in time on the fine classes, 5000x the time error
-of the global SSP-RK3 step.
+round-off, and all cells take the same substeps: there are no class interfaces to reconcile.
+Positivity: every stage checks its CFL number for its interpolated velocity (the predictor's
+is that of :math:`u_0`, within ``cfl``); a stage above the positivity bound :math:`\ell`
+rejects the coarse step, which is retried with a smaller :math:`\Delta` as in the global
+scheme. Order: the predictor's states are first-order accurate, so the first correction's
+velocities are within :math:`O(\Delta^2)` of the true ones and its states within
+:math:`O(\Delta^3)` per step; the second correction's velocities are then within
+:math:`O(\Delta^3)` and the quadratic interpolation's own error is :math:`O(\Delta^3)`: the
+coupling is third order in :math:`\Delta` (measured; a single linear correction, two
+evaluations a step, was second order and 40x less accurate at K = 2), beside the substeps'
+own error of the SSP scheme's order in :math:`\delta`. With K = 0 the scheme is the global
+scheme, bit for bit. docs/numerics.md has the measured accuracy and cost against the global
+step, and the multirate Euler scheme (cell classes, Osher & Sanders 1983) measured first and
+rejected (first order in time on the fine classes).
 
 The state between coarse steps is the ordinary state (cell masses): checkpoints and restarts
 are those of :class:`~solvers.transport.TransportSolver`.
 
-References: Osher & Sanders, Math. Comp. 41 (1983); Constantinescu & Sandu, J. Sci. Comput.
-33 (2007); Gear & Wells, BIT 24 (1984) (multirate integration with interpolated slow
-components).
+References: Gear & Wells, BIT 24 (1984) (multirate integration, slow components interpolated
+in time); Osher & Sanders, Math. Comp. 41 (1983); Constantinescu & Sandu, J. Sci. Comput. 33
+(2007).
 """
 
 from __future__ import annotations
@@ -58,12 +60,14 @@ import numpy.typing as npt
 
 from solvers.transport._finite_volume import _RK, TransportSolver
 
-__all__ = ["MAX_SUBSTEP_LEVELS", "MultirateTransport"]
+__all__ = ["CORRECTIONS", "MAX_SUBSTEP_LEVELS", "MultirateTransport"]
 
 Array = npt.NDArray[np.float64]
 
 #: the largest K (coarse step = 2^K finest substeps)
 MAX_SUBSTEP_LEVELS = 8
+#: corrections of a coarse step (each: two velocity evaluations and 2^K substeps)
+CORRECTIONS = 2
 
 
 class MultirateTransport(TransportSolver):
@@ -104,22 +108,25 @@ class MultirateTransport(TransportSolver):
         self.velocity_evaluations += 1
         return super().facet_velocity(t, masses_local)
 
-    def _substeps(self, m0: Array, t0: float, dt: float, u0: Array, u1: Array | None) -> None:
+    def _substeps(self, m0: Array, dt: float, velocity: Any, limit: float) -> tuple[Any, Any]:
         """2^K SSP-RK substeps of dt / 2^K from the local masses m0 with the facet velocity
-        u0 (u1 None) or (1 - theta) u0 + theta u1 at t0 + theta dt; the result in
-        ``self._mass`` (owned entries clipped at 0, ghosts scattered)."""
+        ``velocity(theta)`` at t0 + theta dt; the result in ``self._mass`` (owned entries
+        clipped at 0, ghosts scattered). Returns (the local masses at theta = 1/2, None), or
+        (None, the offending stage CFL number) when a stage's exceeds ``limit`` (the masses
+        are then m0 again)."""
         n = 2**self.substep_levels
         delta = dt / n
         n_owned = self.cv.n_owned
-        start = m0
+        start, half = m0, None
         for j in range(n):
             m_prev = start
             for alpha, beta, c in _RK[self.rk]:
-                if u1 is None:
-                    u = u0
-                else:
-                    theta = (j + c) / n
-                    u = (1.0 - theta) * u0 + theta * u1
+                u, checked = velocity((j + c) / n)
+                if not checked:
+                    stage_cfl = dt * self.cfl_rate(u)
+                    if stage_cfl > limit:
+                        self._mass.array[:] = m0
+                        return None, stage_cfl
                 euler = m_prev + beta * delta * self._rate_of_change(m_prev, u)
                 m_new = self._mass.array
                 e = euler[:n_owned]
@@ -128,19 +135,28 @@ class MultirateTransport(TransportSolver):
                 self._mass.scatter_forward()
                 m_prev = m_new.copy()
             start = m_prev
+            if 2 * (j + 1) == n:
+                half = m_prev
+        return half, None
 
     def _try_step(self, m0: Array, u0: Array, t0: float, dt: float, limit: float) -> float | None:
-        """One coarse step, predictor and corrector (module docstring); None on success or
-        the CFL number of the substeps for the predicted velocity u_1 when it exceeds
-        ``limit`` (the step is then retried smaller)."""
+        """One coarse step: the predictor and two corrections (module docstring); None on
+        success or the offending stage CFL number (the step is then retried smaller)."""
         if self.substep_levels == 0:
             return super()._try_step(m0, u0, t0, dt, limit)
         self._ksp_its = 0
-        self._substeps(m0, t0, dt, u0, None)
-        u1 = self.facet_velocity(t0 + dt, self._mass.array.copy())
-        stage_cfl = dt * self.cfl_rate(u1)  # = delta r(u_1)
-        if stage_cfl > limit:
-            self._mass.array[:] = m0
-            return stage_cfl
-        self._substeps(m0, t0, dt, u0, u1)
-        return None
+        half, bad = self._substeps(m0, dt, lambda theta: (u0, True), limit)
+        for _ in range(CORRECTIONS):
+            if bad is not None:
+                return bad
+            u1 = self.facet_velocity(t0 + dt, self._mass.array.copy())
+            uh = self.facet_velocity(t0 + 0.5 * dt, half)
+
+            def velocity(theta: float, u1: Array = u1, uh: Array = uh) -> tuple[Array, bool]:
+                l0 = (1.0 - theta) * (1.0 - 2.0 * theta)
+                lh = 4.0 * theta * (1.0 - theta)
+                l1 = theta * (2.0 * theta - 1.0)
+                return l0 * u0 + lh * uh + l1 * u1, False
+
+            half, bad = self._substeps(m0, dt, velocity, limit)
+        return bad
