@@ -314,7 +314,7 @@ KEYS: tuple[Key, ...] = (
     Key("adapt", "local_time_stepping", "boolean", False,
         "fv: the velocity (the sums over all cells) at the CFL step of the base-level cells, "
         "2^K times the finest cells' (K = max_level - mesh.refinement), predicted and then "
-        "linear in time, the fluxes at 2^K substeps (docs/numerics.md); the run then adapts "
+        "quadratic in time, the fluxes at 2^K substeps (docs/numerics.md); the run then adapts "
         "every max(1, every / 2^K) steps, as often in time as without"),
     # [particles]
     Key("particles", "n", "integer", None,
