@@ -100,6 +100,8 @@ Things to try:
 - Adapt more or less often (``--every 5``, ``--every 20``): the energy jumps of the adaptations
   against the cost of rebuilding the mesh.
 - A looser threshold (``--refine-factor 1e-2``): fewer cells, and how much W1 it costs.
+- Local time steps (``--lts``): each adaptive run again with ``[adapt] local_time_stepping``
+  (the velocity at the base cells' step; docs/numerics.md), rows ``adaptive_L<b>_<m>_lts``.
 """
 
 from __future__ import annotations
