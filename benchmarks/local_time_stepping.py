@@ -7,7 +7,8 @@ tolerance, ``every`` = ``--every``) is run through ``drivers.engine.run`` with o
 and with local time steps (``solvers.transport.MultirateTransport``, K = max_level - base), in
 that order, on the communicator the script is launched with. Per run: steps, wall time and
 CPU time (the process's, the largest over ranks; on a shared machine the CPU time is the
-steadier measure) of the whole run without outputs but the final one, the time spent in velocity evaluations (``facet_velocity``, the kernel sums)
+steadier measure) of the whole run without outputs but the final one, the wall time in the
+steps (``AdaptiveScheme.step``: the sums and the fluxes, with and without the adaptations), the time spent in velocity evaluations (``facet_velocity``, the kernel sums)
 and in adaptations (``AdaptiveScheme.adapt``, with its energy evaluations), the number of
 velocity evaluations, and the most cells. Per pair: the speed-ups and W1 (geodesic, by the
 adaptive bins of ``solvers.diagnostics.wasserstein1``) between the two final cell measures,
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = _Clock()
     clock.wrap(TransportSolver, "facet_velocity", "velocity")
     clock.wrap(AdaptiveScheme, "adapt", "adapt")
+    clock.wrap(AdaptiveScheme, "step", "step")
     if args.density is not None:
         driver.DEMO["initial"]["density"] = args.density
     root = args.out
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu = comm.allreduce(time.process_time() - cpu0, op=MPI.MAX)
             vel = comm.allreduce(clock.seconds.get("velocity", 0.0), op=MPI.MAX)
             adapt = comm.allreduce(clock.seconds.get("adapt", 0.0), op=MPI.MAX)
+            steps_s = comm.allreduce(clock.seconds.get("step", 0.0), op=MPI.MAX)
             if result.status != "ok":
                 raise SystemExit(f"{folder.name}: {result.status}: {result.message}")
             if comm.rank == 0:
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                     "velocity_s": round(vel, 1),
                     "velocity_calls": clock.calls.get("velocity", 0),
                     "adapt_s": round(adapt, 1),
+                    "step_s": round(steps_s, 1),
+                    "step_no_adapt_s": round(steps_s - adapt, 1),
                     "adaptations": summary["adaptation"]["adaptations"],
                     "cells_max": summary["adaptation"]["cells_max"],
                 }
@@ -134,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                 "ranks": comm.size,
                 "speedup_wall": round(pair[False]["wall_s"] / pair[True]["wall_s"], 2),
                 "speedup_cpu": round(pair[False]["cpu_s"] / pair[True]["cpu_s"], 2),
+                "speedup_steps": round(pair[False]["step_s"] / pair[True]["step_s"], 2),
+                "speedup_steps_no_adapt": round(
+                    pair[False]["step_no_adapt_s"] / pair[True]["step_no_adapt_s"], 2
+                ),
                 "w1_global_lts": float(f"{w.value:.3g}"),
                 "w1_bound": float(f"{w.bound:.2g}"),
                 "global": pair[False],
