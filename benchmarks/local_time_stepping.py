@@ -132,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         if comm.rank == 0:
             a, b = (np.load(root / pair[k]["run"] / "final.npz") for k in (False, True))
             w = wasserstein1(
-                a["points"], a["weights"] * a["density"], b["points"], b["weights"] * b["density"]
+                a["points"],
+                a["weights"] * a["density"],
+                b["points"],
+                b["weights"] * b["density"],
+                tol=1e-7,
+                max_bins=8000,
             )
             row = {
                 "levels": f"{args.base}-{top}",
