@@ -100,6 +100,8 @@ Things to try:
 - Adapt more or less often (``--every 5``, ``--every 20``): the energy jumps of the adaptations
   against the cost of rebuilding the mesh.
 - A looser threshold (``--refine-factor 1e-2``): fewer cells, and how much W1 it costs.
+- Local time steps (``--lts``): each adaptive run again with ``[adapt] local_time_stepping``
+  (the velocity at the base cells' step; docs/numerics.md), rows ``adaptive_L<b>_<m>_lts``.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ COLUMNS = [
     *("cells_max", "cells_mean", "steps", "cell_steps", "wall_s", "t_mid", "w1_mid"),
     *("w1_mid_bound", "w1"),
     *("w1_bound", "edi_rel", "edi_own_rel", "dE", "energy_jump_sum", "adaptations"),
-    *("mass_error", "min_density"),
+    *("mass_error", "min_density", "lts", "every"),
 ]
 
 #: issue 16: cells and wall time of the adaptive run against the finest uniform one; budget
@@ -222,6 +224,8 @@ def table_row(
         "base_level": cfg["mesh"]["refinement"],
         "max_level": cfg["adapt"]["max_level"] or cfg["mesh"]["refinement"],
         "refine": cfg["adapt"]["refine"] if kind == "adaptive" else None,
+        "lts": bool(cfg["adapt"]["local_time_stepping"]),
+        "every": cfg["adapt"]["every"],
         "status": status,
         "cells_final": cells[-1],
         "cells_max": adaptation.get("cells_max", max(cells)),
@@ -313,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         "--no-conserve-energy", action="store_true", help="adapt.conserve_energy = false"
     )
     parser.add_argument("--every", type=int, default=None, help="steps between adaptations")
+    parser.add_argument(
+        "--lts", action="store_true", help="also each adaptive run with local time steps"
+    )
     parser.add_argument("--w1-tol", type=float, default=1e-7, help="bin mass x radius")
     parser.add_argument("--w1-bins", type=int, default=8000, help="most bins per measure")
     args = experiment.start(parser, argv)
@@ -353,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_conserve_energy:
             table.update(conserve_energy=False)
         runs.append((f"adaptive_L{base}_{top}", "adaptive", run_config(base, t_end, table)))
+        if args.lts:  # the same with local time steps (adapting as often in time)
+            table = {**table, "local_time_stepping": True}
+            label = f"adaptive_L{base}_{top}_lts"
+            runs.append((label, "adaptive", run_config(base, t_end, table)))
 
     # %% Main loop
     # ------------

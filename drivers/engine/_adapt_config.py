@@ -2,8 +2,9 @@
 
 Checked by :func:`drivers.engine.validate` (here): ``every >= 1``, ``tolerance >= 0`` (0: the
 default target), ``refine >= 0`` (0: from the tolerance; > 0 not with a tolerance), ``coarsen``
-in [0, refine/2] and 0 without ``refine``, ``conserve_energy`` a boolean, and for
-``max_level > 0`` a built-in S1/S2 mesh, a level in (``mesh.refinement``,
+in [0, refine/2] and 0 without ``refine``, ``conserve_energy`` and ``local_time_stepping``
+booleans (local time steps need an adaptive mesh, a scheme that takes them and coupled
+diffusion), and for ``max_level > 0`` a built-in S1/S2 mesh, a level in (``mesh.refinement``,
 :data:`~drivers.engine._schema.MAX_ADAPT_LEVEL`] and a scheme that runs on adaptive meshes
 (its :class:`~solvers.transport.SchemeSpec`).
 """
@@ -28,10 +29,9 @@ def check_adapt(cfg: dict[str, Any]) -> None:
     ad["refine"] = as_float(ad["refine"], "adapt.refine")
     ad["coarsen"] = as_float(ad["coarsen"], "adapt.coarsen")
     ad["tolerance"] = as_float(ad["tolerance"], "adapt.tolerance")
-    if not isinstance(ad["conserve_energy"], bool):
-        raise ConfigError(
-            "adapt.conserve_energy", f"must be true or false, got {ad['conserve_energy']!r}"
-        )
+    for key in ("conserve_energy", "local_time_stepping"):
+        if not isinstance(ad[key], bool):
+            raise ConfigError(f"adapt.{key}", f"must be true or false, got {ad[key]!r}")
     if ad["every"] < 1:
         raise ConfigError("adapt.every", f"must be >= 1, got {ad['every']}")
     if not (ad["tolerance"] >= 0 and math.isfinite(ad["tolerance"])):
@@ -62,6 +62,10 @@ def check_adapt(cfg: dict[str, Any]) -> None:
             f"split again at once), got {ad['coarsen']}",
         )
     if ad["max_level"] == 0:
+        if ad["local_time_stepping"]:
+            raise ConfigError(
+                "adapt.local_time_stepping", "needs an adaptive mesh (adapt.max_level > 0)"
+            )
         return
     if m["manifold"] not in MAX_ADAPT_LEVEL or m["file"]:
         raise ConfigError(
@@ -74,6 +78,19 @@ def check_adapt(cfg: dict[str, Any]) -> None:
             f"must be in (mesh.refinement, {top}] = ({m['refinement']}, {top}] for "
             f"{m['manifold']} (0: no adaptation), got {ad['max_level']}",
         )
+    if ad["local_time_stepping"]:
+        if not scheme_spec(scheme).local_steps:
+            names = " or ".join(f'"{n}"' for n in schemes_with("local_steps"))
+            raise ConfigError(
+                "adapt.local_time_stepping",
+                f"the {scheme!r} scheme takes no local time steps: use time.scheme = {names}",
+            )
+        if cfg["transport"]["diffusion_step"] != "coupled" and cfg["attention"]["diffusion"]:
+            raise ConfigError(
+                "adapt.local_time_stepping",
+                'needs transport.diffusion_step = "coupled" with noise (split diffusion '
+                "steps are not multirate)",
+            )
     if not scheme_spec(scheme).adaptive_mesh:
         names = " or ".join(f'"{n}"' for n in schemes_with("adaptive_mesh"))
         raise ConfigError(

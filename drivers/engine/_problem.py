@@ -193,7 +193,18 @@ def scheme_options(cfg: dict[str, Any]) -> SchemeOptions:
         diffusion_step=cfg["transport"]["diffusion_step"],
         seed=cfg["weights"]["seed"],
         step_control=StepControl(t["dt_max"] or 100.0 * t["dt"]) if t["adaptive"] else None,
+        substep_levels=substep_levels(cfg),
     )
+
+
+def substep_levels(cfg: dict[str, Any]) -> int:
+    """K of the local time steps (``[adapt] local_time_stepping``): the level span
+    ``max_level - mesh.refinement`` of the adaptive mesh (a cell of the base level is 2^K
+    times wider than one of the finest), or 0 without them."""
+    ad = cfg["adapt"]
+    if not (ad.get("local_time_stepping") and ad["max_level"] > 0):
+        return 0
+    return ad["max_level"] - cfg["mesh"]["refinement"]
 
 
 def build_problem(cfg: dict[str, Any], comm: MPI.Comm) -> Problem:
@@ -281,8 +292,10 @@ def adaptive_scheme(
         )
     else:
         forest = CircleForest(m["refinement"], ad["max_level"])
+    # with local time steps a step spans up to 2^K steps of the finest cells: adapt as often in
+    # time as without them (every counts steps of the finest cells)
     options = AdaptOptions(
-        every=ad["every"],
+        every=max(1, ad["every"] >> substep_levels(cfg)),
         indicator=ad["indicator"],
         refine=ad["refine"] or None,
         coarsen=ad["coarsen"],

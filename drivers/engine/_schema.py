@@ -332,7 +332,8 @@ def _run_keys() -> tuple[Key, ...]:
         Key("adapt", "max_level", "integer", 0,
             "finest level of the adaptive mesh, > mesh.refinement (the base level, never coarsened); "
             f"S2 up to {MAX_ADAPT_LEVEL['S2']}, S1 up to {MAX_ADAPT_LEVEL['S1']}; 0: no adaptation"),
-        Key("adapt", "every", "integer", 10, "steps between adaptations, >= 1"),
+        Key("adapt", "every", "integer", 10,
+            "steps between adaptations, >= 1 (with local_time_stepping: steps of the finest cells)"),
         Key("adapt", "indicator", "string", "mass",
             "mass: m h per cell (its share of a bound of the W1 error); jump: h |K| max |rho_i - "
             "rho_j| over the neighbours (L1 error of a smooth density)", ("mass", "jump")),
@@ -350,6 +351,11 @@ def _run_keys() -> tuple[Key, ...]:
         Key("adapt", "conserve_energy", "boolean", True,
             "correct the masses carried onto refined cells so that the cell-centre energy is "
             "continuous across each adaptation (false: the plain limited linear transfer)"),
+        Key("adapt", "local_time_stepping", "boolean", False,
+            "fv: the velocity (the sums over all cells) at the CFL step of the base-level cells, "
+            "2^K times the finest cells' (K = max_level - mesh.refinement), predicted and then "
+            "quadratic in time, the fluxes at 2^K substeps (docs/numerics.md); the run then adapts "
+            "every max(1, every / 2^K) steps, as often in time as without"),
         # [particles]
         Key("particles", "n", "integer", None,
             "number of particles, 1..1,000,000; required in a [particles] table (its presence "

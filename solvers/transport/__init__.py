@@ -50,6 +50,7 @@ from solvers.transport._initial import (
     initial_density,
     random_field,
 )
+from solvers.transport._multirate import MAX_SUBSTEP_LEVELS, MultirateTransport
 from solvers.transport._particles import (
     INTEGRATORS,
     MeshParticles,
@@ -112,7 +113,9 @@ __all__ = [
     "DensityError",
     "JKOSolver",
     "JKOStep",
+    "MAX_SUBSTEP_LEVELS",
     "MeshParticles",
+    "MultirateTransport",
     "ParticleSystem",
     "SCHEMES",
     "SCHEME_SPECS",

@@ -27,6 +27,7 @@ from solvers.stepping import TokenScheme
 from solvers.transport import _finite_volume, _particles
 from solvers.transport._finite_volume import TransportSolver
 from solvers.transport._free_particles import FreeParticles, PointCloud
+from solvers.transport._multirate import MultirateTransport
 from solvers.transport._particles import MeshParticles
 from solvers.transport.jko import JKOSolver, StepControl
 from solvers.weights import WeightDynamics
@@ -70,6 +71,9 @@ class SchemeOptions:
         seed: the seed of the particles' Brownian increments (``[weights] seed``).
         step_control: adaptive step of the "jko" scheme (``solvers.transport.jko._adaptive``;
             ``dt`` is then the first step), or None; fv and particles refuse it.
+        substep_levels: local time steps (fv; :class:`~solvers.transport.MultirateTransport`):
+            a step of up to 2^K substeps of the finest cells, K = ``substep_levels``; 0: one
+            step for every cell.
     """
 
     dt: float = 0.0
@@ -82,6 +86,7 @@ class SchemeOptions:
     diffusion_step: str = "coupled"
     seed: int = 0
     step_control: StepControl | None = None
+    substep_levels: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ class SchemeSpec:
             :class:`~solvers.transport.AdaptiveScheme`, ``[adapt]``).
         weight_law: the scheme runs with a law of weights on a parameter mesh
             (``[weights] dynamics = "fokker-planck"``).
+        local_steps: the scheme takes local time steps (:attr:`SchemeOptions.substep_levels`,
+            ``[adapt] local_time_stepping``); else it refuses them.
         velocity: the velocity the scheme solves whatever the attention's
             ``velocity_model`` says ("gradient": the weighted gradient flow of the energy),
             or None: that model's.
@@ -131,6 +138,7 @@ class SchemeSpec:
     adaptive_step: bool = False
     adaptive_mesh: bool = False
     weight_law: bool = False
+    local_steps: bool = False
     velocity: str | None = None
     bytes_per_cell: float = 2.0 * 1024
     state_per_cell: tuple[int, int] = (1, 0)
@@ -208,6 +216,10 @@ def make_scheme(
         raise ValueError(
             f"the {name!r} scheme has no adaptive step control: only {_having('adaptive_step')} has"
         )
+    if options.substep_levels and not spec.local_steps:
+        raise ValueError(
+            f"the {name!r} scheme takes no local time steps: only {_having('local_steps')} does"
+        )
     return SCHEMES[name](cv, attention, weights, density, options)
 
 
@@ -226,10 +238,15 @@ def _having(flag: str) -> str:
         background=True,
         adaptive_mesh=True,
         weight_law=True,
+        local_steps=True,
     )
 )
 def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> TokenScheme:
-    return TransportSolver(
+    extra = {}
+    if options.substep_levels:
+        extra["substep_levels"] = options.substep_levels
+    solver = MultirateTransport if options.substep_levels else TransportSolver
+    return solver(
         cv,
         attention,
         weights,
@@ -241,6 +258,7 @@ def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> 
         dt_max=options.dt if options.dt > 0 else math.inf,
         diffusion=options.diffusion,
         diffusion_step=options.diffusion_step,
+        **extra,
     )
 
 
