@@ -138,13 +138,13 @@ DIFFUSION_STEPS = ("coupled", "strang", "implicit")
 POSITIVITY_LIMIT = {"upwind": 1.0, "muscl": 0.5}
 #: SSP Runge-Kutta schemes in Shu-Osher form: rows (alpha, beta, c) meaning
 #: u_k = alpha u_0 + (1 - alpha) (u_{k-1} + beta dt L(u_{k-1}, t + c dt)).
-_RK = {
+SSP_STAGES = {
     "ssp3": [(0.0, 1.0, 0.0), (0.75, 1.0, 1.0), (1.0 / 3.0, 1.0, 0.5)],
     "ssp2": [(0.0, 1.0, 0.0), (0.5, 1.0, 1.0)],
     "euler": [(0.0, 1.0, 0.0)],
 }
 #: the Runge-Kutta schemes of ``rk``, the default first (the scheme registry's list)
-RK_SCHEMES = tuple(_RK)
+RK_SCHEMES = tuple(SSP_STAGES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,8 +217,8 @@ class TransportSolver:
     ) -> None:
         if reconstruction not in POSITIVITY_LIMIT:
             raise ValueError(f"reconstruction must be 'upwind' or 'muscl', got {reconstruction!r}")
-        if rk not in _RK:
-            raise ValueError(f"rk must be one of {sorted(_RK)}, got {rk!r}")
+        if rk not in SSP_STAGES:
+            raise ValueError(f"rk must be one of {sorted(SSP_STAGES)}, got {rk!r}")
         limit = POSITIVITY_LIMIT[reconstruction]
         if not (0.0 < cfl <= limit):
             raise ValueError(
@@ -268,7 +268,7 @@ class TransportSolver:
             self._split = DiffusionSplit(
                 self._diffusion,
                 self._mass,
-                _RK[rk],
+                SSP_STAGES[rk],
                 self._diffusion_rate,
                 implicit=self._implicit,
                 petsc_options_prefix=diffusion_prefix,
@@ -513,7 +513,7 @@ class TransportSolver:
                 return stage_cfl
         m_prev = start
         n_owned = self.cv.n_owned
-        for k, (alpha, beta, c) in enumerate(_RK[self.rk]):
+        for k, (alpha, beta, c) in enumerate(SSP_STAGES[self.rk]):
             if k == 0:
                 u = u_start
             else:

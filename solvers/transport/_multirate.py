@@ -58,7 +58,7 @@ import dolfinx_solver  # noqa: F401
 import numpy as np
 import numpy.typing as npt
 
-from solvers.transport._finite_volume import _RK, TransportSolver
+from solvers.transport._finite_volume import SSP_STAGES, TransportSolver
 
 __all__ = ["CORRECTIONS", "MAX_SUBSTEP_LEVELS", "MultirateTransport"]
 
@@ -120,7 +120,7 @@ class MultirateTransport(TransportSolver):
         start, half = m0, None
         for j in range(n):
             m_prev = start
-            for alpha, beta, c in _RK[self.rk]:
+            for alpha, beta, c in SSP_STAGES[self.rk]:
                 u, checked = velocity((j + c) / n)
                 if not checked:
                     stage_cfl = dt * self.cfl_rate(u)
