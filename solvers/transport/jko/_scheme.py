@@ -478,10 +478,9 @@ class JKOSolver:
         xa[:n], xa[n:] = self._rho, psi0
         self._predicted = self._psi is None and self.first_guess == "predictor"
         self._predicted &= self.variant == "implicit"
+        self._update_overlap(tau)  # from the guess (with the predictor: from psi_0)
         if self._predicted:  # ``_guess``
-            self._update_overlap(tau)
             predict(system, self.ksp.getPC(), self._P, self._x)
-        self._update_overlap(tau)
         self._snes.solve(None, self._x)
         xa = self._x.getArray(readonly=True)
         return self._snes.getConvergedReason(), xa[:n].copy(), xa[n:].copy()
