@@ -6,13 +6,13 @@ after :meth:`~solvers.transport.JKOSolver.set_state`, has no such potential. Its
 be :math:`(\rho^k, \psi_0)` with :math:`\psi_0 = -s' \delta E/\delta\mu(\rho^k)` (the first
 variation, in the normalised units of ``_newton``; plus the entropy's gradient with diffusion):
 the potential of the explicit gradient flow, :math:`\phi = \tau\psi_0` the transport potential
-of one step to first order. It needed 4, 6 and 6-10 Newton iterations at levels 6, 7 and 8
+of one step to first order. It needed 4, 4-6 and 6-10 Newton iterations at levels 6, 7 and 8
 (:math:`\tau = 0.05`-0.1, the first iterations reducing the residual by only 1.3-1.6x).
 
 Why. :math:`\psi_0` drops the discrete Hamilton-Jacobi term
 :math:`\frac{\tau}{2|K|} \sum_\sigma w_\sigma (\psi_L - \psi_K)_+^2` of the potential's
 equation, and that equation is an *implicit* upwind scheme whose Courant number
-:math:`C = \max_K \tau\,\mathrm{out}_K / |K|` is 7-27 at levels 6-8: the upwind one-sided
+:math:`C = \max_K \tau\,\mathrm{out}_K / |K|` is 5-27 at levels 7-8: the upwind one-sided
 differences weigh the facets of a cell by the direction of :math:`\nabla\psi` (a
 cell-to-cell pattern on the icosphere), and at :math:`C > 1` its solution is not
 :math:`\psi_0` plus a small explicit correction. An explicit predictor, :math:`\psi_0` plus the
@@ -35,11 +35,14 @@ with :math:`P^{-1}` the solver's own preconditioner (multiplicative fieldsplit, 
 first: the exact inverse of the block triangular :math:`P` up to the ASM blocks), so the
 potential takes one implicit Newton step on the Hamilton-Jacobi equation and the density
 one implicit upwind transport step by it, positive by the pre-check of ``_newton`` (mass
-exact, fraction to the boundary). It costs one assembly and factorisation of the sparse part
-and one application, no dense-block product (about a third of a Newton iteration of the
-implicit system), and the first step then takes 3-4 Newton iterations (warm steps: 3); the
-limit is the same minimiser to the Newton tolerance. With the semi-implicit variant the
-predictor would be that system's own first Newton iteration, so it is not used there.
+exact, fraction to the boundary). It costs one assembly, factorisation and application of
+the sparse part, no dense-block product, and the first step then takes 3-4 Newton iterations
+(warm steps: 3-4; level 8, 2 ranks: 4 instead of 6, CPU 29.3 instead of 36.0 s); the limit is
+the same minimiser to the Newton tolerance (densities within 2e-11). The step's ASM overlap
+follows the Courant number of :math:`\psi_0` (the predicted one is 10-20 % larger: a second
+rebuild and a larger overlap cost more than they saved at level 8). With the semi-implicit
+variant the predictor would be that system's own first Newton iteration, so it is not used
+there.
 """
 
 from __future__ import annotations
