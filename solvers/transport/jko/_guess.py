@@ -37,7 +37,7 @@ potential takes one implicit Newton step on the Hamilton-Jacobi equation and the
 one implicit upwind transport step by it, positive by the pre-check of ``_newton`` (mass
 exact, fraction to the boundary). It costs one assembly, factorisation and application of
 the sparse part, no dense-block product, and the first step then takes 3-4 Newton iterations
-(warm steps: 3-4; level 8, 2 ranks: 4 instead of 6, CPU 29.3 instead of 36.0 s); the limit is
+(warm steps: 3-4; level 8, 2 ranks: 4 instead of 6, CPU 27.2 instead of 35.9 s); the limit is
 the same minimiser to the Newton tolerance (densities within 2e-11). The step's ASM overlap
 follows the Courant number of :math:`\psi_0` (the predicted one is 10-20 % larger: a second
 rebuild and a larger overlap cost more than they saved at level 8). With the semi-implicit
