@@ -30,6 +30,13 @@ compiled loops they replaced (kept in this script only), and prints the ratios o
 the step and of its dense-block time; ``--products`` times the dense-block products alone
 (products per second, BLAS, loops and with ``--kernel-products`` kernel sums).
 
+``--first-guess predictor variation`` runs each level and rank count once per Newton guess of
+the first step (``solvers/transport/jko/_guess.py``: the sparse predictor, the default, and the
+first variation alone, the guess before it), prints the first step's Newton count, wall time
+and predictor time of each side by side, and the largest difference of the step densities
+between the two runs (gathered on rank 0 in the mesh's input numbering): the same minimiser to
+the Newton tolerance.
+
 ``--pc multigrid`` runs the blocks with the coarse space (PCMG on the nested mesh hierarchy,
 ``MULTIGRID_OPTIONS``) instead of the default one-level ASM; ``--demo`` solves the problem of
 ``configs/s2_jko.toml`` (s = +1, its density; with ``--beta 4 --tau 0.1``).
@@ -48,6 +55,7 @@ each (the least disturbed). CPU time includes MPI's busy waiting. Run:
     .venv/bin/python benchmarks/jko.py --levels 6 7 --direct     # the previous MUMPS blocks
     .venv/bin/python benchmarks/jko.py --levels 6 7 --ranks 2 --pc multigrid
     .venv/bin/python benchmarks/jko.py --levels 8 --ranks 2 --steps 1 --demo --beta 4 --tau 0.1
+    .venv/bin/python benchmarks/jko.py --levels 5 6 7 --steps 3 --first-guess predictor variation
 
 Expected time on 2 shared cores: about 3 minutes for levels 3..7 (level 7: about 10 s a step);
 level 8 adds about 5 minutes and 6 GB (one rank).
@@ -56,11 +64,13 @@ level 8 adds about 5 minutes and 6 GB (one rank).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -164,6 +174,7 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
     from solvers.attention import Attention, Head
     from solvers.attention.lowrank import lowrank_kernel_sums
     from solvers.transport import JKOSolver, initial_density
+    from solvers.transport.jko import _guess
     from solvers.transport.jko._hessian import ExpansionHessian, KernelHessian
     from solvers.weights import make_weights
 
@@ -190,6 +201,17 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
         _jko_hessian.MAX_BASIS_BYTES = int(args.max_basis_gb * 2**30)
     for cls in (ExpansionHessian, KernelHessian):  # time the dense-block products
         cls.apply = timed(cls.apply)
+    predict_time = [0.0]
+    predict = _guess.predict
+
+    def timed_predict(*a):
+        t0 = time.perf_counter()
+        predict(*a)
+        predict_time[0] += time.perf_counter() - t0
+
+    from solvers.transport.jko import _scheme
+
+    _scheme.predict = timed_predict  # the name the solver calls
 
     def pc_time() -> float:
         return sum(e.getPerfInfo()["time"] for e in events)
@@ -226,6 +248,7 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
     cv = control_volumes(icosphere(comm, level))
     rho0 = initial_density(cv, density)
     row: dict = {"level": level, "cells": cv.n_global, "ranks": comm.size, "path": args.path}
+    row["guess"] = args.guess
     comm.barrier()
     t0 = time.perf_counter()
     s = JKOSolver(
@@ -238,13 +261,15 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
         variant=args.variant,
         hessian=args.hessian,
         petsc_options=solver_options(args),
+        first_guess=args.guess,
     )
     row["setup"] = cmax(time.perf_counter() - t0)
     row["steps"] = []
+    densities = []
     for _ in range(args.steps):
         sums0 = s.kernel_evaluations
         prod0 = s.hessian.products if s.hessian is not None else 0
-        pc0, hv0 = pc_time(), hv_time[0]
+        pc0, hv0, pred0 = pc_time(), hv_time[0], predict_time[0]
         comm.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         r = s.step()
@@ -263,8 +288,19 @@ def run_level(level: int, args: argparse.Namespace) -> dict:
                 "courant": s.block_preconditioner.courant,
                 "overlap": s.block_preconditioner.overlap,
                 "mass_err": abs(r.mass - 1.0),
+                "predicted": r.predicted,
+                "predict": cmax(predict_time[0] - pred0),
             }
         )
+        if args.dump:  # the density in the input numbering, on rank 0
+            idx = comm.gather(np.asarray(cv.original_index[: cv.n_owned]), root=0)
+            rho = comm.gather(r.density, root=0)
+            if comm.rank == 0:
+                full = np.empty(cv.n_global)
+                full[np.concatenate(idx)] = np.concatenate(rho)
+                densities.append(full)
+    if args.dump and comm.rank == 0:
+        np.save(args.dump, np.array(densities))
     h = s.hessian
     row["hessian"] = (
         "none" if h is None else h.kind + (f" p={h.degree}" if h.kind == "expansion" else "")
@@ -343,7 +379,7 @@ def worker(args: argparse.Namespace) -> None:
     rows = {}
     for level in args.levels:
         run = run_products if args.products else run_level
-        rows[(level, comm.size, args.path)] = row = run(level, args)
+        rows[(level, comm.size, args.path, args.guess)] = row = run(level, args)
         if comm.rank == 0 and args.worker:
             print("ROW " + json.dumps(row), flush=True)
     if comm.rank == 0 and not args.worker:  # run directly on this communicator: the table
@@ -370,36 +406,51 @@ def _print_table(rows: dict[tuple[int, int, str], dict]) -> None:
     print(
         f"{'level':>5} {'cells':>9} {'P':>2} {'path':>4} {'setup s':>7} {'step':>4} "
         f"{'time s':>7} {'cpu s':>7} {'PC s':>6} {'Hv s':>6} {'Newton':>6} {'GMRES':>5} "
-        f"{'G/N':>4} {'sums':>4} {'Hv':>4} {'halv':>4} {'C':>5} {'ov':>3} {'MB':>6}  hessian"
+        f"{'G/N':>4} {'sums':>4} {'Hv':>4} {'halv':>4} {'C':>5} {'ov':>3} {'MB':>6} "
+        f"{'pred s':>6}  hessian, first guess"
     )
-    for (level, n, path), r in sorted(rows.items()):
+    for (level, n, path, guess), r in sorted(rows.items()):
         for k, st in enumerate(r["steps"]):
+            pred = f"{st['predict']:6.2f}" if st.get("predicted") else f"{'-':>6}"
             print(
                 f"{level:5d} {r['cells']:9d} {n:2d} {path:>4} {r['setup']:7.2f} {k + 1:4d} "
                 f"{st['time']:7.2f} {st['cpu']:7.2f} {st['pc']:6.2f} {st['hv']:6.2f} "
                 f"{st['newton']:6d} {st['ksp']:5d} {st['ksp'] / max(st['newton'], 1):4.1f} "
                 f"{st['sums']:4d} {st['products']:4d} {st['halvings']:4d} {st['courant']:5.2f} "
-                f"{st['overlap']:3d} {r['peak_mb']:6.0f}  {r['hessian']}"
+                f"{st['overlap']:3d} {r['peak_mb']:6.0f} {pred}  {r['hessian']}, {guess}"
             )
     keys = sorted(rows)
-    for level, n, path in keys:
-        if path == "new" and (level, n, "old") in rows:
-            a, b = rows[(level, n, "old")]["steps"], rows[(level, n, "new")]["steps"]
+    for level, n, path, guess in keys:
+        if path == "new" and (level, n, "old", guess) in rows:
+            a, b = rows[(level, n, "old", guess)]["steps"], rows[(level, n, "new", guess)]["steps"]
             parts = [
                 f"step {k + 1}: wall {x['time'] / y['time']:.2f}, Hv "
                 f"{x['hv'] / max(y['hv'], 1e-9):.2f}"
                 for k, (x, y) in enumerate(zip(a, b, strict=False))
             ]
             print(f"level {level}, {n} rank(s): old / new: " + "; ".join(parts))
-    for level, n, path in keys:
-        if n == 1 and (level, 2, path) in rows:
-            a, b = rows[(level, 1, path)]["steps"], rows[(level, 2, path)]["steps"]
+    for level, n, path, guess in keys:
+        if n == 1 and (level, 2, path, guess) in rows:
+            a, b = rows[(level, 1, path, guess)]["steps"], rows[(level, 2, path, guess)]["steps"]
             parts = [
                 f"step {k + 1}: wall {x['time'] / y['time']:.2f}, cpu "
                 f"{x['cpu'] / y['cpu']:.2f}, PC {x['pc'] / max(y['pc'], 1e-9):.2f}"
                 for k, (x, y) in enumerate(zip(a, b, strict=False))
             ]
-            print(f"level {level} ({path}): speed-up 1 -> 2 ranks: " + "; ".join(parts))
+            print(f"level {level} ({path}, {guess}): speed-up 1 -> 2 ranks: " + "; ".join(parts))
+    for level, n, path, guess in keys:
+        other = (level, n, path, "variation")
+        if guess == "predictor" and other in rows:
+            a, b = rows[(level, n, path, guess)], rows[other]
+            x, y = a["steps"][0], b["steps"][0]
+            diff = a.get("density_diff")
+            print(
+                f"level {level}, {n} rank(s): first step, predictor / variation: Newton "
+                f"{x['newton']} / {y['newton']}, GMRES {x['ksp']} / {y['ksp']}, wall "
+                f"{x['time']:.2f} / {y['time']:.2f} s (predictor {x['predict']:.2f} s); "
+                f"warm steps: Newton {[st['newton'] for st in a['steps'][1:]]}"
+                + ("" if diff is None else f"; max |density difference| per step {diff}")
+            )
 
 
 def main() -> None:
@@ -445,15 +496,27 @@ def main() -> None:
         help="SNES preconditioner lag (-2: build it once per step; 2: every second Newton "
         "iteration; default: every iteration)",
     )
+    parser.add_argument(
+        "--first-guess",
+        nargs="+",
+        default=["predictor"],
+        choices=["predictor", "variation"],
+        help="the Newton guess of the first step: the sparse predictor (default) and/or the "
+        "first variation alone (the guess before it)",
+    )
     parser.add_argument("--products", action="store_true", help="dense-block products only")
     parser.add_argument("--kernel-products", action="store_true", help="with --products")
     parser.add_argument("--repeat-products", type=int, default=3)
     parser.add_argument("--path", default="new", help=argparse.SUPPRESS)
+    parser.add_argument("--guess", default="predictor", help=argparse.SUPPRESS)
+    parser.add_argument("--dump", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker or not args.ranks:
         worker(args)
         return
+    import numpy as np
+
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
     print(
@@ -463,12 +526,16 @@ def main() -> None:
         f"{os.cpu_count()} cores"
     )
     paths = ["new"] if args.products else args.paths
-    rows: dict[tuple[int, int, str], dict] = {}
+    guesses = ["predictor"] if args.products else args.first_guess
+    rows: dict[tuple[int, int, str, str], dict] = {}
+    dumps = tempfile.TemporaryDirectory()
     for level in args.levels:
         for rep in range(args.repeat):
             for n in args.ranks:  # alternating, so that both see the same load
-                for path in paths:
+                for path, guess in itertools.product(paths, guesses):
+                    dump = Path(dumps.name) / f"{level}-{n}-{path}-{guess}-{rep}.npy"
                     cmd = [mpiexec, "-n", str(n), sys.executable, __file__, "--worker"]
+                    cmd += ["--guess", guess, "--dump", str(dump)]
                     cmd += ["--levels", str(level), "--steps", str(args.steps)]
                     cmd += ["--tau", str(args.tau), "--beta", str(args.beta)]
                     cmd += ["--variant", args.variant, "--hessian", args.hessian]
@@ -499,17 +566,27 @@ def main() -> None:
                         else sum(st["time"] for st in row["steps"])
                     )
                     print(
-                        f"# level {level}, {n} rank(s), {path}, run {rep + 1}: {total:.2f} s, "
+                        f"# level {level}, {n} rank(s), {path}, {guess}, run {rep + 1}: "
+                        f"{total:.2f} s, "
                         f"load average {before:.2f} -> {after:.2f}",
                         flush=True,
                     )
-                    best = rows.get((level, n, path))
+                    if (
+                        guess == "variation"
+                        and dump.with_name(dump.name.replace("variation", "predictor")).exists()
+                    ):  # the same steps from the two guesses
+                        a = np.load(dump.with_name(dump.name.replace("variation", "predictor")))
+                        diff = [f"{d:.1e}" for d in np.abs(a - np.load(dump)).max(axis=1)]
+                        rows.get((level, n, path, "predictor"), {})["density_diff"] = diff
+                    best = rows.get((level, n, path, guess))
                     if best is None or total < (
                         sum(best["seconds"].values())
                         if args.products
                         else sum(st["time"] for st in best["steps"])
                     ):
-                        rows[(level, n, path)] = row
+                        if best is not None and "density_diff" in best:
+                            row["density_diff"] = best["density_diff"]
+                        rows[(level, n, path, guess)] = row
     (_print_products if args.products else _print_table)(rows)
 
 

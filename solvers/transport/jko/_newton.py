@@ -232,9 +232,17 @@ class StepSystem:
 
     # ------------------------------------------------------------------ SNES callbacks
     def residual(self, snes: PETSc.SNES, x: PETSc.Vec, f: PETSc.Vec) -> None:
+        self._residual(x, f, frozen=self.variant == "semi-implicit")
+
+    def sparse_residual(self, x: PETSc.Vec, f: PETSc.Vec) -> None:
+        """The residual of the semi-implicit system (dE/dmu frozen at rho^k) at x, whatever
+        the variant (``_guess``: the predictor)."""
+        self._residual(x, f, frozen=True)
+
+    def _residual(self, x: PETSc.Vec, f: PETSc.Vec, frozen: bool) -> None:
         n, ctx = self.n, self.ctx
         rho, psi = self.local_state(x)
-        dE = ctx["dE_old"] if self.variant == "semi-implicit" else self.dE_at(rho[:n])
+        dE = ctx["dE_old"] if frozen else self.dE_at(rho[:n])
         if ctx["entropy_weight"] is not None:  # s' (s' dE + w dH) = dE + s' w dH
             dE = dE + self.sprime * ctx["entropy_weight"] * entropy_gradient(rho[:n])
         f_rho, f_psi = self.op.residual(

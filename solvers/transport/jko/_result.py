@@ -144,6 +144,8 @@ class JKOStep(StepResult):
         residual_norm: final residual (L^2-scaled Euclidean norm).
         mass: total mass (allreduced).
         min_density: smallest cell density (allreduced).
+        predicted: the Newton guess was the predictor (``_guess``: a step without a
+            previous potential).
 
     With the fields of :class:`solvers.stepping.StepResult`: ``t``, ``dt`` (the step tau
     taken, after ``halvings`` halvings; also :attr:`tau`), ``newton_its`` and ``ksp_its`` of
@@ -165,6 +167,7 @@ class JKOStep(StepResult):
     entropy: float = 0.0
     free_energy: float = 0.0
     activity: float = math.nan
+    predicted: bool = False
 
     @property
     def tau(self) -> float:

@@ -71,14 +71,10 @@ to the boundary, :math:`\theta = 0.99`, then the mass restored by a scaling; ``_
 Jacobian is a shell matrix: the sparse two-point blocks (AIJ, assembled by COO each Newton
 iteration) plus the dense block :math:`s' |K|^{1/2} \partial (\delta E/\delta\mu) / \partial \rho`,
 applied matrix-free (``_hessian``: direct kernel sums, or a harmonic expansion whose truncation
-error is measured below 1e-12; never an N x N array). The preconditioner is the sparse part. It is
-block triangular in the ordering :math:`(\psi, \rho)`, so ``fieldsplit`` (multiplicative,
-:math:`\psi` first) with exact block solves applies its exact inverse; the preconditioned operator
-is the identity plus :math:`\tau\,\mathrm{div}(\rho b^{-1} \nabla \cdot)` times the smoothing
-kernel, a compact perturbation: 5 GMRES iterations per Newton step at every level (measured, levels
-3-7, 1 and 2 ranks). The blocks (mass plus upwind advection) are solved by ASM with local LU and an
-overlap that follows the Courant number (``_solver``: scalable in parallel; GAMG, ILU(0) and block
-Jacobi are not mesh independent on them).
+error is measured below 1e-12; never an N x N array). The preconditioner is the sparse part, block
+triangular in the ordering :math:`(\psi, \rho)` (``_solver``): about 5 GMRES iterations per Newton
+step at every level. Newton starts from the previous step's potential, or, without one, from the
+predictor of ``_guess`` (one sparse semi-implicit Newton iteration).
 
 Residual cost. :math:`\delta E/\delta\mu` is linear in the masses; with the expansion operator a
 residual uses :math:`\delta E(\rho^k) + \mathcal{K}_p (m - m^k)`: one exact :math:`O(N^2)` kernel
@@ -98,13 +94,9 @@ with tau / 2); semi-implicit is monotone for s = +1 at 30x but *not* for s = -1 
 in a step): the implicit variant is the default because it is unconditionally energy-stable in
 [P1]'s case s = -1.
 
-Adaptive step. An attempt is rejected and retried with :math:`\tau/2` (at most ``max_halvings``
-times, counted in :class:`JKOStep`) when SNES does not converge, a density is not positive, or the
-Newton limit violates :math:`W^2/(2\tau) + s'E^{k+1} \le s'E^k` (the minimiser's defining property;
-for the semi-implicit variant with its linearised energy). Then :class:`SolverError` is raised,
-naming the PETSc converged reason. With ``step_control`` the step also adapts to the solution
-(``_adaptive``: the mass moved per step and the growth rate of the motion, up to ``tau_max``): long
-times through metastable plateaus.
+Adaptive step. A failed attempt (no convergence, a density not positive, or
+:math:`W^2/(2\tau) + s'E^{k+1} > s'E^k`) is retried with :math:`\tau/2` (:meth:`JKOSolver.step`);
+with ``step_control`` the step also adapts to the solution (``_adaptive``).
 
 Further terms and scales: the entropy :math:`\nu c \int \rho \log \rho` of noisy tokens
 (``diffusion``; ``_entropy``), and the normalisation of :math:`E` and :math:`b` by the uniform
@@ -141,6 +133,7 @@ from solvers.transport.jko._coarse import NestedHierarchy
 from solvers.transport.jko._energy import InteractionEnergy
 from solvers.transport.jko._entropy import check_diffusion, entropy
 from solvers.transport.jko._fv import TwoPointOperator, circumcentres
+from solvers.transport.jko._guess import FIRST_GUESSES, predict
 from solvers.transport.jko._hessian import ExpansionHessian, KernelHessian
 from solvers.transport.jko._newton import StepSystem, dot
 from solvers.transport.jko._result import (
@@ -189,6 +182,10 @@ class JKOSolver:
             div(rho v) = nu div((c / b) grad rho), which is nu Delta rho at the uniform state).
         step_control: adaptive tau (``_adaptive``: local error control up to ``tau_max``), or
             None for the fixed step tau (halved only after a failed solve).
+        first_guess: the Newton guess of a step without a previous potential (the first,
+            and after :meth:`set_state`): "predictor" (default; ``_guess``: one sparse,
+            semi-implicit Newton iteration from the first variation) or "variation" (the
+            first variation alone).
     """
 
     def __init__(
@@ -207,6 +204,7 @@ class JKOSolver:
         max_halvings: int = 4,
         diffusion: float = 0.0,
         step_control: StepControl | None = None,
+        first_guess: str = "predictor",
     ) -> None:
         self._prefix = _petsc.validate_prefix(petsc_options_prefix)
         if variant not in VARIANTS:
@@ -215,6 +213,8 @@ class JKOSolver:
             raise ValueError(f"tau must be finite and > 0, got {tau!r}")
         if hessian not in HESSIANS:
             raise ValueError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
+        if first_guess not in FIRST_GUESSES:
+            raise ValueError(f"first_guess must be one of {FIRST_GUESSES}, got {first_guess!r}")
         if int(max_halvings) != max_halvings or max_halvings < 0:
             raise ValueError(f"max_halvings must be an integer >= 0, got {max_halvings!r}")
         density = np.asarray(density, dtype=np.float64)
@@ -231,6 +231,7 @@ class JKOSolver:
             raise ValueError(f"the heads act on R^{weights.d} but the mesh is in R^{cv.d}")
         self.cv, self.attention, self.weights = cv, attention, weights
         self.variant, self.tau, self.t = variant, float(tau), float(t0)
+        self.first_guess, self._predicted = first_guess, False
         self.max_halvings = int(max_halvings)
         self.diffusion = check_diffusion(diffusion)
         if step_control is not None and not isinstance(step_control, StepControl):
@@ -245,9 +246,6 @@ class JKOSolver:
         self._meas = self._op.meas
         self._sources = GlobalSources(self._comm, self._points[:n], cv.original_index[:n])
         self._energy = InteractionEnergy(attention, weights, self._points[:n], self._sources)
-        self._controller = (
-            None if step_control is None else StepController(step_control, self._fsum_total)
-        )
         self._system = StepSystem(
             cv,
             self._points,
@@ -260,6 +258,8 @@ class JKOSolver:
             hessian,
             attention.backend,
         )
+        ctrl = None if step_control is None else StepController(step_control, self._system.fsum)
+        self._controller = ctrl
         self._create_petsc_objects(petsc_options)
 
     # ------------------------------------------------------------------ PETSc set-up
@@ -403,9 +403,6 @@ class JKOSolver:
             if "tau" in state.scalars:
                 self.tau = float(state.scalars["tau"])
 
-    def _fsum_total(self, local: float) -> float:
-        return self._system.fsum(local)
-
     @property
     def step_control(self) -> StepControl | None:
         """The adaptive step's parameters (None: fixed tau)."""
@@ -479,12 +476,20 @@ class JKOSolver:
         psi0 = self._psi if self._psi is not None else system.initial_potential(self._rho)
         xa = self._x.getArray()
         xa[:n], xa[n:] = self._rho, psi0
-        _, psi_local = system.local_state(self._x)
-        courant = self._op.courant(psi_local, tau, system.ctx["w"])
-        self._blocks.update(self._comm.allreduce(courant, op=MPI.MAX))
+        self._predicted = self._psi is None and self.first_guess == "predictor"
+        self._predicted &= self.variant == "implicit"
+        self._update_overlap(tau)  # from the guess (with the predictor: from psi_0)
+        if self._predicted:  # ``_guess``
+            predict(system, self.ksp.getPC(), self._P, self._x)
         self._snes.solve(None, self._x)
         xa = self._x.getArray(readonly=True)
         return self._snes.getConvergedReason(), xa[:n].copy(), xa[n:].copy()
+
+    def _update_overlap(self, tau: float) -> None:
+        """Set the blocks' ASM overlap for the Courant number of the guess in x (collective)."""
+        _, psi_local = self._system.local_state(self._x)
+        courant = self._op.courant(psi_local, tau, self._system.ctx["w"])
+        self._blocks.update(self._comm.allreduce(courant, op=MPI.MAX))
 
     def step(self, t_stop: float = math.inf) -> JKOStep:
         """One minimizing-movement step of size min(tau, t_stop - t); collective.
@@ -593,5 +598,6 @@ class JKOSolver:
             mass=self.total_mass_of(rho),
             min_density=self._comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
             halvings=halvings,
+            predicted=self._predicted,
         )
         return result, functional
