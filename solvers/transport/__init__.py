@@ -77,6 +77,7 @@ from solvers.transport._sphere_laws import (
 from solvers.transport.jko import (
     DEFAULT_OPTIONS,
     DIFFUSION_OPTIONS,
+    FIRST_GUESSES,
     HESSIANS,
     MULTIGRID_OPTIONS,
     ONE_LEVEL_OPTIONS,
@@ -99,6 +100,7 @@ __all__ = [
     "DEFAULT_OPTIONS",
     "DIFFUSION_STEPS",
     "DIFFUSION_OPTIONS",
+    "FIRST_GUESSES",
     "MULTIGRID_OPTIONS",
     "ONE_LEVEL_OPTIONS",
     "EXPRESSION_CONSTANTS",

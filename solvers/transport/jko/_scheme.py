@@ -60,8 +60,7 @@ Why (density, potential) and not the density alone: eliminating
 :math:`\psi = -s' \delta E/\delta\mu` drops the Hamilton-Jacobi term, i.e. changes the scheme
 into an implicit upwind scheme that is no longer a minimizing movement; with both unknowns the
 transport cost and the inequality :math:`s'E^{k+1} + W^2/(2\tau) \le s'E^k` come with the
-scheme (checked at every step, below). The Newton system has twice the unknowns, but the extra
-blocks are sparse.
+scheme (checked at every step, below). The extra blocks of the Newton system are sparse.
 
 Solver. Newton (PETSc SNES ``newtonls``, backtracking line search) on the system above. A
 line-search pre-check (i) shifts the density update uniformly so that every iterate has exactly the
@@ -98,10 +97,8 @@ Adaptive step. A failed attempt (no convergence, a density not positive, or
 :math:`W^2/(2\tau) + s'E^{k+1} > s'E^k`) is retried with :math:`\tau/2` (:meth:`JKOSolver.step`);
 with ``step_control`` the step also adapts to the solution (``_adaptive``).
 
-Further terms and scales: the entropy :math:`\nu c \int \rho \log \rho` of noisy tokens
-(``diffusion``; ``_entropy``), and the normalisation of :math:`E` and :math:`b` by the uniform
-state's first variation :math:`\sigma` that keeps sharp attention (:math:`\beta = 32`) well
-conditioned (``_energy``).
+Further terms: the entropy of noisy tokens (``_entropy``); :math:`E` and :math:`b` normalised by
+the uniform state's first variation, for sharp attention (``_energy``).
 
 References: [CGT20] C. Cancès, T. O. Gallouët, G. Todeschi, *A variational finite volume scheme
 for Wasserstein gradient flows*, Numer. Math. 146 (2020) 437-480; R. Jordan, D. Kinderlehrer,
