@@ -12,8 +12,7 @@ window, against that dispersion relation; (b) the number of clusters at the end 
 phase against the linear prediction (the initial perturbation evolved by the linearised
 equation until it is of size one, sampled at the run's cell centres; on S^2 its attractors
 counted: the local maxima of prominence 5 % whose basins hold a share of the mass) and l*,
-compared
-with the clusters formed (the first plateau of the fv count after the linear phase lasting
+compared with the clusters formed (the first plateau of the fv count after the linear phase lasting
 two e-folding times 2 / sigma*) and with the fv count at the linear end (a transient);
 on S^1 the maxima counted are the prominent ones (prominence 1/2, as the runs' clusters);
 (c) plateaus of the cluster count and the first merge time against beta, with a fitted law
