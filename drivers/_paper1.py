@@ -51,7 +51,7 @@ from drivers.engine import GatheredCells
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, gather_measure
 from solvers.diagnostics import EnergyBudget, metric_diagnostics
-from solvers.transport import ParticleSystem, TransportSolver, initial_density
+from solvers.transport import ParticleSystem, TransportSolver, initial_density, vmf_mixture
 from solvers.weights import WeightDynamics, head_weights_at
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ __all__ = [
     "Setup",
     "WeightsFactory",
     "caps_expression",
+    "caps_tokens",
     "fit_exponent",
     "load_runs",
     "mesh_study",
@@ -101,6 +102,27 @@ def octahedron_tokens(n: int, noise: float, seed: int) -> np.ndarray:
     x[np.arange(n), k] = signs
     x += noise * rng.standard_normal((n, 3))
     return x / np.linalg.norm(x, axis=1)[:, None]
+
+
+def caps_tokens(n: int, kappa: float, seed: int) -> np.ndarray:
+    """n tokens drawn i.i.d. from the six-cap density of :func:`caps_expression`.
+
+    The density sum_k exp(kappa (x.(+-e_k) - 1)) is the equal-weight mixture of the six von
+    Mises-Fisher laws vMF(+-e_k, kappa) (every cap has the same normaliser), sampled by
+    ``solvers.transport.vmf_mixture``: the particles then discretise the mesh runs' initial
+    condition (the octahedron tokens are its kappa ~ 1/0.05^2 = 400 counterpart).
+
+    Args:
+        n: the number of tokens.
+        kappa: the cap concentration.
+        seed: the seed (with 0, as :func:`octahedron_tokens`).
+
+    Returns:
+        The (n, 3) unit tokens.
+    """
+    centres = np.vstack([np.eye(3), -np.eye(3)])
+    rng = np.random.default_rng([seed, 0])
+    return vmf_mixture(n, centres, np.full(6, kappa), np.full(6, 1.0 / 6.0), rng)
 
 
 def caps_expression(kappa: float) -> str:
@@ -161,7 +183,10 @@ def run_particles(setup: Setup, factory: WeightsFactory, H: int, path: int, comm
         The run (collective; rows on every rank, snapshots and final points on rank 0).
     """
     wall0 = time.perf_counter()
-    points = octahedron_tokens(setup.n_tokens, setup.noise, setup.seed)
+    if setup.particle_kappa is None:
+        points = octahedron_tokens(setup.n_tokens, setup.noise, setup.seed)
+    else:
+        points = caps_tokens(setup.n_tokens, setup.particle_kappa, setup.seed)
     mine = np.array_split(np.arange(setup.n_tokens), comm.size)[comm.rank]
     masses = np.full(setup.n_tokens, 1.0 / setup.n_tokens)
     weights = factory(H, path)

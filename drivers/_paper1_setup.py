@@ -34,6 +34,7 @@ class Setup:
     out: Path
     n_tokens: int = 200
     noise: float = 0.05
+    particle_kappa: float | None = None  # particles drawn from the mesh's caps (None: octahedron)
     heads: Sequence[int] = (1, 10, 100)
     paths: Sequence[int] = (3,)  # Monte Carlo paths: one value for every H, or one per H
     t_end: float = 20.0
@@ -56,10 +57,16 @@ class Setup:
     def _phases(self) -> str:
         return f" ({self.phases} phases)" if self.dynamics == "oscillating" else ""
 
+    def _particle_start(self) -> str:
+        if self.particle_kappa is None:
+            return ""
+        return f" from caps kappa = {self.particle_kappa:g}"
+
     def describe(self) -> str:
         """One line: the weights, the particle runs and the mesh runs."""
         return (
-            f"{self.dynamics} weights{self._phases()}, particles: n = {self.n_tokens}, H = {list(self.heads)}, "
+            f"{self.dynamics} weights{self._phases()}, particles{self._particle_start()}: "
+            f"n = {self.n_tokens}, H = {list(self.heads)}, "
             f"paths {list(self.paths)}, T = {self.t_end:g}, dt = {self.dt:g} ({self.integrator}); "
             f"mesh: level {self.mesh_level}, H = {list(self.mesh_heads)}, "
             f"{self.mesh_paths} path(s), "
@@ -98,6 +105,12 @@ def parse_setup(
     p.add_argument("--t-end", type=float, help="particle final time (default 20)")
     p.add_argument("--n-tokens", type=int, help="number of tokens (default 200)")
     p.add_argument("--integrator", choices=("rk4", "euler"), default="rk4")
+    p.add_argument(
+        "--particle-kappa",
+        type=float,
+        help="draw the particles i.i.d. from the six-cap density of the mesh runs with this "
+        "kappa (default: octahedron vertices + N(0, 0.05^2) noise)",
+    )
     p.add_argument("--record-every", type=int, help="steps between budget records (4)")
     p.add_argument("--mesh-heads", type=int, nargs="*", help="mesh head counts (1 3 10)")
     p.add_argument("--mesh-paths", type=int, help="Monte Carlo paths of every mesh H (1)")
@@ -120,7 +133,7 @@ def parse_setup(
         s.paths = (min(paths[0], 2),)
         s.mesh_level, s.mesh_heads, s.mesh_t_end, s.backend = 1, (1, 2), 0.05, "numpy"
     overrides = ("heads", "paths", "t_end", "n_tokens", "record_every", "mesh_heads")
-    for key in (*overrides, "mesh_paths", "mesh_level", "mesh_t_end", "kappa"):
+    for key in (*overrides, "mesh_paths", "mesh_level", "mesh_t_end", "kappa", "particle_kappa"):
         if getattr(a, key) is not None:
             setattr(s, key, getattr(a, key))
     s.integrator = a.integrator
@@ -130,6 +143,8 @@ def parse_setup(
         p.error(f"--paths: one value >= 1, or one per head count {list(s.heads)}")
     if s.mesh_paths < 1:
         p.error(f"--mesh-paths: must be >= 1, got {s.mesh_paths}")
+    if s.particle_kappa is not None and not s.particle_kappa >= 0.0:
+        p.error(f"--particle-kappa: must be >= 0, got {s.particle_kappa}")
     experiment.prepare(s.out)
     return s
 

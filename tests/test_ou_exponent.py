@@ -21,8 +21,8 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers._paper1 import Setup, run_particles, time_average
-from drivers.paper1_ou_s2 import ou_weights
+from drivers._paper1 import Setup, caps_tokens, run_particles, time_average
+from drivers.paper1_ou_s2 import main, ou_weights
 from solvers.diagnostics import fit_power_law
 
 N, T, DT = 40, 8.0, 0.02
@@ -64,3 +64,38 @@ def test_one_ou_head_is_a_curve_of_maximal_slope():
         assert abs(row["slope_defect"]) <= 1e-12 * scale
         assert row["uphill_mass"] == 0.0
         assert row["slope2"] == pytest.approx(row["G2"], rel=1e-10)
+
+
+def test_caps_tokens_sample_the_mesh_initial_density():
+    """--particle-kappa draws the particles from the six-cap density of the mesh runs.
+
+    Reference: E[x_0^4] of the mixture of vMF(+-e_k, kappa) on S^2. With t = <x, centre>
+    (density proportional to e^{kappa t} on [-1, 1]) and the tangential part uniform on the
+    circle, E[x_0^4] = (1/3) E[t^4] + (2/3)(3/8) E[(1 - t^2)^2], by quadrature.
+    """
+    from scipy import integrate
+
+    kappa, n = 10.0, 20000
+    x = caps_tokens(n, kappa, seed=0)
+    assert x.shape == (n, 3)
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-12)
+    z = integrate.quad(lambda t: np.exp(kappa * (t - 1)), -1, 1)[0]
+
+    def moment(f):
+        return integrate.quad(lambda t: f(t) * np.exp(kappa * (t - 1)), -1, 1)[0] / z
+
+    ref = moment(lambda t: t**4) / 3 + 0.25 * moment(lambda t: (1 - t**2) ** 2)
+    for k in range(3):
+        v = x[:, k] ** 4
+        assert abs(v.mean() - ref) < 4.0 * v.std() / np.sqrt(n), (k, v.mean(), ref)
+    # every cap gets a sixth of the tokens
+    axis = np.argmax(np.abs(x), axis=1)
+    nearest = 2 * axis + (x[np.arange(n), axis] < 0)
+    counts = np.bincount(nearest, minlength=6) / n
+    np.testing.assert_allclose(counts, 1 / 6, atol=4.0 * np.sqrt((1 / 6) * (5 / 6) / n))
+
+
+def test_particle_kappa_must_be_non_negative():
+    with pytest.raises(SystemExit) as err:
+        main(["--particle-kappa", "-1", "--out", "unused"])
+    assert err.value.code == 2

@@ -11,7 +11,9 @@ towards it and :func:`steer_mean` a bias steering the mean to a target;
 :func:`mixture_departure` measures how a two-component mixture leaves its family; :func:`reach`
 constructs controls steering a Gaussian to any target of equal rank (:func:`reach_attention`: with the attention (B, V) as the only
 controls); :func:`gaussianity` measures how far the layers of a network (random, or the
-pretrained all-MiniLM-L6-v2) are from Gaussian. :class:`GaussianParticles` is the
+pretrained all-MiniLM-L6-v2) are from Gaussian and :func:`energy_normality_test` tests it at a
+calibrated level (the energy distance to the moment-matched Gaussian, parametric-bootstrap
+null). :class:`GaussianParticles` is the
 particle system of the same model.
 
 Modules: ``_moments`` (controls, the moment ODE, blow-up detection), ``_closed_forms``
@@ -20,7 +22,7 @@ parameters), ``_riccati`` (equilibria), ``_linearisation`` (rates), ``_mean_cont
 ``_particles`` (the particle system), ``_moving_frame`` (the PDE near blow-up on a mesh that
 follows the covariance: :class:`CovarianceFrameSolver`, :func:`blowup_refinement`),
 ``_reachability``, ``_reach_attention``,
-``_gaussianity``.
+``_gaussianity``, ``_normality`` (the test).
 """
 
 from solvers.gaussian._classification import Classification, classify
@@ -84,6 +86,16 @@ from solvers.gaussian._moving_frame import (
     FrameMoments,
     blowup_refinement,
 )
+from solvers.gaussian._normality import (
+    EnergyNormalityTest,
+    energy_normality_statistic,
+    energy_normality_test,
+    energy_null,
+    expected_distance_to_gaussian,
+    layer_normality,
+    result_against_null,
+    whiten,
+)
 from solvers.gaussian._particles import GaussianParticles
 from solvers.gaussian._reach_attention import AttentionReachPlan, reach_attention
 from solvers.gaussian._reachability import (
@@ -124,6 +136,7 @@ __all__ = [
     "CovarianceFrameSolver",
     "Encoder",
     "EncoderLayer",
+    "EnergyNormalityTest",
     "EquilibriumRates",
     "FrameMoments",
     "GaussianFloor",
@@ -148,7 +161,11 @@ __all__ = [
     "covariance_residual",
     "decay_rate",
     "departure_coefficient",
+    "energy_normality_statistic",
+    "energy_normality_test",
+    "energy_null",
     "equilibrium_rates",
+    "expected_distance_to_gaussian",
     "gaussian_floor",
     "gaussian_rank",
     "gaussianity",
@@ -158,6 +175,7 @@ __all__ = [
     "isotropic_eigenvalues",
     "isotropic_equilibrium",
     "layer_gaussianity",
+    "layer_normality",
     "load_dinov2_vit",
     "load_minilm",
     "mean_matrix",
@@ -173,6 +191,7 @@ __all__ = [
     "random_encoder",
     "reach",
     "reach_attention",
+    "result_against_null",
     "read_onnx",
     "read_safetensors",
     "real_log_rotation",
@@ -181,4 +200,5 @@ __all__ = [
     "steer_mean",
     "symmetric_basis",
     "transport_matrix",
+    "whiten",
 ]
