@@ -11,7 +11,8 @@ overestimates those runs by 10-60 %, on purpose: level 9, 5.2 million cells on 2
 at 4.0-4.1 GiB a rank against 6.0 GiB estimated): every rank costs :data:`BASE` (Python,
 DOLFINx, PETSc, numba and their caches); every rank holds :data:`PER_CELL_GATHERED` per cell of
 the whole mesh (the final state that :func:`drivers.engine.run` returns on every rank,
-``RunResult.final``, nine numbers a cell); each owned cell costs what the scheme declares in
+``RunResult.final``, nine numbers a cell; the command line does not keep it, so there the
+term is a margin); each owned cell costs what the scheme declares in
 its :class:`solvers.transport.SchemeSpec` (``bytes_per_cell``: mesh, control volumes, scheme
 arrays, 2 KiB for fv and particles; the JKO scheme more: the harmonic basis of its Hessian and
 the sparse factorisation). The particles are one per cell. A uniform built-in mesh is built
@@ -54,7 +55,8 @@ GiB = 1024**3
 #: memory of one rank before the mesh: interpreter, DOLFINx, PETSc, numba (bytes)
 BASE = 550 * 1024**2
 #: per cell of the whole mesh on every rank: ``RunResult.final`` (centres, measures, density,
-#: the measure's points and masses: 72 bytes) and its ``Allgatherv`` buffers
+#: the measure's points and masses: 72 bytes) and its ``Allgatherv`` buffers (not held by the
+#: command line: ``run(keep_final=False)``)
 PER_CELL_GATHERED = 0.1 * 1024
 #: per cell on rank 0 of a mesh built there: an adaptive mesh (the forest's triangulation,
 #: distributed at every adaptation) or a box (R1, R2); none for the built-in S1/S2 meshes
