@@ -8,7 +8,7 @@ memory available on the node, saying both.
 The model (measured on this project's machines with ``/usr/bin/time -v``, S^2 levels 3-7 on 1
 and 2 ranks, and levels 7-9 on 2 ranks since the parallel meshes and writers of issue 32; it
 overestimates those runs by 10-60 %, on purpose: level 9, 5.2 million cells on 2 ranks, peaked
-at 4.0-4.1 GiB a rank against 6.0 GiB estimated): every rank costs :data:`BASE` (Python,
+at 3.8 GiB a rank against 6.0 GiB estimated): every rank costs :data:`BASE` (Python,
 DOLFINx, PETSc, numba and their caches); every rank holds :data:`PER_CELL_GATHERED` per cell of
 the whole mesh (the final state that :func:`drivers.engine.run` returns on every rank,
 ``RunResult.final``, nine numbers a cell; the command line does not keep it, so there the
