@@ -198,7 +198,7 @@ def test_picture_copy_is_the_cell_means_on_a_coarser_icosphere(chunk, monkeypatc
     ancestor check in one pass or in passes of 7 cells. Coarse faces in another order fail
     the check: no copy (None on every rank)."""
     import meshes.sphere
-    from drivers.engine import _cell_blocks
+    from drivers.engine.io import _cell_blocks
 
     monkeypatch.setattr(_cell_blocks, "CHECK_CHUNK", chunk)
     cv = control_volumes(icosphere(COMM, 3))

@@ -235,8 +235,11 @@ def test_level_9_is_allowed_where_it_fits(monkeypatch):
     has room (the mesh is built in blocks: no rank-0 share), level 10 is refused by the
     validator; a box and an adaptive mesh, built whole on rank 0, carry a rank-0 share."""
     from drivers.engine import ConfigError, load_config
+    from drivers.engine._config import MAX_S2_LEVEL
     from drivers.engine._resources import PER_CELL_ROOT, GiB, check_memory
+    from meshes.sphere import MAX_ICOSPHERE_LEVEL
 
+    assert MAX_S2_LEVEL == MAX_ICOSPHERE_LEVEL == 9  # the validator's copy of the mesh's cap
     demo = str(ROOT / "configs/demo_s2.toml")
     cfg = load_config(demo, ["mesh.refinement=9"])
     with pytest.raises(ConfigError, match=r"mesh.refinement: must be in \[0, 9\]"):
