@@ -191,9 +191,16 @@ def test_checkpoint_restores_on_other_rank_counts(sphere, shared_tmp):
         assert _agree(ok), where
 
 
-def test_picture_copy_is_the_cell_means_on_a_coarser_icosphere():
+@pytest.mark.parametrize("chunk", [1 << 16, 7])
+def test_picture_copy_is_the_cell_means_on_a_coarser_icosphere(chunk, monkeypatch):
     """Level 3 seen at level 2 (limit 320 cells): each coarse value is the mass-weighted mean
-    of the fine cells whose centres lie in that coarse triangle, found by brute force."""
+    of the fine cells whose centres lie in that coarse triangle, found by brute force; the
+    ancestor check in one pass or in passes of 7 cells. Coarse faces in another order fail
+    the check: no copy (None on every rank)."""
+    import meshes.sphere
+    from drivers.engine.io import _cell_blocks
+
+    monkeypatch.setattr(_cell_blocks, "CHECK_CHUNK", chunk)
     cv = control_volumes(icosphere(COMM, 3))
     rho = np.exp(2.0 * cv.centres[: cv.n_owned, 0]) + cv.original_index[: cv.n_owned] % 3
     cells = CellBlocks(cv)
@@ -215,3 +222,10 @@ def test_picture_copy_is_the_cell_means_on_a_coarser_icosphere():
         ok = ok and np.allclose(values, mass / area, rtol=1e-12, atol=0)
     assert _agree(ok)
     assert cells.coarsened(rho, limit=1280) is None  # not coarser than the mesh itself
+
+    def shuffled(level: int):
+        x, f = icosphere_arrays(level)
+        return x, np.roll(f, 1, axis=0)  # cell i's ancestor is no longer face i mod n_c
+
+    monkeypatch.setattr(meshes.sphere, "icosphere_arrays", shuffled)
+    assert cells.coarsened(rho, limit=320) is None

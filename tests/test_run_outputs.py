@@ -97,6 +97,27 @@ def test_time_cadence_clusters_and_bitwise_restart(shared_tmp):
         assert (full / name).read_bytes() == (part / name).read_bytes(), name
 
 
+def test_run_without_the_final_state_writes_the_same_final_npz(shared_tmp):
+    """``run(keep_final=False)`` (what the command line does) holds no final state on any rank
+    (``RunResult.final`` is None) and writes final.npz byte for byte as a run that returns
+    it; the returned state is final.npz's."""
+    from drivers.engine import run
+    from tests.conftest import ROOT
+
+    tiny = ["mesh.refinement=1", "time.t_end=0.05", "output.pictures=false", "output.edi=false"]
+    cfg = load_config(ROOT / "configs/demo_s2.toml", tiny)
+    kept = run(cfg, shared_tmp / "kept", quiet=True)
+    dropped = run(cfg, shared_tmp / "dropped", quiet=True, keep_final=False)
+    assert kept.status == dropped.status == "ok" and dropped.final is None
+    assert kept.final is not None and len(kept.final.density) == 80
+    same = (shared_tmp / "kept/final.npz").read_bytes() == (
+        shared_tmp / "dropped/final.npz"
+    ).read_bytes()
+    with np.load(shared_tmp / "kept/final.npz") as f:
+        same = same and np.array_equal(f["density"], kept.final.density)
+    assert COMM.allreduce(same, op=MPI.LAND)
+
+
 def test_library_api_columns_and_snapshots(shared_tmp):
     """An experiment on the engine: build, a recorder with its own column and table, advance."""
     cfg = load_config(None, ['mesh.manifold="S1"', "mesh.refinement=3", "time.t_end=0.5"])

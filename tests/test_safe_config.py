@@ -230,6 +230,36 @@ def test_memory_check(shared_tmp, capfd, monkeypatch):
     assert finer.node_bytes > fv.node_bytes > spread.node_bytes
 
 
+def test_level_9_is_allowed_where_it_fits(monkeypatch):
+    """S^2 level 9 (5.2 million cells) passes validation and the memory check when the node
+    has room (the mesh is built in blocks: no rank-0 share), level 10 is refused by the
+    validator; a box and an adaptive mesh, built whole on rank 0, carry a rank-0 share."""
+    from drivers.engine import ConfigError, load_config
+    from drivers.engine._config import MAX_S2_LEVEL
+    from drivers.engine._resources import PER_CELL_ROOT, GiB, check_memory
+    from meshes.sphere import MAX_ICOSPHERE_LEVEL
+
+    assert MAX_S2_LEVEL == MAX_ICOSPHERE_LEVEL == 9  # the validator's copy of the mesh's cap
+    demo = str(ROOT / "configs/demo_s2.toml")
+    cfg = load_config(demo, ["mesh.refinement=9"])
+    with pytest.raises(ConfigError, match=r"mesh.refinement: must be in \[0, 9\]"):
+        load_config(demo, ["mesh.refinement=10"])
+    two = estimate_memory(cfg, 2, 2)
+    assert two.cells == 20 * 4**9 and two.node_bytes == 2 * two.rank_bytes
+    # measured at level 9 on 2 ranks: 3.8 GiB a rank (benchmarks/README.md); the model
+    # overestimates on purpose, but not by more than 2x
+    assert 3.8 * GiB < two.rank_bytes < 7.6 * GiB
+    monkeypatch.setenv("TRANSFORMER_PDE_MEMORY", "16G")
+    assert check_memory(cfg, COMM).cells == 20 * 4**9  # 1 rank: 11.8 GiB; 2 on a node: 12.1
+    monkeypatch.setenv("TRANSFORMER_PDE_MEMORY", "8G")
+    with pytest.raises(ConfigError, match="mesh.refinement: S2 refinement 9"):
+        check_memory(cfg, COMM)
+    for extra in (["adapt.max_level=9", "mesh.refinement=4"], ['mesh.manifold="R2"']):
+        other = load_config(demo, extra)
+        e = estimate_memory(other, 2, 2)
+        assert e.node_bytes == 2 * e.rank_bytes + e.cells * PER_CELL_ROOT, extra
+
+
 def test_memory_check_of_an_adaptive_mesh(capfd, monkeypatch):
     """An adaptive config is refused when its base level does not fit, and warned about (one
     line on rank 0, the run goes on) when its mesh refined everywhere to adapt.max_level would

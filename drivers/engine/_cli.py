@@ -305,6 +305,7 @@ def _run(args: argparse.Namespace, comm: Any, command_line: list[str]) -> int:
                 overwrite=args.overwrite,
                 strict_petsc=args.strict_petsc,
                 pictures=False if args.no_pictures else None,
+                keep_final=False,  # the command line does not use RunResult.final: O(N) a rank
             )
     except (ConfigError, MeshError, DensityError) as exc:
         key = getattr(exc, "key", None)

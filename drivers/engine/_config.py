@@ -70,6 +70,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: the finest S^2 icosphere level, ``meshes.sphere.MAX_ICOSPHERE_LEVEL`` (not imported: the
+#: config code imports no DOLFINx; tests/test_safe_config.py checks that they agree)
+MAX_S2_LEVEL = 9
 #: the most time steps a fixed time.dt may ask for (a guard against typos such as 1e-300)
 MAX_STEPS = 1e9
 #: the largest weight noise: one OU step of size sigma sqrt(dt) beyond ~1e3 already overflows
@@ -208,7 +211,7 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     check_particle_table(cfg)
     m = cfg["mesh"]
     m["refinement"] = as_int(m["refinement"], "mesh.refinement")
-    limit = {"S2": 8, "S1": 16, "R1": 14, "R2": 6}[m["manifold"]]
+    limit = {"S2": MAX_S2_LEVEL, "S1": 16, "R1": 14, "R2": 6}[m["manifold"]]
     if not (0 <= m["refinement"] <= limit):
         raise ConfigError(
             "mesh.refinement", f"must be in [0, {limit}] for {m['manifold']}, got {m['refinement']}"

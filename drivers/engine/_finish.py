@@ -73,7 +73,7 @@ def finish_run(rec: Any, scheme: TokenScheme, outcome: Outcome, wall: float) -> 
                 "t": np.float64(rec.t),
             }
         write_final_collective(comm, rec.out / "final.npz", members)
-    final = _final_state(comm, cells, density, points, masses, rec.t)
+    final = _final_state(comm, cells, density, points, masses, rec.t) if rec.keep_final else None
     rec.peak_rss = comm.gather(peak_rss_mb(), root=0)
     if rec.metrics and rec.writer and rec.options.pictures:
         _pictures(rec, cells)

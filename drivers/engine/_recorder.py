@@ -193,6 +193,7 @@ class Recorder:
             print(f"[transformer-pde] notice: {velocity['notice']}", file=sys.stderr)
         self.budget: EnergyBudget | None = None  # made in start/resume (it needs Lambda)
         self.peak_rss: list[float] | None = None  # per rank, gathered at the end
+        self.keep_final = True  # RunResult.final on every rank (run(keep_final=...))
         self.adaptive = False  # an AdaptiveScheme: known in start/resume
         self._weight_columns = list(weights.diagnostics(0.0))
         self.gathered = CellBlocks(cv)

@@ -5,19 +5,26 @@ the others hang in a collective). So :func:`check_memory` estimates the memory o
 from the config alone and refuses it (``ConfigError``, exit 2) when the estimate exceeds the
 memory available on the node, saying both.
 
-The model (measured on this project's machines with ``/usr/bin/time -v``, S^2 levels 3-7,
-1 and 2 ranks; it overestimates those runs by 10-60 %, on purpose): every rank costs
-:data:`BASE` (Python, DOLFINx, PETSc, numba and their caches); rank 0 holds the whole mesh once
-more for the writers, the checkpoints and the pictures (:data:`PER_CELL_ROOT` per cell); every
-rank holds the gathered quadrature sources (:data:`PER_CELL_GATHERED` per cell of the whole
-mesh); each owned cell costs what the scheme declares in its
-:class:`solvers.transport.SchemeSpec` (``bytes_per_cell``: mesh, control volumes, scheme
+The model (measured on this project's machines with ``/usr/bin/time -v``, S^2 levels 3-7 on 1
+and 2 ranks, and levels 7-9 on 2 ranks since the parallel meshes and writers of issue 32; it
+overestimates those runs by 10-60 %, on purpose: level 9, 5.2 million cells on 2 ranks, peaked
+at 3.8 GiB a rank against 6.0 GiB estimated): every rank costs :data:`BASE` (Python,
+DOLFINx, PETSc, numba and their caches); every rank holds :data:`PER_CELL_GATHERED` per cell of
+the whole mesh (the final state that :func:`drivers.engine.run` returns on every rank,
+``RunResult.final``, nine numbers a cell; the command line does not keep it, so there the
+term is a margin); each owned cell costs what the scheme declares in
+its :class:`solvers.transport.SchemeSpec` (``bytes_per_cell``: mesh, control volumes, scheme
 arrays, 2 KiB for fv and particles; the JKO scheme more: the harmonic basis of its Hessian and
-the sparse direct factorisation). The particles are one per cell. The check is made for the
-node of rank 0 with the ranks the launcher put on it. An adaptive mesh (``[adapt] max_level``)
-is checked at its base level (refused when that does not fit) and at ``max_level`` (the mesh
-refined everywhere, the most it can grow to: a one-line warning on stderr when that does not
-fit, since adaptive runs refine only where the mass is and usually stay far below it).
+the sparse factorisation). The particles are one per cell. A uniform built-in mesh is built
+in blocks on every rank and the outputs are written from row blocks, so rank 0 holds no more
+than the others; an adaptive mesh is still built whole on rank 0 at every adaptation and
+distributed from there (:func:`meshes.adaptive.forest_mesh`), and DOLFINx generates the boxes
+(R1, R2) on rank 0: for those :data:`PER_CELL_ROOT` per cell more on rank 0. The check is
+made for the node of rank 0 with the ranks the launcher put on it. An adaptive mesh
+(``[adapt] max_level``) is checked at its base level (refused when that does not fit) and at
+``max_level`` (the mesh refined everywhere, the most it can grow to: a one-line warning on
+stderr when that does not fit, since adaptive runs refine only where the mass is and usually
+stay far below it).
 
 Available memory: ``MemAvailable`` of ``/proc/meminfo``, or less when a cgroup limit
 (``memory.max``) says so; ``TRANSFORMER_PDE_MEMORY`` (bytes, or with a K/M/G suffix)
@@ -47,9 +54,12 @@ __all__ = [
 GiB = 1024**3
 #: memory of one rank before the mesh: interpreter, DOLFINx, PETSc, numba (bytes)
 BASE = 550 * 1024**2
-#: per cell of the whole mesh on every rank: the gathered sources (points, masses, order)
+#: per cell of the whole mesh on every rank: ``RunResult.final`` (centres, measures, density,
+#: the measure's points and masses: 72 bytes) and its ``Allgatherv`` buffers (not held by the
+#: command line: ``run(keep_final=False)``)
 PER_CELL_GATHERED = 0.1 * 1024
-#: per cell of the whole mesh on rank 0: the writers' gathered mesh, checkpoints, pictures
+#: per cell on rank 0 of a mesh built there: an adaptive mesh (the forest's triangulation,
+#: distributed at every adaptation) or a box (R1, R2); none for the built-in S1/S2 meshes
 PER_CELL_ROOT = 2.0 * 1024
 
 
@@ -86,6 +96,15 @@ def mesh_cells(cfg: dict[str, Any]) -> int | None:
     ]
 
 
+def built_on_root(cfg: dict[str, Any]) -> bool:
+    """Whether the mesh of a validated config is built whole on rank 0 (module docstring): an
+    adaptive mesh or a box; not the S1/S2 meshes built in blocks, nor mesh-free particles."""
+    if cfg.get("particles", {}).get("n") is not None:
+        return False
+    adaptive = int(cfg.get("adapt", {}).get("max_level", 0) or 0) > 0
+    return adaptive or cfg["mesh"]["manifold"] in ("R1", "R2")
+
+
 def estimate_memory(cfg: dict[str, Any], ranks: int, local: int) -> MemoryEstimate | None:
     """The memory estimate of a validated config on ``ranks`` ranks, ``local`` on the node of
     rank 0 (module docstring); None when the mesh size is not known before reading a file."""
@@ -96,7 +115,7 @@ def estimate_memory(cfg: dict[str, Any], ranks: int, local: int) -> MemoryEstima
     per_cell = scheme_spec(cfg["time"]["scheme"]).bytes_per_cell
     owned = cells / ranks
     rank = BASE + owned * per_cell + cells * PER_CELL_GATHERED
-    node = local * rank + cells * PER_CELL_ROOT
+    node = local * rank + (cells * PER_CELL_ROOT if built_on_root(cfg) else 0.0)
     return MemoryEstimate(cells, ranks, local, node, rank)
 
 
@@ -150,13 +169,15 @@ def check_memory(cfg: dict[str, Any], comm: Any) -> MemoryEstimate | None:
             available, error = None, (exc.key, str(exc).split(": ", 1)[1])
         if available is not None and estimate.node_bytes > available:
             m, scheme = cfg["mesh"], cfg["time"]["scheme"]
+            extra = estimate.node_bytes - estimate.local * estimate.rank_bytes
+            root = f" plus {extra / GiB:.2f} GiB on rank 0 for its mesh" if extra else ""
             error = (
                 "mesh.refinement",
                 f"{m['manifold']} refinement {m['refinement']} with the {scheme} scheme needs "
                 f"about {estimate.node_bytes / GiB:.1f} GiB on the node of rank 0 "
                 f"({estimate.cells:,} cells on {estimate.ranks} rank(s), {estimate.local} on "
-                f"this node, {estimate.rank_bytes / GiB:.2f} GiB per rank plus the gathered "
-                f"mesh on rank 0) but {available / GiB:.1f} GiB are available: use a smaller "
+                f"this node, {estimate.rank_bytes / GiB:.2f} GiB per rank{root}) but "
+                f"{available / GiB:.1f} GiB are available: use a smaller "
                 "refinement, fewer ranks per node or more nodes",
             )
     error = comm.bcast(error, root=0)

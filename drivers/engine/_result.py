@@ -72,7 +72,7 @@ class RunResult:
             ``transformer-pde run``.
         out: the results folder (with ``run(cfg)``, a new temporary folder).
         final: the last written state (:class:`FinalState`), the same on every rank; None
-            when the run stopped before it wrote one.
+            when the run stopped before it wrote one, or with ``run(keep_final=False)``.
         table: metrics.csv read back, column name -> numpy array (non-numbers as NaN), the
             same on every rank.
     """

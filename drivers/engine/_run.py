@@ -71,6 +71,7 @@ def run(
     strict_petsc: bool = False,
     pictures: bool | None = None,
     quiet: bool = False,
+    keep_final: bool = True,
 ) -> RunResult:
     """Run the config ``cfg``, writing the results folder ``out``. Collective.
 
@@ -95,6 +96,10 @@ def run(
             line's ``--no-pictures`` is False).
         quiet: no progress lines (``verbose=False``); notices and warnings still go to
             stderr.
+        keep_final: return the final state as ``RunResult.final`` (the whole state on every
+            rank: nine numbers a cell of the whole mesh, 377 MB a rank at S^2 level 9);
+            False: ``final`` is None and no rank holds it (the command line, which does not
+            use it); final.npz is written either way.
 
     Returns:
         The :class:`~drivers.engine.RunResult`, the same on every rank: status "ok" (exit
@@ -157,6 +162,7 @@ def run(
         recorder = Recorder.from_problem(
             problem, Path(out), log, argv=argv, restart=restart, folder=folder, run_id=run_id
         )
+        recorder.keep_final = bool(keep_final)
         scheme = problem.scheme
         with Interrupts(comm) as interrupts:
             try:

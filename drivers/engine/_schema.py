@@ -179,8 +179,9 @@ def _run_keys() -> tuple[Key, ...]:
         Key("mesh", "manifold", "string", "S2", "S1 circle, S2 sphere, R1/R2 boxes",
             ("S1", "S2", "R1", "R2")),
         Key("mesh", "refinement", "integer", 3,
-            "S2: icosphere level 0..8 (20 * 4^level cells); S1: 16 * 2^refinement cells, 0..16; "
-            "R1 (0..14), R2 (0..6): 16 * 2^refinement cells per axis"),
+            "S2: icosphere level 0..9 (20 * 4^level cells; the memory check refuses what does "
+            "not fit the node); S1: 16 * 2^refinement cells, 0..16; R1 (0..14), R2 (0..6): "
+            "16 * 2^refinement cells per axis"),
         Key("mesh", "file", "string", "",
             "a mesh file (meshio format: vertices on the unit sphere) instead of the built-in "
             "mesh; S1/S2 only; empty: built-in"),

@@ -441,12 +441,23 @@ def _run_here(
         what = {"new": "", "restart": f" (continued: {why})", "rerun": f" (again: {why})"}
         say(f"run {k}/{len(todo)}: {p.name}{what[state]}")
         try:
-            result = run(p.cfg, p.out, comm, not quiet, restart, argv, overwrite=state == "rerun")
+            result = run(
+                p.cfg,
+                p.out,
+                comm,
+                not quiet,
+                restart,
+                argv,
+                overwrite=state == "rerun",
+                keep_final=False,
+            )
         except ConfigError as exc:
             if not restart:
                 raise
             say(f"{p.name}: cannot continue ({exc}); running it again from t = 0")
-            result = run(p.cfg, p.out, comm, not quiet, False, argv, overwrite=True)
+            result = run(
+                p.cfg, p.out, comm, not quiet, False, argv, overwrite=True, keep_final=False
+            )
         if result.exit_code in (130, 143):
             say(f"{p.name}: {result.status}; start the sweep again to resume it")
             return result.exit_code

@@ -31,6 +31,8 @@ Array = npt.NDArray[np.float64]
 
 #: above this many cells the pictures are drawn from every k-th cell (k = ceil(n / this))
 PICTURE_CELLS = 200_000
+#: cells per pass of the ancestor check of :meth:`CellBlocks.coarsened` (bounds its temporaries)
+CHECK_CHUNK = 1 << 16
 
 
 class MeshBlocks:
@@ -154,13 +156,14 @@ class CellBlocks:
         x, f = icosphere_arrays(coarse_level)
         n_c = len(f)
         g = self.cv.original_index[: self.cv.n_owned]
-        parent = x[f[g % n_c]]  # (m, 3, 3) the ancestors' corners
         c = np.asarray(self.cv.centres[: self.cv.n_owned])
-        sides = [
-            np.einsum("ij,ij->i", np.cross(parent[:, k], parent[:, (k + 1) % 3]), c)
-            for k in range(3)
-        ]
-        inside = bool(np.all(np.min(sides, axis=0) > -1e-12))
+        inside = True
+        for lo in range(0, len(g), CHECK_CHUNK):  # O(chunk) temporaries, not (m, 3, 3)
+            parent = x[f[g[lo : lo + CHECK_CHUNK] % n_c]]  # the ancestors' corners
+            here = c[lo : lo + CHECK_CHUNK]
+            for k in range(3):
+                side = np.einsum("ij,ij->i", np.cross(parent[:, k], parent[:, (k + 1) % 3]), here)
+                inside = inside and bool(np.all(side > -1e-12))
         if not self.comm.allreduce(inside, op=MPI.LAND):
             return None
         masses = np.asarray(values_owned) * np.asarray(self.cv.measures[: self.cv.n_owned])
