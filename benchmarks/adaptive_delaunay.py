@@ -43,29 +43,6 @@ CASES = [
 ]
 
 
-def separations(x, tri):
-    """Per facet of the closed triangulation (x, tri): the circumcentres' separation along
-    the facet normal (towards the second cell) over the chord length; <= 0: not Delaunay."""
-    import numpy as np
-
-    v = x[tri]
-    c = np.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
-    c /= np.linalg.norm(c, axis=1)[:, None]
-    c *= np.sign(np.einsum("ij,ij->i", c, v.sum(axis=1)))[:, None]
-    edges = np.concatenate([tri[:, [0, 1]], tri[:, [1, 2]], tri[:, [2, 0]]])
-    opposite = np.concatenate([tri[:, 2], tri[:, 0], tri[:, 1]])
-    owner = np.tile(np.arange(len(tri)), 3)
-    key = np.sort(edges, axis=1)
-    order = np.lexsort((key[:, 1], key[:, 0]))
-    first, second = order[0::2], order[1::2]
-    a, b = x[edges[first, 0]], x[edges[first, 1]]
-    n = np.cross(a, b)
-    n *= np.sign(np.einsum("ij,ij->i", n, x[opposite[second]]))[:, None]
-    n /= np.linalg.norm(n, axis=1)[:, None]
-    side = np.einsum("ij,ij->i", c[owner[second]] - c[owner[first]], n)
-    return side / np.linalg.norm(a - b, axis=1)
-
-
 def initial_mesh(density: str, base: int, top: int, refine: float | None, delaunay: bool):
     """The forest of a run's initial adapted mesh (the engine's rounds at t = 0)."""
     import dolfinx_solver  # noqa: F401
@@ -88,6 +65,8 @@ def initial_mesh(density: str, base: int, top: int, refine: float | None, delaun
 def main() -> int:
     import numpy as np
 
+    from meshes.adaptive import delaunay_margins
+
     print(
         f"{'density':44s} {'levels':>6s} {'refine':>7s} | red-green closure          | "
         "Delaunay closure"
@@ -98,7 +77,7 @@ def main() -> int:
         row = f"{density:44s} {base}-{top:<4d} {refine or 'tol':>7} |"
         for k, delaunay in enumerate((False, True)):
             x, tri, _ = initial_mesh(density, base, top, refine, delaunay).conforming_mesh()
-            s = separations(x, tri)
+            s = delaunay_margins(x, tri)
             bad = int(np.count_nonzero(s <= 0))
             refusals[k] += bad > 0
             row += f" {len(tri):6d} {bad:4d} facets {s.min():+9.3f}   |"

@@ -20,30 +20,7 @@ import numpy as np
 import pytest
 
 from drivers.engine import main
-from meshes.adaptive import SphereForest
-
-
-def _separations(x: np.ndarray, tri: np.ndarray) -> np.ndarray:
-    """Per interior edge: the signed separation of the two triangles' spherical
-    circumcentres along the edge's normal (towards the second triangle), over the edge's
-    chord length (<= 0: not Delaunay). Brute numpy, independent of the scheme's check."""
-    v = x[tri]
-    c = np.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
-    c /= np.linalg.norm(c, axis=1)[:, None]
-    c *= np.sign(np.einsum("ij,ij->i", c, v.sum(axis=1)))[:, None]
-    edges = np.concatenate([tri[:, [0, 1]], tri[:, [1, 2]], tri[:, [2, 0]]])
-    opposite = np.concatenate([tri[:, 2], tri[:, 0], tri[:, 1]])
-    owner = np.tile(np.arange(len(tri)), 3)
-    key = np.sort(edges, axis=1)
-    order = np.lexsort((key[:, 1], key[:, 0]))
-    first, second = order[0::2], order[1::2]
-    assert np.array_equal(key[first], key[second])  # conforming: two triangles an edge
-    a, b = x[edges[first, 0]], x[edges[first, 1]]
-    n = np.cross(a, b)
-    n *= np.sign(np.einsum("ij,ij->i", n, x[opposite[second]]))[:, None]
-    n /= np.linalg.norm(n, axis=1)[:, None]
-    side = np.einsum("ij,ij->i", c[owner[second]] - c[owner[first]], n)
-    return side / np.linalg.norm(a - b, axis=1)
+from meshes.adaptive import SphereForest, delaunay_margins
 
 
 def _cos(f: SphereForest, p: np.ndarray) -> np.ndarray:
@@ -71,12 +48,12 @@ def _forest(seed: int, delaunay: bool) -> SphereForest:
 def test_delaunay_closure_gives_a_delaunay_mesh(seed):
     plain = _forest(seed, delaunay=False)
     x, tri, _ = plain.conforming_mesh()
-    assert np.count_nonzero(_separations(x, tri) <= 0) > 0  # the red-green closure is not
+    assert np.count_nonzero(delaunay_margins(x, tri) <= 0) > 0  # the red-green closure is not
     assert not plain.is_delaunay_closed()
     f = _forest(seed, delaunay=True)
     assert f.is_balanced() and f.is_delaunay_closed()
     x, tri, owner = f.conforming_mesh()
-    sep = _separations(x, tri)
+    sep = delaunay_margins(x, tri)
     assert sep.min() > 0.05, sep.min()  # Delaunay with a margin: well-conditioned fluxes
     assert len(np.unique(f.leaf_levels())) >= 3
     # a coarsening with closure=True keeps it closed (refuses merges close() would undo)

@@ -71,6 +71,7 @@ Parallel: the forest is replicated (pure numpy, the same on every rank); checkpo
 with ``forest.state()`` and ``SphereForest.from_state`` / ``CircleForest.from_state``.
 """
 
+from meshes.adaptive._delaunay import delaunay_margins
 from meshes.adaptive._energy import EnergyCorrection, energy_correction
 from meshes.adaptive._forest_s1 import MAX_CIRCLE_FOREST_LEVEL, CircleForest
 from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL, SphereForest
@@ -95,6 +96,7 @@ from meshes.adaptive._tolerance import (
 from meshes.adaptive._transfer import LeafSet, Transfer, leaf_transfer, transfer_masses
 
 __all__ = [
+    "delaunay_margins",
     "INDICATORS",
     "AdaptCounts",
     "adapt_forest",
