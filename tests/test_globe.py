@@ -126,11 +126,12 @@ def test_edi_png_caption_and_third_panel(tmp_path, monkeypatch):
     assert len(fig.axes[2].lines) == 4 and not fig.axes[2].texts
 
 
-def test_view_3d_shows_every_cluster(tmp_path, capsys):
+def test_view_3d_shows_every_cluster(tmp_path, capsys, monkeypatch):
     """``transformer-pde view DIR --3d`` on a run (drawn without pictures) whose density has
     three clusters (north pole, +x, -x): density_3d.png is written, not blank, and each
     cluster is bright in the views that face it (pixel counts per view); a .gif asked for
-    is a one-line error (exit 2)."""
+    is a one-line error (exit 2). DIR is relative to the working directory (the renderer runs
+    in a child process with another one)."""
     from drivers.engine import main as cli_main
 
     bumps = " + ".join(f"exp(25 * ({x} - 1))" for x in ("x[2]", "x[0]", "-x[0]"))
@@ -139,16 +140,18 @@ def test_view_3d_shows_every_cluster(tmp_path, capsys):
         f'[mesh]\nmanifold = "S2"\nrefinement = 3\n[initial]\ndensity = "{bumps} + 1e-3"\n'
         "[time]\nt_end = 0.01\ndt = 0.01\n[output]\nedi = false\n"
     )
-    out = tmp_path / "run"
-    assert cli_main(["run", str(config), "--quiet", "--no-pictures", "--out", str(out)]) == 0
-    assert cli_main(["view", str(out), "--3d", "--out", str(tmp_path / "x.gif")]) == 2
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["run", str(config), "--quiet", "--no-pictures", "--out", "run"]) == 0
+    assert cli_main(["view", "run", "--3d", "--out", str(tmp_path / "x.gif")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "the 3-D view is a .png file" in err
     reason = _cannot_render()
     if reason:
         pytest.skip(reason)
-    assert cli_main(["view", str(out), "--3d"]) == 0
-    rgb = np.asarray(Image.open(out / "density_3d.png").convert("RGB"), dtype=np.float64)
+    assert cli_main(["view", "run", "--3d"]) == 0
+    rgb = np.asarray(
+        Image.open(tmp_path / "run" / "density_3d.png").convert("RGB"), dtype=np.float64
+    )
     assert rgb.mean(axis=-1).std() > 20.0  # not blank
     h, w = rgb.shape[0] // 2, rgb.shape[1] // 2
     views = [rgb[:h, :w], rgb[:h, w:], rgb[h:, :w], rgb[h:, w:]]  # lon 0, 90, 180, 270

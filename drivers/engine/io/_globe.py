@@ -106,8 +106,8 @@ def density_3d(
         )
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "drivers.engine.io._globe", str(data), str(path)],
-                cwd=Path(__file__).resolve().parents[2],
+                [sys.executable, "-m", "drivers.engine.io._globe", str(data), str(path.resolve())],
+                cwd=Path(__file__).resolve().parents[3],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
