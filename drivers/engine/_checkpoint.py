@@ -275,7 +275,7 @@ def write_run_checkpoint(rec: Any, scheme: Any) -> None:
         budget = rec.budget.checkpoint_state()
         budget.update(gather_budget_measure(rec.budget, scheme.t, rec.comm))
     extras = rec.extras.checkpoint_state()
-    rec._last_checkpoint = state.steps
+    rec.last_checkpoint = state.steps
     config = json.dumps(rec.config, default=_json_default) if rec.comm.rank == 0 else ""
     members = {
         **arrays,

@@ -179,7 +179,7 @@ class Recorder:
         self.guard = OutputGuard(comm)
         self.restart = restart
         self.interrupted: dict[str, Any] | None = None
-        self._last_checkpoint = -1
+        self.last_checkpoint = -1  # steps of the last checkpoint written (-1: none)
         self._kept_snapshots: dict[str, int] | None = None
         self._checkpoint_wall = time.perf_counter()
         self.checkpoint_every, self.edi_every = options.checkpoint_every, options.edi_every
@@ -362,7 +362,7 @@ class Recorder:
         self.density, self.t = scheme.density, scheme.t
         self.measure = _copies(scheme.measure())
         self.written = self.gathered
-        self._last_checkpoint = scheme.steps
+        self.last_checkpoint = scheme.steps
         self._write_summary(scheme)
         self.guard.agree()
 
@@ -459,7 +459,7 @@ class Recorder:
             OutputError: the checkpoint could not be written.
         """
         name = signal.Signals(signum).name
-        if self._last_checkpoint != scheme.steps:
+        if self.last_checkpoint != scheme.steps:
             self._checkpoint(scheme)
         self.guard.agree()
         self.density, self.t = scheme.density, scheme.t
