@@ -286,9 +286,11 @@ def adaptive_scheme(
     """The scheme of ``[time]`` on the adaptive mesh of ``[adapt]`` (collective): a forest
     from ``mesh.refinement`` to ``adapt.max_level``, adapted to the initial density."""
     m, ad = cfg["mesh"], cfg["adapt"]
-    if m["manifold"] == "S2":  # the JKO scheme's circumcentred fluxes need a Delaunay mesh
+    if m["manifold"] == "S2":  # circumcentred two-point fluxes need a Delaunay mesh
         forest: Any = SphereForest(
-            m["refinement"], ad["max_level"], delaunay=cfg["time"]["scheme"] == "jko"
+            m["refinement"],
+            ad["max_level"],
+            delaunay=scheme_spec(cfg["time"]["scheme"]).delaunay_mesh,
         )
     else:
         forest = CircleForest(m["refinement"], ad["max_level"])

@@ -111,6 +111,8 @@ class SchemeSpec:
             ``[time] adaptive``); else it refuses a step control.
         adaptive_mesh: the scheme runs on adaptive meshes (inside an
             :class:`~solvers.transport.AdaptiveScheme`, ``[adapt]``).
+        delaunay_mesh: its fluxes need a Delaunay mesh (circumcentred two-point fluxes):
+            adapted S^2 meshes get the Delaunay closure (``SphereForest(delaunay=True)``).
         weight_law: the scheme runs with a law of weights on a parameter mesh
             (``[weights] dynamics = "fokker-planck"``).
         local_steps: the scheme takes local time steps (:attr:`SchemeOptions.substep_levels`,
@@ -137,6 +139,7 @@ class SchemeSpec:
     background: bool = False
     adaptive_step: bool = False
     adaptive_mesh: bool = False
+    delaunay_mesh: bool = False
     weight_law: bool = False
     local_steps: bool = False
     velocity: str | None = None
@@ -304,6 +307,7 @@ def _mesh_particles(cv, attention, weights, density, options: SchemeOptions) -> 
         needs_dt=True,
         adaptive_step=True,
         adaptive_mesh=True,
+        delaunay_mesh=True,
         velocity="gradient",
         # that of the explicit schemes, and the harmonic basis of its Hessian (about (p + 1)^2
         # doubles) and the sparse direct factorisation
