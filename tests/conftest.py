@@ -1,6 +1,7 @@
 """Shared test set-up: MPI discipline for a suite that runs serially and under mpiexec.
 
-- Ranks other than 0 report nothing (one set of pytest output).
+- Ranks other than 0 report nothing (one set of pytest output) but a failure, one line on
+  stderr (a failure on one rank alone otherwise shows only as a hang of the others).
 - After each test: gc.collect() and a barrier, since PETSc/DOLFINx destruction is collective
   (DOLFINx's own conftest does the same). What exists after collection (modules, their
   tables: about 180,000 objects) is frozen (``gc.freeze``), so that each of these
@@ -49,6 +50,18 @@ def pytest_configure(config: pytest.Config) -> None:
         if reporter is not None:
             config.pluginmanager.unregister(reporter)
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """A failure on a rank other than 0 is otherwise silent (its reporter is off), and often
+    shows only as a hang of rank 0 in the next collective: name it on stderr."""
+    rank = MPI.COMM_WORLD.rank
+    if rank != 0 and report.failed:
+        text = str(report.longrepr).strip().splitlines()
+        sys.__stderr__.write(
+            f"[rank {rank}] FAILED {report.nodeid} ({report.when}): {text[-1] if text else ''}\n"
+        )
+        sys.__stderr__.flush()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
