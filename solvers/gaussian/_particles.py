@@ -74,7 +74,7 @@ class GaussianParticles(ParticleSystem):
     as the explicit calls ``step(t, dt)`` and ``advance(t0, t1, n)`` of earlier versions do
     (step k of ``advance`` starts at ``t0 + k dt``, dt = (t1 - t0)/n). A run whose step count
     changes between output times (``advance(t_k, t_{k+1}, n_k)`` for each k) is one
-    :meth:`plan_steps`. :meth:`state` / :meth:`restore` save and continue; ``diagnostics()``
+    :meth:`plan_steps`. :attr:`system` is the attention part alone, as before. :meth:`state` / :meth:`restore` save and continue; ``diagnostics()``
     are those of the attention part (its energy and G^2; the feed-forward field is not a
     gradient of it). Non-finite positions raise FloatingPointError (explicit form) or
     :class:`solvers.errors.SolverError` (``step(t_stop)``), on every rank.
@@ -117,6 +117,18 @@ class GaussianParticles(ParticleSystem):
         self.controls = controls
         self.activation = activation
         self._plan: tuple[list[float], list[int]] | None = None
+        # the attention part alone, as ``system`` of earlier versions
+        self._attention_part = ParticleSystem(
+            self.attention, self.weights, points, masses, comm=comm, on_sphere=False
+        )
+
+    @property
+    def system(self) -> ParticleSystem:
+        """The attention part alone (as in earlier versions): a
+        :class:`~solvers.transport.ParticleSystem` with the same masses at the initial
+        positions; its ``velocity(t, x)`` is the attention velocity without the feed-forward
+        part."""
+        return self._attention_part
 
     def velocity(self, t: float, x: np.ndarray) -> np.ndarray:
         """X[mu](x) at the local stage points x: the attention velocity plus the feed-forward
