@@ -60,14 +60,14 @@ def _all_equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 @pytest.mark.parametrize("activation", ["affine", "relu"])
 def test_stepping_interface_equals_advance_and_rk4_bitwise(activation):
-    t1, n = 0.9, 7
+    t1, n = 0.9, 4
     gp = _particles(activation)
     assert isinstance(gp, Stepper) and isinstance(gp, TokenScheme)
     # .system: the attention part alone (as before), the feed-forward part added by gp
     x, c = gp.points, CONTROLS.at(0.0)
-    ff = x @ c.A.T + c.b
-    ff = np.maximum(ff, 0.0) if activation == "relu" else ff
-    assert _all_equal(gp.velocity(0.0, x), gp.system.velocity(0.0, x) + ff)
+    v = gp.system.velocity(0.0, x)
+    v = v + np.maximum(x @ c.A.T + c.b, 0.0) if activation == "relu" else v + x @ c.A.T + c.b
+    assert _all_equal(gp.velocity(0.0, x), v)
     reference = _rk4(gp, 0.0, t1, n)
     old = _particles(activation)
     old.advance(0.0, t1, n)
@@ -85,7 +85,7 @@ def test_stepping_interface_equals_advance_and_rk4_bitwise(activation):
 def test_plan_steps_equals_advance_per_interval_bitwise():
     """Step counts that change between output times: one run_to of a plan (and a Lockstep
     of two plans) against ``advance`` interval by interval; rows at every output time."""
-    times, counts = [0.0, 0.2, 0.45, 0.5, 1.1], [3, 1, 2, 5]
+    times, counts = [0.0, 0.2, 0.45, 1.1], [2, 1, 3]
     old_a, old_r = _particles("affine"), _particles("relu")
     expected = []
     for k in range(1, len(times)):
@@ -111,7 +111,7 @@ def test_plan_steps_equals_advance_per_interval_bitwise():
     got = []
     while lone.t < times[-1]:
         got.append(lone.step(5.0).t)
-    assert got[2] == times[1] and got[3] == times[2] and got[-1] == times[-1]
+    assert got[1] == times[1] and got[2] == times[2] and got[-1] == times[-1] and len(got) == 6
     assert _all_equal(lone.points, expected[-1][0])
 
 
