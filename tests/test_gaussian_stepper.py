@@ -68,6 +68,7 @@ def test_stepping_interface_equals_advance_and_rk4_bitwise(activation):
     v = gp.system.velocity(0.0, x)
     v = v + np.maximum(x @ c.A.T + c.b, 0.0) if activation == "relu" else v + x @ c.A.T + c.b
     assert _all_equal(gp.velocity(0.0, x), v)
+    assert gp.diagnostics() == gp.system.diagnostics()  # those of the attention part
     reference = _rk4(gp, 0.0, t1, n)
     old = _particles(activation)
     old.advance(0.0, t1, n)
