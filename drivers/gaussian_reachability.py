@@ -69,6 +69,7 @@ import csv
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -76,6 +77,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
+from drivers._outputs import run_to
 from drivers.engine import write_final
 from solvers.gaussian import (
     AttentionReachPlan,
@@ -253,110 +255,100 @@ def plot(
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the experiment.
+def push_particles(controls: Controls, x0: np.ndarray, T: float, n_steps: int) -> GaussianParticles:
+    """Particles x0 (the same on every rank; each rank keeps its block) pushed through the
+    controls to T by ``n_steps`` RK4 steps, through the engine's loop (collective).
 
     Args:
-        argv: the command line (default ``sys.argv[1:]``).
+        controls: the controls.
+        x0: (N, d) all the initial particles.
+        T: the final time.
+        n_steps: the RK4 steps on [0, T].
 
     Returns:
-        0, or 3 if a random target was missed by more than 1e-8 (1e-6 relative with the
-        attention only).
+        The particles at T.
     """
-    # %% Parameters
-    # -------------
-    experiment = Experiment(__file__, __doc__)
-    parser = experiment.parser()
-    parser.add_argument("--n", type=int, default=None, help="number of particles (default 2000)")
-    parser.add_argument("--T", type=float, default=2.0, help="final time (default 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of targets and particles")
-    args = experiment.start(parser, argv)
-    log = experiment.log
+    n = len(x0)
+    lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
+    gp = GaussianParticles(controls, x0[lo:hi], comm=comm, dt=T / n_steps)
+    run_to(gp, T, comm)
+    return gp
 
-    n_particles = args.n if args.n is not None else (200 if args.tiny else 2000)
-    n_steps = 20 if args.tiny else 80  # RK4 steps of the particles on [0, T]
-    T = args.T
-    out = args.out
-    wall0 = time.perf_counter()
-    rng = np.random.default_rng(args.seed)  # particles, then random targets, in this order
 
-    # %% Problem
-    # ----------
-    # Plotted cases in R^2: full rank (an ellipse to a rotated, stretched ellipse, far away)
-    # and rank one (a segment to a segment in another direction), each without and with
-    # attention; last, full rank with the attention as the only control (A = b = 0).
-    m0 = np.array([-2.0, 0.0])
-    S0_full = np.array([[0.6, 0.2], [0.2, 0.3]])
-    S1_full = np.array([[0.2, -0.25], [-0.25, 1.0]])
-    u0, u1 = np.array([1.0, 0.3]), np.array([-0.2, 1.0])
-    S0_rank1, S1_rank1 = 0.5 * np.outer(u0, u0), 0.8 * np.outer(u1, u1)
-    m1 = np.array([2.0, 1.0])
-    attention = {"B": 0.3 * np.array([[1.0, 0.4], [-0.2, 0.8]]), "V": 0.3 * np.eye(2)}
-    cases: dict[str, Case] = {
-        "full_rank": (S0_full, S1_full, {}),
-        "full_rank_attention": (S0_full, S1_full, attention),
-        "rank_one": (S0_rank1, S1_rank1, {}),
-        "rank_one_attention": (S0_rank1, S1_rank1, attention),
-        "attention_only": (S0_full, S1_full, {"only": True}),
-    }
+def plotted_case(
+    name: str, case: Case, setup: dict, rng: np.random.Generator, log: Any
+) -> tuple[list[dict], dict, tuple[np.ndarray, np.ndarray]]:
+    """One plotted case: the controls, the moment ODE with them, particles pushed through them.
 
-    # %% Output
-    # ---------
-    # path.csv: designed against integrated moments per case and time; summary.json.
-    times = np.linspace(0.0, T, 9)
-    rows: list[dict] = []
-    summary: dict = {"T": T, "n_particles": n_particles, "cases": {}}
-    particles: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    Args:
+        name: the case.
+        case: (S0, S1, attention).
+        setup: m0, m1, T, times, n_particles, n_steps.
+        rng: the generator of the particles (advanced by one draw).
+        log: the rank-0 logger.
 
-    # %% Main loop
-    # ------------
-    # For each case: the controls, the moment ODE with them, and particles pushed through them.
-    for name, (S0, S1, att) in cases.items():
-        plan = make_plan(m0, S0, m1, S1, T, att)
-        sol = solve_moments(plan.controls, m0, S0, T, t_eval=times)
-        err_S = float(np.max(np.abs(sol.S[-1] - S1)))
-        err_m = float(np.max(np.abs(sol.m[-1] - m1)))
-        for t, m, S in zip(sol.t, sol.m, sol.S, strict=True):
-            Sd, md = plan.covariance(t), plan.mean(t)
-            rows.append(
-                {
-                    "case": name,
-                    "t": t,
-                    "m1": m[0],
-                    "m2": m[1],
-                    "S11": S[0, 0],
-                    "S12": S[0, 1],
-                    "S22": S[1, 1],
-                    "design_S_error": np.max(np.abs(S - Sd)),
-                    "design_m_error": np.max(np.abs(m - md)),
-                }
-            )
-        # particles from N(m0, S0): the same samples on every rank, each rank keeps its block
-        w, U = np.linalg.eigh(S0)
-        x0 = m0 + (rng.standard_normal((n_particles, 2)) * np.sqrt(np.maximum(w, 0))) @ U.T
-        lo, hi = n_particles * comm.rank // comm.size, n_particles * (comm.rank + 1) // comm.size
-        gp = GaussianParticles(plan.controls, x0[lo:hi], comm=comm)
-        gp.advance(0.0, T, n_steps)
-        mp, Sp = gp.moments()
-        gathered = comm.gather(gp.points, root=0)
-        particles[name] = (x0, np.concatenate(gathered) if comm.rank == 0 else np.zeros((0, 2)))
-        summary["cases"][name] = {
-            "rank": plan.rank,
-            "ode_error_S": err_S,
-            "ode_error_m": err_m,
-            "particle_error_S": float(np.max(np.abs(Sp - S1))),
-            "particle_error_m": float(np.max(np.abs(mp - m1))),
-            "det_G": float(np.linalg.det(plan.G)),
-            "stages": len(plan.stages),
-        }
-        log(
-            f"{name:20s} rank {plan.rank}: ODE error |S - S1| = {err_S:.2e}, "
-            f"|m - m1| = {err_m:.2e}; particles (N = {n_particles}) "
-            f"|S - S1| = {summary['cases'][name]['particle_error_S']:.2e}"
+    Returns:
+        (rows of path.csv, the case's summary, (particles at 0, gathered particles at T on
+        rank 0, else empty)).
+    """
+    S0, S1, att = case
+    m0, m1, T = setup["m0"], setup["m1"], setup["T"]
+    plan = make_plan(m0, S0, m1, S1, T, att)
+    sol = solve_moments(plan.controls, m0, S0, T, t_eval=setup["times"])
+    err_S = float(np.max(np.abs(sol.S[-1] - S1)))
+    err_m = float(np.max(np.abs(sol.m[-1] - m1)))
+    rows = []
+    for t, m, S in zip(sol.t, sol.m, sol.S, strict=True):
+        Sd, md = plan.covariance(t), plan.mean(t)
+        rows.append(
+            {
+                "case": name,
+                "t": t,
+                "m1": m[0],
+                "m2": m[1],
+                "S11": S[0, 0],
+                "S12": S[0, 1],
+                "S22": S[1, 1],
+                "design_S_error": np.max(np.abs(S - Sd)),
+                "design_m_error": np.max(np.abs(m - md)),
+            }
         )
+    # particles from N(m0, S0): the same samples on every rank
+    w, U = np.linalg.eigh(S0)
+    x0 = m0 + (rng.standard_normal((setup["n_particles"], 2)) * np.sqrt(np.maximum(w, 0))) @ U.T
+    gp = push_particles(plan.controls, x0, T, setup["n_steps"])
+    mp, Sp = gp.moments()
+    gathered = comm.gather(gp.points, root=0)
+    particles = (x0, np.concatenate(gathered) if comm.rank == 0 else np.zeros((0, 2)))
+    summary = {
+        "rank": plan.rank,
+        "ode_error_S": err_S,
+        "ode_error_m": err_m,
+        "particle_error_S": float(np.max(np.abs(Sp - S1))),
+        "particle_error_m": float(np.max(np.abs(mp - m1))),
+        "det_G": float(np.linalg.det(plan.G)),
+        "stages": len(plan.stages),
+    }
+    log(
+        f"{name:20s} rank {plan.rank}: ODE error |S - S1| = {err_S:.2e}, "
+        f"|m - m1| = {err_m:.2e}; particles (N = {setup['n_particles']}) "
+        f"|S - S1| = {summary['particle_error_S']:.2e}"
+    )
+    return rows, summary, particles
 
-    # Random targets in higher dimensions, every rank 0..d, with and without attention.
-    random_errors = []
+
+def random_targets(rng: np.random.Generator, T: float) -> tuple[list[dict], str]:
+    """Random targets in d = 3, 4, 5, every rank 0..d, with and without attention, and a
+    target of another rank (rejected).
+
+    Args:
+        rng: the generator of the targets.
+        T: the final time.
+
+    Returns:
+        (the error of each target, the rejection message of the rank 2 -> 3 target).
+    """
+    errors = []
     for d in (3, 4, 5):
         for r in range(d + 1):
             for att in (False, True):
@@ -369,28 +361,41 @@ def main(argv: list[str] | None = None) -> int:
                 plan = reach(a, S0, b, S1, T, **(kw if att else {}))
                 sol = solve_moments(plan.controls, a, S0, T)
                 err = max(np.max(np.abs(sol.S[-1] - S1)), np.max(np.abs(sol.m[-1] - b)))
-                random_errors.append({"d": d, "rank": r, "attention": att, "error": float(err)})
-    worst = max(e["error"] for e in random_errors)
-    summary["random_targets"] = random_errors
-    log(f"{len(random_errors)} random targets (d = 3..5, every rank): worst error {worst:.2e}")
+                errors.append({"d": d, "rank": r, "attention": att, "error": float(err)})
     try:
         reach(np.zeros(3), rand_cov(rng, 3, 2), np.zeros(3), rand_cov(rng, 3, 3), T)
         rejected = "not rejected"
     except ValueError as exc:
         rejected = str(exc)
-    summary["rank_mismatch_message"] = rejected
-    log(f"rank 2 -> rank 3 target: {rejected}")
+    return errors, rejected
 
-    # Attention only (A = b = 0): random full-rank targets, a zero mean, the obstruction.
-    att_targets = []
-    for d in (2, 3) if args.tiny else (2, 3, 4, 5):
-        for _ in range(1 if args.tiny else 3):
+
+def attention_only(
+    rng: np.random.Generator, T: float, tiny: bool, m0: np.ndarray, case: Case, m1: np.ndarray
+) -> dict:
+    """Attention as the only control (A = b = 0): random full-rank targets, a zero mean, the
+    m0 = 0 obstruction, and for the plotted case the error against the integrator tolerance
+    and the open-loop sensitivity of three constructions.
+
+    Args:
+        rng: the generator of the targets.
+        T: the final time.
+        tiny: fewer targets.
+        m0, m1: the plotted case's means.
+        case: the plotted attention-only case (S0, S1, attention).
+
+    Returns:
+        The "attention_only" section of summary.json (without the plotted case's entries).
+    """
+    targets = []
+    for d in (2, 3) if tiny else (2, 3, 4, 5):
+        for _ in range(1 if tiny else 3):
             S0, S1 = rand_cov(rng, d, d), rand_cov(rng, d, d)
             a, b = rng.standard_normal(d), 3.0 * rng.standard_normal(d)
             plan = reach_attention(a, S0, b, S1, T)
             sol = solve_moments(plan.controls, a, S0, T)
             cond = plan.conditioning()
-            att_targets.append(
+            targets.append(
                 {
                     "d": d,
                     "error": relative_errors(sol, b, S1),
@@ -412,8 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         obstruction = "not rejected"
     except ValueError as exc:
         obstruction = str(exc)
-    # the plotted attention-only case: error against the integrator tolerance, sensitivity
-    S0, S1, _ = cases["attention_only"]
+    S0, S1, _ = case
     plans = {
         "attention_whitened": reach_attention(m0, S0, m1, S1, T),
         "attention_flow_frame": reach_attention(m0, S0, m1, S1, T, frame="flow"),
@@ -428,49 +432,146 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name, p in plans.items()
     }
-    sensitivity = {name: amplification(p.controls, m0, S0, T) for name, p in plans.items()}
-
-    # %% Summary
-    # ----------
-    worst_att = max(e["error"] for e in att_targets)
-    summary["attention_only"] = {
-        "plotted_case": {
-            **summary["cases"]["attention_only"],
-            **plans["attention_whitened"].conditioning(),
-        },
-        "random_targets": att_targets,
-        "worst_random_error": worst_att,
+    return {
+        "conditioning": plans["attention_whitened"].conditioning(),
+        "random_targets": targets,
+        "worst_random_error": max(e["error"] for e in targets),
         "zero_mean": zero_mean,
         "obstruction_message": obstruction,
         "error_vs_rtol": tolerance,
-        "sensitivity": sensitivity,
+        "sensitivity": {name: amplification(p.controls, m0, S0, T) for name, p in plans.items()},
     }
+
+
+def write_outputs(
+    experiment: Experiment,
+    out: Path,
+    rows: list[dict],
+    summary: dict,
+    setup: dict,
+    cases: dict[str, Case],
+    particles: dict[str, tuple[np.ndarray, np.ndarray]],
+) -> None:
+    """path.csv, summary.json, final.npz and reachability.png (rank 0).
+
+    Args:
+        experiment: the experiment (its summary writer).
+        out: the output folder.
+        rows: the rows of path.csv.
+        summary: summary.json.
+        setup: m0, m1, T, times.
+        cases: the plotted cases.
+        particles: name -> (particles at 0, at T).
+    """
+    with open(out / "path.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    experiment.write_summary(out, summary)
+    xT = particles["full_rank_attention"][1]
+    keys = ("m1", "m2", "S11", "S12", "S22")
+    reached = np.concatenate([rows[-1][k] * np.ones(1) for k in keys])
+    write_final(out / "final.npz", xT, np.ones(len(xT)), reached, setup["T"])
+    plot(
+        out / "reachability.png",
+        cases,
+        particles,
+        summary["cases"],
+        setup["m0"],
+        setup["m1"],
+        setup["times"],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0, or 3 if a random target was missed by more than 1e-8 (1e-6 relative with the
+        attention only).
+    """
+    # %% Parameters
+    # -------------
+    experiment = Experiment(__file__, __doc__)
+    parser = experiment.parser()
+    parser.add_argument("--n", type=int, default=None, help="number of particles (default 2000)")
+    parser.add_argument("--T", type=float, default=2.0, help="final time (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of targets and particles")
+    args = experiment.start(parser, argv)
+    log = experiment.log
+    T = args.T
+    setup = {
+        "n_particles": args.n if args.n is not None else (200 if args.tiny else 2000),
+        "n_steps": 20 if args.tiny else 80,  # RK4 steps of the particles on [0, T]
+        "T": T,
+        "times": np.linspace(0.0, T, 9),
+        "m0": np.array([-2.0, 0.0]),
+        "m1": np.array([2.0, 1.0]),
+    }
+    wall0 = time.perf_counter()
+    rng = np.random.default_rng(args.seed)  # particles, then random targets, in this order
+
+    # %% Problem
+    # ----------
+    # Plotted cases in R^2: full rank (an ellipse to a rotated, stretched ellipse, far away)
+    # and rank one (a segment to a segment in another direction), each without and with
+    # attention; last, full rank with the attention as the only control (A = b = 0).
+    S0_full = np.array([[0.6, 0.2], [0.2, 0.3]])
+    S1_full = np.array([[0.2, -0.25], [-0.25, 1.0]])
+    u0, u1 = np.array([1.0, 0.3]), np.array([-0.2, 1.0])
+    S0_rank1, S1_rank1 = 0.5 * np.outer(u0, u0), 0.8 * np.outer(u1, u1)
+    attention = {"B": 0.3 * np.array([[1.0, 0.4], [-0.2, 0.8]]), "V": 0.3 * np.eye(2)}
+    cases: dict[str, Case] = {
+        "full_rank": (S0_full, S1_full, {}),
+        "full_rank_attention": (S0_full, S1_full, attention),
+        "rank_one": (S0_rank1, S1_rank1, {}),
+        "rank_one_attention": (S0_rank1, S1_rank1, attention),
+        "attention_only": (S0_full, S1_full, {"only": True}),
+    }
+
+    # %% Main loop
+    # ------------
+    # Each plotted case (controls, moment ODE, particles), the random targets, the attention
+    # as the only control.
+    rows: list[dict] = []
+    summary: dict = {"T": T, "n_particles": setup["n_particles"], "cases": {}}
+    particles: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, case in cases.items():
+        case_rows, summary["cases"][name], particles[name] = plotted_case(
+            name, case, setup, rng, log
+        )
+        rows.extend(case_rows)
+    random_errors, rejected = random_targets(rng, T)
+    worst = max(e["error"] for e in random_errors)
+    summary["random_targets"] = random_errors
+    log(f"{len(random_errors)} random targets (d = 3..5, every rank): worst error {worst:.2e}")
+    summary["rank_mismatch_message"] = rejected
+    log(f"rank 2 -> rank 3 target: {rejected}")
+    only = attention_only(rng, T, args.tiny, setup["m0"], cases["attention_only"], setup["m1"])
+
+    # %% Summary
+    # ----------
+    summary["attention_only"] = {
+        "plotted_case": {**summary["cases"]["attention_only"], **only.pop("conditioning")},
+        **only,
+    }
+    worst_att, zero_mean = only["worst_random_error"], only["zero_mean"]
     log(
-        f"attention only: {len(att_targets)} random full-rank targets, worst relative error "
-        f"{worst_att:.2e}; zero mean: error {zero_mean['error']:.2e}, max |m| "
-        f"{zero_mean['max_abs_m']:.1e}; m0 = 0 -> m1 != 0: {obstruction}"
+        f"attention only: {len(only['random_targets'])} random full-rank targets, worst "
+        f"relative error {worst_att:.2e}; zero mean: error {zero_mean['error']:.2e}, max |m| "
+        f"{zero_mean['max_abs_m']:.1e}; m0 = 0 -> m1 != 0: {only['obstruction_message']}"
     )
     log(
         "open-loop amplification of perturbed (m0, S0), plotted case: "
-        + ", ".join(f"{k} {v:.1e}" for k, v in sensitivity.items())
+        + ", ".join(f"{k} {v:.1e}" for k, v in only["sensitivity"].items())
     )
-
-    # %% Pictures
-    # -----------
-    # (The work above is a handful of ODE solves; rank 0 writes the results.)
     summary["wall_s"] = time.perf_counter() - wall0
     if comm.rank == 0:
-        with open(out / "path.csv", "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        experiment.write_summary(out, summary)
-        xT = particles["full_rank_attention"][1]
-        keys = ("m1", "m2", "S11", "S12", "S22")
-        reached = np.concatenate([rows[-1][k] * np.ones(1) for k in keys])
-        write_final(out / "final.npz", xT, np.ones(len(xT)), reached, T)
-        plot(out / "reachability.png", cases, particles, summary["cases"], m0, m1, times)
-    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
+        write_outputs(experiment, args.out, rows, summary, setup, cases, particles)
+    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {args.out}")
     return 0 if worst < 1e-8 and worst_att < 1e-6 else 3
 
 

@@ -177,7 +177,8 @@ def particle_moments(
     name: str, gp: GaussianParticles, ref: Any, steps_per_output: int, rows: list[dict]
 ) -> list[float]:
     """The particles from ref.t[0] over the times ref.t, ``steps_per_output`` RK4 steps
-    between two (collective): a row of moments.csv at each, appended to ``rows``.
+    between two (the engine's loop; collective): a row of moments.csv at each, appended to
+    ``rows``.
 
     Args:
         name: the regime.
@@ -189,13 +190,18 @@ def particle_moments(
     Returns:
         The relative covariance discrepancy |S - S_ode| / |S_ode| at each time.
     """
-    errors = []
-    for k in range(len(ref.t)):
-        if k:
-            gp.advance(ref.t[k - 1], ref.t[k], steps_per_output)
-        m, S = gp.moments()
+    errors: list[float] = []
+
+    def write(s: GaussianParticles, result: object = None) -> None:
+        k = len(errors)
+        m, S = s.moments()
         rows.append(moments_row(name, "particles", ref.t[k], m, S))
         errors.append(float(np.linalg.norm(S - ref.S[k]) / np.linalg.norm(ref.S[k])))
+
+    write(gp)
+    # the step (t_k+1 - t_k) / steps_per_output changes (by round-off) between output times
+    gp.plan_steps(ref.t, [steps_per_output] * (len(ref.t) - 1))
+    run_to(gp, ref.t[-1], comm, ref.t[1:], write)
     return errors
 
 
@@ -272,18 +278,129 @@ def plot(
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the experiment.
+def refinement(experiment: Experiment, args: Any, controls: Controls, setup: dict) -> int:
+    """--refinement: the moving-frame solver of the blow-up regime at the given resolutions
+    against the moment ODE (solvers.gaussian.blowup_refinement, serial on every rank), in
+    summary.json.
 
     Args:
-        argv: the command line (default ``sys.argv[1:]``).
+        experiment: the experiment.
+        args: the command line (``refinement``, ``half_width``, ``out``).
+        controls: the blow-up regime.
+        setup: m0, S0, t_star.
 
     Returns:
         0.
     """
-    # %% Parameters
-    # -------------
-    experiment = Experiment(__file__, __doc__)
+    t_star = setup["t_star"]
+    study = blowup_refinement(
+        controls,
+        setup["m0"],
+        setup["S0"],
+        [0.25, 0.5, 0.8 * t_star, 0.9 * t_star],
+        args.half_width,
+        args.refinement,
+    )
+    for n, ce, me in zip(study.n, study.cov_error, study.mean_error, strict=True):
+        experiment.log(
+            f"n = {int(n)}: relative S error {np.array2string(ce, precision=3)}, mean {me}"
+        )
+    if comm.rank == 0:
+        experiment.write_summary(
+            args.out,
+            {
+                "t_star": t_star,
+                "times": study.times,
+                "n": study.n,
+                "half_width": study.half_width,
+                "cov_error": study.cov_error,
+                "mean_error": study.mean_error,
+                "mass": study.mass,
+                "steps": study.steps,
+                "mode": "refinement",
+            },
+        )
+    return 0
+
+
+def run_regime(
+    name: str, ctr: Controls, ode: Any, setup: dict, rows: list[dict], summary: dict, log: Any
+) -> np.ndarray:
+    """One regime: the ODE rows, the particles (compared with the ODE) and the mesh solver.
+
+    Args:
+        name: "bounded" or "blowup".
+        ctr: its controls.
+        ode: the moment ODE's solution (beyond the regime's end time for the blow-up).
+        setup: m0, S0, t_star, t_end, x_all (all the particles), n_outputs,
+            steps_per_output, n_mesh.
+        rows: the rows of moments.csv (appended to).
+        summary: summary.json (its "discrepancy" and "mesh" entries filled).
+        log: the rank-0 logger.
+
+    Returns:
+        The particles at the end, gathered on rank 0 (empty elsewhere).
+    """
+    m0, S0, t_star, n_outputs = setup["m0"], setup["S0"], setup["t_star"], setup["n_outputs"]
+    for t, m, S in zip(ode.t, ode.m, ode.S, strict=True):
+        if t <= setup["t_end"][name]:
+            rows.append(moments_row(name, "ode", t, m, S))
+    # particles up to t_end (0.97 t* for the blow-up run), compared with the ODE
+    T = setup["t_end"][name] if name == "bounded" else 0.97 * t_star
+    x_all = setup["x_all"]
+    lo, hi = len(x_all) * comm.rank // comm.size, len(x_all) * (comm.rank + 1) // comm.size
+    gp = GaussianParticles(ctr, x_all[lo:hi], comm=comm)
+    ref = solve_moments(ctr, m0, S0, T, t_eval=np.linspace(0.0, T, n_outputs + 1))
+    errors = particle_moments(name, gp, ref, setup["steps_per_output"], rows)
+    summary["discrepancy"][name] = {"t": ref.t, "relative_S_error": errors}
+    half = 4.0 if name == "bounded" else 7.0
+    t_stop = ref.t[-1] if name == "bounded" else 0.8 * t_star
+    mesh_t, mesh_S, info = mesh_solver_moments(ctr, m0, S0, ref.t, t_stop, half, setup["n_mesh"])
+    summary.setdefault("mesh", {})[name] = info
+    for t, S in zip(mesh_t, mesh_S, strict=True):
+        rows.append(moments_row(name, "mesh", t, np.full(2, np.nan), S))
+    log(
+        f"{name}: particles vs ODE, relative covariance error {errors[n_outputs // 4]:.3e} at "
+        f"t = {ref.t[n_outputs // 4]:.3g}, {errors[-1]:.3e} at t = {ref.t[-1]:.4g}"
+    )
+    gathered = comm.gather(gp.points, root=0)
+    return np.concatenate(gathered) if comm.rank == 0 else np.zeros((0, 2))
+
+
+def write_outputs(
+    experiment: Experiment, out: Path, rows: list[dict], summary: dict, ode: dict, setup: dict
+) -> None:
+    """moments.csv, summary.json, final.npz and regimes.png (rank 0).
+
+    Args:
+        experiment: the experiment (its summary writer).
+        out: the output folder.
+        rows: the rows of moments.csv.
+        summary: summary.json.
+        ode: regime -> the moment ODE's solution.
+        setup: t_star, S_inf, final_points, n_particles.
+    """
+    with open(out / "moments.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    experiment.write_summary(out, summary)
+    density = np.concatenate([ode["bounded"].S[-1].ravel(), ode["blowup"].S[-1].ravel()])
+    final_points, t_star = setup["final_points"], setup["t_star"]
+    write_final(out / "final.npz", final_points, np.ones(len(final_points)), density, 0.97 * t_star)
+    plot(out / "regimes.png", rows, setup["S_inf"], t_star, setup["n_particles"])
+
+
+def arguments(experiment: Experiment, argv: list[str] | None) -> Any:
+    """The command line: --n, --seed, --refinement, --half-width (and --tiny, --out).
+
+    Args:
+        experiment: the experiment.
+        argv: the command line.
+
+    Returns:
+        The parsed arguments.
+    """
     parser = experiment.parser()
     parser.add_argument("--n", type=int, default=None, help="number of particles (default 4000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial particles")
@@ -297,14 +414,33 @@ def main(argv: list[str] | None = None) -> int:
         "(e.g. 48 64 96) against the moment ODE at t = 0.25, 0.5, 0.8 t*, 0.9 t* (in summary.json)",
     )
     parser.add_argument("--half-width", type=float, default=12.0, help="R of --refinement")
-    args = experiment.start(parser, argv)
-    log = experiment.log
+    return experiment.start(parser, argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
+    # %% Parameters
+    # -------------
+    experiment = Experiment(__file__, __doc__)
+    args = arguments(experiment, argv)
+    log = experiment.log
     n_particles = args.n if args.n is not None else (300 if args.tiny else 4000)
-    n_outputs = 12 if args.tiny else 40  # particle output times per regime
-    steps_per_output = 2 if args.tiny else 4  # RK4 steps between outputs
-    n_mesh = 16 if args.tiny else 48  # mesh cells per side of the box
-    out = args.out
+    setup: dict = {
+        "n_particles": n_particles,
+        "n_outputs": 12 if args.tiny else 40,  # particle output times per regime
+        "steps_per_output": 2 if args.tiny else 4,  # RK4 steps between outputs
+        "n_mesh": 16 if args.tiny else 48,  # mesh cells per side of the box
+        # mu_0 = N(m0, S0)
+        "m0": np.array([0.5, -0.3]),
+        "S0": np.array([[0.5, 0.1], [0.1, 0.3]]),
+    }
     wall0 = time.perf_counter()
     # A has eigenvalues 0.35 +- 0.5i (positive real parts); Bp is positive definite; V = I.
     A = np.array([[0.4, 0.5], [-0.5, 0.3]])
@@ -312,22 +448,13 @@ def main(argv: list[str] | None = None) -> int:
     V = np.eye(2)
     b = np.array([0.2, 0.0])
 
-    # %% Initial condition
-    # --------------------
-    # mu_0 = N(m0, S0); the particles: the same N samples on every rank, each rank keeps its
-    # block.
-    m0 = np.array([0.5, -0.3])
-    S0 = np.array([[0.5, 0.1], [0.1, 0.3]])
-    x_all = (
-        m0
-        + np.random.default_rng(args.seed).standard_normal((n_particles, 2))
-        @ np.linalg.cholesky(S0).T
-    )
-    lo, hi = n_particles * comm.rank // comm.size, n_particles * (comm.rank + 1) // comm.size
-
     # %% Problem
     # ----------
+    # The particles: the same N samples of mu_0 on every rank, each rank keeps its block.
     # bounded: V = -I, B = +Bp (opposite definiteness); blowup: V = I, B = +Bp (equal).
+    m0, S0 = setup["m0"], setup["S0"]
+    rng = np.random.default_rng(args.seed)
+    setup["x_all"] = m0 + rng.standard_normal((n_particles, 2)) @ np.linalg.cholesky(S0).T
     regimes = {
         "bounded": Controls.constant(A, Bp, -V, b),
         "blowup": Controls.constant(A, Bp, V, b),
@@ -337,58 +464,28 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, cl in classes.items():
         log(f"{name}: classify -> {cl.regime} ({cl.condition})")
-
-    # %% Solver
-    # ---------
-    # The exact blow-up time from P = S^{-1} (bisection on lambda_min to 1e-10), and the moment
-    # ODE (which must find it by itself). The bounded run lasts 8 time units, the blow-up run
-    # until t*. The mesh solver (mesh_solver_moments) runs the blow-up case to 0.8 t* only, on
-    # a larger box (its spreading Gaussian leaves any box), and reports its outflow.
+    # The exact blow-up time from P = S^{-1} (bisection on lambda_min to 1e-10), and the
+    # moment ODE (which must find it by itself). The bounded run lasts 8 time units, the
+    # blow-up run until t*. The mesh solver (mesh_solver_moments) runs the blow-up case to
+    # 0.8 t* only, on a larger box (its spreading Gaussian leaves any box), with its outflow.
     exact = blowup_time_vI(regimes["blowup"], S0, 20.0)
-    t_star = exact.t_star
+    setup["t_star"] = t_star = exact.t_star
     if args.refinement:
-        # the moving-frame solver (solvers.gaussian.blowup_refinement), serial on every rank
-        study = blowup_refinement(
-            regimes["blowup"],
-            m0,
-            S0,
-            [0.25, 0.5, 0.8 * t_star, 0.9 * t_star],
-            args.half_width,
-            args.refinement,
-        )
-        for n, ce, me in zip(study.n, study.cov_error, study.mean_error, strict=True):
-            log(f"n = {int(n)}: relative S error {np.array2string(ce, precision=3)}, mean {me}")
-        if comm.rank == 0:
-            experiment.write_summary(
-                out,
-                {
-                    "t_star": t_star,
-                    "times": study.times,
-                    "n": study.n,
-                    "half_width": study.half_width,
-                    "cov_error": study.cov_error,
-                    "mean_error": study.mean_error,
-                    "mass": study.mass,
-                    "steps": study.steps,
-                    "mode": "refinement",
-                },
-            )
-        return 0
-    t_end = {"bounded": 8.0, "blowup": t_star}
-    ode = {}
-    for name, ctr in regimes.items():
-        ode[name] = solve_moments(
-            ctr, m0, S0, 1.5 * t_end[name] if name == "blowup" else t_end[name]
-        )
+        return refinement(experiment, args, regimes["blowup"], setup)
+    setup["t_end"] = {"bounded": 8.0, "blowup": t_star}
+    ode = {
+        name: solve_moments(ctr, m0, S0, (1.5 if name == "blowup" else 1.0) * setup["t_end"][name])
+        for name, ctr in regimes.items()
+    }
     bu = ode["blowup"].blowup
     log(f"t* from P = S^-1: {t_star:.12f}, bracket [{exact.t_lo:.12f}, {exact.t_hi:.12f}]")
     log(
         f"t* from the ODE:  {bu.t_star:.12f}, bracket [{bu.t_lo:.12f}, {bu.t_hi:.12f}] ({bu.reason})"
     )
 
-    # %% Output
-    # ---------
-    # moments.csv: one row per regime, source and time; summary.json.
+    # %% Main loop
+    # ------------
+    # For each regime: the ODE, the particles (compared with the ODE) and the mesh solver.
     rows: list[dict] = []
     summary: dict = {
         "n_particles": n_particles,
@@ -402,52 +499,17 @@ def main(argv: list[str] | None = None) -> int:
         "mean_limit": -np.linalg.solve(classes["bounded"].mean_matrix, b),
         "discrepancy": {},
     }
-
-    # %% Main loop
-    # ------------
-    # For each regime: the ODE, the particles (compared with the ODE) and the mesh solver.
-    final_points = np.zeros((0, 2))
     for name, ctr in regimes.items():
-        sol = ode[name]
-        for t, m, S in zip(sol.t, sol.m, sol.S, strict=True):
-            if t <= t_end[name]:
-                rows.append(moments_row(name, "ode", t, m, S))
-        # particles up to t_end (0.97 t* for the blow-up run), compared with the ODE
-        T = t_end[name] if name == "bounded" else 0.97 * t_star
-        gp = GaussianParticles(ctr, x_all[lo:hi], comm=comm)
-        ref = solve_moments(ctr, m0, S0, T, t_eval=np.linspace(0.0, T, n_outputs + 1))
-        errors = particle_moments(name, gp, ref, steps_per_output, rows)
-        summary["discrepancy"][name] = {"t": ref.t, "relative_S_error": errors}
-        half = 4.0 if name == "bounded" else 7.0
-        t_stop = ref.t[-1] if name == "bounded" else 0.8 * t_star
-        mesh_t, mesh_S, info = mesh_solver_moments(ctr, m0, S0, ref.t, t_stop, half, n_mesh)
-        summary.setdefault("mesh", {})[name] = info
-        for t, S in zip(mesh_t, mesh_S, strict=True):
-            rows.append(moments_row(name, "mesh", t, np.full(2, np.nan), S))
-        log(
-            f"{name}: particles vs ODE, relative covariance error {errors[n_outputs // 4]:.3e} at "
-            f"t = {ref.t[n_outputs // 4]:.3g}, {errors[-1]:.3e} at t = {ref.t[-1]:.4g}"
-        )
-        if name == "blowup":
-            gathered = comm.gather(gp.points, root=0)
-            if comm.rank == 0:
-                final_points = np.concatenate(gathered)
+        setup["final_points"] = run_regime(name, ctr, ode[name], setup, rows, summary, log)
     summary["wall_s"] = time.perf_counter() - wall0
 
-    # %% Pictures
-    # -----------
+    # %% Summary
+    # ----------
+    # moments.csv: one row per regime, source and time; summary.json; final.npz; regimes.png.
+    setup["S_inf"] = classes["bounded"].equilibrium
     if comm.rank == 0:
-        with open(out / "moments.csv", "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        experiment.write_summary(out, summary)
-        density = np.concatenate([ode["bounded"].S[-1].ravel(), ode["blowup"].S[-1].ravel()])
-        write_final(
-            out / "final.npz", final_points, np.ones(len(final_points)), density, 0.97 * t_star
-        )
-        plot(out / "regimes.png", rows, classes["bounded"].equilibrium, t_star, n_particles)
-    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
+        write_outputs(experiment, args.out, rows, summary, ode, setup)
+    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {args.out}")
     return 0
 
 

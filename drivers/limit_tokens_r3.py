@@ -67,6 +67,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -75,6 +76,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from drivers._experiment import Experiment
+from drivers._outputs import run_to
 from drivers.engine import write_final
 from solvers.attention import gather_measure
 from solvers.diagnostics import fit_power_law
@@ -120,6 +122,11 @@ def exact_moments(t_end: float) -> tuple[np.ndarray, np.ndarray]:
     return sol.m[-1], sol.S[-1]
 
 
+def rk4_steps(t_end: float) -> int:
+    """The RK4 steps of the particles on [0, t_end]: STEPS_PER_UNIT per unit time."""
+    return max(1, math.ceil(STEPS_PER_UNIT * t_end - 1e-9))
+
+
 def particle_run(n: int, seed: int, t_end: float) -> tuple[np.ndarray, np.ndarray]:
     """N tokens iid from N(M0, S0), moved to t_end by RK4 (collective).
 
@@ -133,8 +140,9 @@ def particle_run(n: int, seed: int, t_end: float) -> tuple[np.ndarray, np.ndarra
     """
     x0 = np.random.default_rng([seed, n]).multivariate_normal(M0, S0, n)
     lo, hi = comm.rank * n // comm.size, (comm.rank + 1) * n // comm.size
-    system = GaussianParticles(controls(), x0[lo:hi], np.full(hi - lo, 1.0 / n), comm=comm)
-    system.advance(0.0, t_end, max(1, math.ceil(STEPS_PER_UNIT * t_end - 1e-9)))
+    dt = t_end / rk4_steps(t_end)
+    system = GaussianParticles(controls(), x0[lo:hi], np.full(hi - lo, 1.0 / n), comm=comm, dt=dt)
+    run_to(system, t_end, comm)
     x1, _ = gather_measure(comm, system.points, system.system.masses)
     return x0, x1
 
@@ -341,6 +349,68 @@ def plot(path: Path, r: dict, t_end: float) -> None:
     plt.close(fig)
 
 
+def arguments(experiment: Experiment, argv: list[str] | None) -> Any:
+    """The command line: --sizes, --seeds, --t-end, --ot-max (and --tiny, --out).
+
+    Args:
+        experiment: the experiment.
+        argv: the command line.
+
+    Returns:
+        The parsed arguments.
+    """
+    parser = experiment.parser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="token numbers N")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per N (default 8)")
+    parser.add_argument("--t-end", type=float, default=None, help="final time T (default 1)")
+    parser.add_argument("--ot-max", type=int, default=None, help="largest N with exact OT")
+    return experiment.start(parser, argv)
+
+
+def write_outputs(
+    experiment: Experiment, out: Path, r: dict, table: list[dict], summary: dict
+) -> None:
+    """table.csv, fits.csv, summary.json, limit_tokens_r3.png and final.npz (rank 0).
+
+    Args:
+        experiment: the experiment (its summary writer).
+        out: the output folder.
+        r: the result of :func:`study`.
+        table: the rows of table.csv.
+        summary: summary.json (``sizes``, ``t_end``, ``m_T``, ``S_T``).
+    """
+    t_end = summary["t_end"]
+    with open(out / "table.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    with open(out / "fits.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(
+            ["distance", "time", "slope", "ci_low", "ci_high", "t_low", "t_high", "prefactor"]
+        )
+        for (name, tk), f in sorted(r["fits"].items()):
+            writer.writerow(
+                [name, tk, f.slope, f.ci_low, f.ci_high, f.t_low, f.t_high, f.prefactor]
+            )
+    experiment.write_summary(out, summary)
+    plot(out / "limit_tokens_r3.png", r, t_end)
+    pts = r["last"]
+    write_final(
+        out / "final.npz",
+        pts,
+        np.full(len(pts), 1.0 / len(pts)),
+        gaussian_pdf(pts, summary["m_T"], summary["S_T"]),
+        t_end,
+        sizes=np.array(summary["sizes"]),
+        table_N=np.array([row["N"] for row in table]),
+        table_seed=np.array([row["seed"] for row in table]),
+        table_time=np.array([row["t"] for row in table]),
+        table_distance=np.array([row["distance"] for row in table]),
+        table_value=np.array([row["value"] for row in table]),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -353,19 +423,13 @@ def main(argv: list[str] | None = None) -> int:
     # %% Parameters
     # -------------
     experiment = Experiment(__file__, __doc__)
-    parser = experiment.parser()
-    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="token numbers N")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per N (default 8)")
-    parser.add_argument("--t-end", type=float, default=None, help="final time T (default 1)")
-    parser.add_argument("--ot-max", type=int, default=None, help="largest N with exact OT")
-    args = experiment.start(parser, argv)
+    args = arguments(experiment, argv)
     log = experiment.log
     tiny = args.tiny
     sizes = args.sizes or ([100, 200, 400] if tiny else [100, 200, 500, 1000, 2000, 5000, 10000])
     seeds = args.seeds or (3 if tiny else 8)
     t_end = args.t_end if args.t_end is not None else (0.5 if tiny else 1.0)
     ot_max = args.ot_max if args.ot_max is not None else (400 if tiny else 2000)
-    out = args.out
     wall0 = time.perf_counter()
 
     # %% Problem
@@ -426,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         "S0": S0,
         "m_T": m_t,
         "S_T": S_t,
-        "rk4_steps": max(1, math.ceil(STEPS_PER_UNIT * t_end - 1e-9)),
+        "rk4_steps": rk4_steps(t_end),
         "directions": N_DIRECTIONS,
         "mmd_sigma": MMD_SIGMA,
         "fits": {f"{name}_t{tk}": f.as_dict() for (name, tk), f in r["fits"].items()},
@@ -434,40 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         "wall_per_N": {str(n): r["walls"][n] for n in sizes},
         "theory": "E W2 <~ N^-1/4, E W1 <~ N^-1/3 (d = 3, Fournier-Guillin); SW2, MMD ~ N^-1/2",
     }
-
-    # %% Pictures
-    # -----------
     if comm.rank == 0:
-        with open(out / "table.csv", "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(table[0]))
-            writer.writeheader()
-            writer.writerows(table)
-        with open(out / "fits.csv", "w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(
-                ["distance", "time", "slope", "ci_low", "ci_high", "t_low", "t_high", "prefactor"]
-            )
-            for (name, tk), f in sorted(r["fits"].items()):
-                writer.writerow(
-                    [name, tk, f.slope, f.ci_low, f.ci_high, f.t_low, f.t_high, f.prefactor]
-                )
-        experiment.write_summary(out, summary)
-        plot(out / "limit_tokens_r3.png", r, t_end)
-        pts = r["last"]
-        write_final(
-            out / "final.npz",
-            pts,
-            np.full(len(pts), 1.0 / len(pts)),
-            gaussian_pdf(pts, m_t, S_t),
-            t_end,
-            sizes=np.array(sizes),
-            table_N=np.array([row["N"] for row in table]),
-            table_seed=np.array([row["seed"] for row in table]),
-            table_time=np.array([row["t"] for row in table]),
-            table_distance=np.array([row["distance"] for row in table]),
-            table_value=np.array([row["value"] for row in table]),
-        )
-    log(f"wall time {wall:.1f} s; results in {out}")
+        write_outputs(experiment, args.out, r, table, summary)
+    log(f"wall time {wall:.1f} s; results in {args.out}")
     return 0
 
 

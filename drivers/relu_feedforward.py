@@ -81,10 +81,9 @@ Things to try:
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
-from pathlib import Path
+from itertools import pairwise
 from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
@@ -95,8 +94,9 @@ from scipy.integrate import solve_ivp
 from scipy.special import ndtr, ndtri
 
 from drivers._experiment import Experiment
-from drivers._outputs import run_to
-from drivers.engine import GatheredCells, build_problem, validate, write_final
+from drivers._outputs import Lockstep, run_to
+from drivers._relu_feedforward_report import write_outputs
+from drivers.engine import GatheredCells, build_problem, validate
 from solvers.gaussian import Controls, GaussianParticles, solve_moments
 
 comm = MPI.COMM_WORLD
@@ -295,52 +295,6 @@ def mesh_config(refinement: int, bias: float, t_end: float) -> dict:
     )
 
 
-def plot(path: Path, rows: list[dict], c1: float, final: dict) -> None:
-    """Distances against t (log-log) and the final densities (rank 0).
-
-    Args:
-        path: the PNG file.
-        rows: the rows of distances.csv.
-        c1: the predicted first-order constant.
-        final: x, mesh density, the closure Gaussian and the moment-matched Gaussian at t_end.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.5, 4.4))
-    styles = {
-        ("particles", "D_mm"): ("o-", "C0", "W2(mu_t, moment-matched), particles"),
-        ("particles", "D_flow"): ("x", "C2", "W2(mu_t, G_t), particles"),
-        ("mesh", "D_mm"): ("s", "C1", "W2(mu_t, moment-matched), mesh"),
-        ("particles", "d_moments"): ("^-", "C3", "|dm| + |dS| vs G_t, particles"),
-        ("particles_affine", "D_mm"): ("v:", "C7", "affine layer (control), particles"),
-    }
-    for (source, key), (style, color, label) in styles.items():
-        sel = [r for r in rows if r["source"] == source and r["t"] > 0]
-        t = np.array([r["t"] for r in sel])
-        y = np.maximum([r[key] for r in sel], 1e-17)
-        ax.loglog(t, y, style, color=color, ms=4, mfc="none", label=label)
-    t = np.array(sorted({r["t"] for r in rows if r["t"] > 0}))
-    ax.loglog(t, c1 * t, "k--", lw=1, label=f"c1 t, c1 = {c1:.5f} (predicted)")
-    dm = [r for r in rows if r["source"] == "particles" and r["t"] > 0]
-    C = dm[0]["d_moments"] / dm[0]["t"] ** 2
-    ax.loglog(t, C * t**2, "k:", lw=1, label="C t^2")
-    ax.set(xlabel="t", ylabel="distance", title="leaving the Gaussians: order 1, moments order 2")
-    ax.legend(fontsize=7)
-    bx.plot(final["x"], final["mesh"], "C1-", label="mesh density (ReLU layer)")
-    bx.plot(final["x"], final["closure"], "k--", lw=1, label="G_t (Gaussian moment flow)")
-    bx.plot(final["x"], final["matched"], "C0:", label="moment-matched Gaussian")
-    bx.axvline(final["kink"], color="gray", lw=0.8, ls="-.", label="kink of the ReLU")
-    bx.set(xlabel="x", ylabel="density", title=f"t = {final['t']:g}")
-    bx.legend(fontsize=7)
-    fig.suptitle("Gaussian transformer with a ReLU feed-forward layer [P3]", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def summarise(
     rows: list[dict], times: np.ndarray, c1: float, bias: float, sizes: dict, outflow: float
 ) -> dict:
@@ -391,6 +345,81 @@ def summarise(
     return summary
 
 
+def arguments(experiment: Experiment, argv: list[str] | None) -> Any:
+    """The command line: --n, --refinement, --bias, --t-end (and --tiny, --out).
+
+    Args:
+        experiment: the experiment.
+        argv: the command line.
+
+    Returns:
+        The parsed arguments.
+    """
+    parser = experiment.parser()
+    parser.add_argument("--n", type=int, default=None, help="particles (default 2401; tiny 201)")
+    parser.add_argument(
+        "--refinement", type=int, default=None, help="mesh: 16 * 2^r cells (default 6; tiny 2)"
+    )
+    parser.add_argument("--bias", type=float, default=0.0, help="the bias b of max(A x + b, 0)")
+    parser.add_argument("--t-end", type=float, default=None, help="final time (default 0.4)")
+    return experiment.start(parser, argv)
+
+
+def distance_row(t: float, source: str, m: float, S: float, D: Any, ref: tuple, c1: float) -> dict:
+    """One row of distances.csv: distances ``D`` = (D_mm, D_flow), the moments (m, S) and
+    their distance to the reference ``ref`` = (mean, variance)."""
+    return {
+        "t": t,
+        "source": source,
+        "D_mm": D[0],
+        "D_flow": D[1],
+        "d_mean": abs(m - ref[0]),
+        "d_var": abs(S - ref[1]),
+        "d_moments": abs(m - ref[0]) + abs(S - ref[1]),
+        "mean": m,
+        "var": S,
+        "c1_t": c1 * t,
+    }
+
+
+def rows_at(
+    t: float,
+    mesh: Any,
+    particles: dict[str, GaussianParticles],
+    refs: dict[str, tuple],
+    rule: tuple[np.ndarray, np.ndarray, float],
+    c1: float,
+) -> list[dict]:
+    """The rows of distances.csv at the time t: each particle system, then the mesh solution
+    (collective).
+
+    Args:
+        t: the time.
+        mesh: the mesh scheme.
+        particles: source -> particles at t.
+        refs: source (and "mesh") -> the reference (mean, variance) at t.
+        rule: the nodes z and weights w of the particles, the cell width h of the mesh.
+        c1: the predicted first-order constant.
+
+    Returns:
+        One row per particle system, then the mesh's.
+    """
+    z, w, h = rule
+    rows = []
+    for source, gp in particles.items():
+        m, S, *D = particle_distances(gp, z, w, refs[source], comm)
+        rows.append(distance_row(t, source, m, S, D, refs[source], c1))
+    pts, mass = mesh.measure()
+    centres = np.concatenate(comm.allgather(pts[:, 0]))
+    masses = np.concatenate(comm.allgather(mass))
+    m, S = cell_moments(centres, masses, h)
+    ref = refs["mesh"]
+    sd = float(np.sqrt(ref[1]))
+    D = (cell_w2(centres, masses, h, m, np.sqrt(S)), cell_w2(centres, masses, h, ref[0], sd))
+    rows.append(distance_row(t, "mesh", m, S, D, ref, c1))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -403,14 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     # %% Parameters
     # -------------
     experiment = Experiment(__file__, __doc__)
-    parser = experiment.parser()
-    parser.add_argument("--n", type=int, default=None, help="particles (default 2401; tiny 201)")
-    parser.add_argument(
-        "--refinement", type=int, default=None, help="mesh: 16 * 2^r cells (default 6; tiny 2)"
-    )
-    parser.add_argument("--bias", type=float, default=0.0, help="the bias b of max(A x + b, 0)")
-    parser.add_argument("--t-end", type=float, default=None, help="final time (default 0.4)")
-    args = experiment.start(parser, argv)
+    args = arguments(experiment, argv)
     log = experiment.log
     n = args.n if args.n is not None else (201 if args.tiny else 2401)
     refinement = args.refinement if args.refinement is not None else (2 if args.tiny else 6)
@@ -421,94 +443,55 @@ def main(argv: list[str] | None = None) -> int:
     V, B = np.array([[ATT_V]]), np.array([[ATT_B]])
     m0, S0 = np.array([M0]), np.array([[VAR0]])
     s0 = float(np.sqrt(S0[0, 0]))
-    out = args.out
     wall0 = time.perf_counter()
-
-    # %% Mesh
-    # -------
-    # The finite-volume solver of `transformer-pde run` on [-BOX, BOX] with the ReLU layer.
-    cfg = mesh_config(refinement, args.bias, t_end)
-    problem = build_problem(cfg, comm)
-    scheme, cv = problem.scheme, problem.cv
-    h = 2 * BOX / (16 * 2**refinement)
-    cells = GatheredCells(cv)
-
-    # %% Initial condition
-    # --------------------
-    # Particles at m0 + s0 z_i (trapezoidal nodes of N(0, 1)), each rank its block.
-    z, w = normal_rule(n)
-    lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
-    x0 = (m0[0] + s0 * z[lo:hi])[:, None]
 
     # %% Problem
     # ----------
-    # The predicted constant, the Gaussian moment flow (closure) and M3's ODE (control).
+    # The finite-volume solver of `transformer-pde run` on [-BOX, BOX] with the ReLU layer;
+    # particles at m0 + s0 z_i (trapezoidal nodes of N(0, 1), each rank its block) with the
+    # ReLU layer and (control) the affine one, RK4 steps of at most DT_MAX between outputs;
+    # the predicted constant, the Gaussian moment flow (closure) and M3's ODE (control).
+    problem = build_problem(mesh_config(refinement, args.bias, t_end), comm)
+    scheme, cv = problem.scheme, problem.cv
+    h = 2 * BOX / (16 * 2**refinement)
+    cells = GatheredCells(cv)
+    z, w = normal_rule(n)
+    lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
+    x0 = (m0[0] + s0 * z[lo:hi])[:, None]
     c1 = first_order_constant(A, b, m0, S0)
     mG, SG = gaussian_moment_flow(A, b, V, B, m0, S0, times)
     controls = Controls.constant(A, B, V, b)
     ode = solve_moments(controls, m0, S0, t_end, t_eval=times)
     log(f"c1 = ||F - Pi F||_L2(mu_0) = {c1:.7f}; predicted W2(mu_t, G_t) = c1 t + O(t^2)")
+    particles = {
+        source: GaussianParticles(controls, x0, w[lo:hi], comm=comm, activation=activation)
+        for source, activation in (("particles", "relu"), ("particles_affine", "affine"))
+    }
+    counts = [max(1, int(np.ceil((t1 - t0) / DT_MAX))) for t0, t1 in pairwise(times)]
+    for gp in particles.values():
+        gp.plan_steps(times, counts)
 
-    # %% Solver
-    # ---------
-    relu = GaussianParticles(controls, x0, w[lo:hi], comm=comm, activation="relu")
-    affine = GaussianParticles(controls, x0, w[lo:hi], comm=comm, activation="affine")
-
-    # %% Output
-    # ---------
+    # %% Main loop
+    # ------------
+    # The mesh solution and the particles to every output time (the engine's loop, steps
+    # landing on them); there the rows: the affine control is compared with M3's ODE, the
+    # rest with the closure G_t.
     rows: list[dict] = []
 
-    def record(t: float, source: str, m: float, S: float, D: list, ref: tuple) -> None:
-        rows.append(
-            {
-                "t": t,
-                "source": source,
-                "D_mm": D[0],
-                "D_flow": D[1],
-                "d_mean": abs(m - ref[0]),
-                "d_var": abs(S - ref[1]),
-                "d_moments": abs(m - ref[0]) + abs(S - ref[1]),
-                "mean": m,
-                "var": S,
-                "c1_t": c1 * t,
-            }
-        )
-
     def output(s: Any, result: object = None) -> None:
-        """At times[k], k = the outputs so far: the particles brought there (RK4 steps of at
-        most DT_MAX) and the rows of the particles and of the mesh solution ``s``."""
         k = len(rows) // 3  # three rows per output time
-        t = times[k]
+        closure = (mG[k, 0], SG[k, 0, 0])
+        refs = {"particles": closure, "particles_affine": (ode.m[k, 0], ode.S[k, 0, 0])}
+        rows.extend(rows_at(times[k], scheme, particles, {**refs, "mesh": closure}, (z, w, h), c1))
         if k:
-            steps = max(1, int(np.ceil((t - times[k - 1]) / DT_MAX)))
-            relu.advance(times[k - 1], t, steps)
-            affine.advance(times[k - 1], t, steps)
-        # the affine control is compared with M3's ODE, the rest with the closure G_t
-        for source, gp in (("particles", relu), ("particles_affine", affine)):
-            ref = (ode.m[k, 0], ode.S[k, 0, 0]) if gp is affine else (mG[k, 0], SG[k, 0, 0])
-            m, S, *D = particle_distances(gp, z, w, ref, comm)
-            record(t, source, m, S, D, ref)
-        pts, mass = s.measure()
-        centres = np.concatenate(comm.allgather(pts[:, 0]))
-        masses = np.concatenate(comm.allgather(mass))
-        m, S = cell_moments(centres, masses, h)
-        ref = (mG[k, 0], SG[k, 0, 0])
-        sd = float(np.sqrt(ref[1]))
-        D = (cell_w2(centres, masses, h, m, np.sqrt(S)), cell_w2(centres, masses, h, ref[0], sd))
-        record(t, "mesh", m, S, D, ref)
-        if k:
-            r = rows[-3]
+            r, t = rows[-3], times[k]
             log(
                 f"t = {t:.4g}: D_mm/t = {r['D_mm'] / t:.6f} (particles), "
                 f"{rows[-1]['D_mm'] / t:.6f} (mesh); |dm|+|dS| / t^2 = {r['d_moments'] / t**2:.5f}"
             )
 
-    # %% Main loop
-    # ------------
-    # The mesh solution to the output times (steps landing on them), the particles brought
-    # to each output time by the output.
     output(scheme)
-    run_to(scheme, times[-1], comm, times[1:], output)
+    run_to(Lockstep([scheme, *particles.values()]), times[-1], comm, times[1:], output)
 
     # %% Summary
     # ----------
@@ -523,31 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         f"c1 = {c1:.6f}"
     )
     density = cells.gather(scheme.density)
-
-    # %% Pictures
-    # -----------
     if comm.rank == 0:
-        with open(out / "distances.csv", "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        experiment.write_summary(out, summary)
-        write_final(out / "final.npz", cells.points, cells.weights, density, times[-1])
-        x = cells.points[:, 0]
-
-        def gauss(m: float, S: float) -> np.ndarray:
-            return np.exp(-0.5 * (x - m) ** 2 / S) / np.sqrt(2 * np.pi * S)
-
-        final = {
-            "x": x,
-            "mesh": density,
-            "closure": gauss(mG[-1, 0], SG[-1, 0, 0]),
-            "matched": gauss(*(summary["mesh_vs_particles_t_end"][k][0] for k in ("mean", "var"))),
-            "kink": -args.bias / FF_A,
-            "t": times[-1],
-        }
-        plot(out / "relu_feedforward.png", rows, c1, final)
-    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
+        closure, kink = (mG[-1, 0], SG[-1, 0, 0]), -args.bias / FF_A
+        write_outputs(experiment, args.out, rows, summary, cells, density, closure, c1, kink)
+    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {args.out}")
     return 0
 
 

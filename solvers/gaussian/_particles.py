@@ -27,6 +27,9 @@ Transformer dynamics, arXiv 2606.07600 (2026), eq. (1.1).
 
 from __future__ import annotations
 
+import bisect
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -55,15 +58,35 @@ class _ControlHeads(WeightDynamics):
         return [Head(c.B, np.eye(self.d), c.V)]
 
 
-class GaussianParticles:
+class GaussianParticles(ParticleSystem):
     r"""Particles :math:`x_i' = V\bar y(x_i) + Ax_i + b` (docs/model.md, M3), weighted, RK4 in time.
 
-    The attention part is :class:`solvers.transport.ParticleSystem` with
-    ``Attention(beta=1, sign=1, manifold=False)`` and the head (B(t), I, V(t)) (the kernel
-    :math:`e^{x^TB^Ty} = e^{\langle Bx, y\rangle}`); the feed-forward part is added here:
-    :math:`Ax + b` (``activation="affine"``, the default) or :math:`\max(Ax + b, 0)`
-    componentwise (``"relu"``). Particles are distributed over ``comm`` (each rank passes its
-    block); results do not depend on the number of ranks.
+    A :class:`solvers.transport.ParticleSystem` in :math:`\mathbb{R}^d` (no sphere, no noise)
+    with ``Attention(beta=1, sign=1, manifold=False)`` and the head (B(t), I, V(t)) (the
+    kernel :math:`e^{x^TB^Ty} = e^{\langle Bx, y\rangle}`), whose :meth:`velocity` adds the
+    feed-forward part: :math:`Ax + b` (``activation="affine"``, the default) or
+    :math:`\max(Ax + b, 0)` componentwise (``"relu"``). Particles are distributed over
+    ``comm`` (each rank passes its block); results do not depend on the number of ranks.
+
+    On the stepping interface (:class:`solvers.stepping.TokenScheme`, through
+    :class:`~solvers.transport.ParticleSystem`): ``step(t_stop)`` takes the fixed step ``dt``
+    on its grid, so ``drivers.engine.advance`` (or ``run_to``) moves the particles bit for bit
+    as the explicit calls ``step(t, dt)`` and ``advance(t0, t1, n)`` of earlier versions do
+    (step k of ``advance`` starts at ``t0 + k dt``, dt = (t1 - t0)/n). A run whose step count
+    changes between output times (``advance(t_k, t_{k+1}, n_k)`` for each k) is one
+    :meth:`plan_steps`. :attr:`system` is the attention part alone, as before. :meth:`state` / :meth:`restore` save and continue; ``diagnostics()``
+    are those of the attention part (its energy and G^2; the feed-forward field is not a
+    gradient of it). Non-finite positions raise FloatingPointError (explicit form) or
+    :class:`solvers.errors.SolverError` (``step(t_stop)``), on every rank.
+
+    Args:
+        controls: the controls (A, B, V, b)(t).
+        points: (n_local, d) this rank's initial particles.
+        masses: (n_local,) their masses (>= 0; default 1 each).
+        comm: the communicator over which the particles are distributed (None: serial).
+        activation: "affine" or "relu".
+        dt: the fixed step of ``step(t_stop)`` (0: none until :meth:`plan_steps`).
+        t0: the initial time.
     """
 
     def __init__(
@@ -74,49 +97,90 @@ class GaussianParticles:
         *,
         comm: Any = None,
         activation: str = "affine",
+        dt: float = 0.0,
+        t0: float = 0.0,
     ) -> None:
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         points = np.array(points, dtype=np.float64)
         masses = np.ones(len(points)) if masses is None else np.asarray(masses, float)
-        self.controls = controls
-        self.comm = comm
-        self.activation = activation
-        self.system = ParticleSystem(
+        super().__init__(
             Attention(1.0, 1, manifold=False),
             _ControlHeads(controls),
             points,
             masses,
             comm=comm,
             on_sphere=False,
+            dt=dt,
+            t0=t0,
         )
-        self.points = points
+        self.controls = controls
+        self.activation = activation
+        self._plan: tuple[list[float], list[int]] | None = None
+        # the attention part alone, as ``system`` of earlier versions
+        self._attention_part = ParticleSystem(
+            self.attention, self.weights, points, masses, comm=comm, on_sphere=False
+        )
+
+    @property
+    def system(self) -> ParticleSystem:
+        """The attention part alone (as in earlier versions): a
+        :class:`~solvers.transport.ParticleSystem` with the same masses at the initial
+        positions; its ``velocity(t, x)`` is the attention velocity without the feed-forward
+        part."""
+        return self._attention_part
 
     def velocity(self, t: float, x: np.ndarray) -> np.ndarray:
-        """X[mu](x) at the local stage points x (collective)."""
+        """X[mu](x) at the local stage points x: the attention velocity plus the feed-forward
+        part (collective)."""
         c = self.controls.at(t)
         if self.activation == "relu":
-            return self.system.velocity(t, x) + np.maximum(x @ c.A.T + c.b, 0.0)
-        return self.system.velocity(t, x) + x @ c.A.T + c.b
+            return super().velocity(t, x) + np.maximum(x @ c.A.T + c.b, 0.0)
+        return super().velocity(t, x) + x @ c.A.T + c.b
 
-    def step(self, t: float, dt: float) -> None:
-        """One classical RK4 step (collective)."""
-        x = self.points
-        k1 = self.velocity(t, x)
-        k2 = self.velocity(t + 0.5 * dt, x + 0.5 * dt * k1)
-        k3 = self.velocity(t + 0.5 * dt, x + 0.5 * dt * k2)
-        k4 = self.velocity(t + dt, x + dt * k3)
-        self.points = x + (dt / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
+    def set_step(self, dt: float) -> None:
+        """The fixed step from now on (> 0): its grid starts again at the current time."""
+        if not (math.isfinite(dt) and dt > 0):
+            raise ValueError(f"dt must be finite and > 0, got {dt}")
+        self.dt = float(dt)
+        self._grid = (self.t, self.steps)
 
-    def advance(self, t0: float, t1: float, n_steps: int) -> None:
-        """``n_steps`` equal RK4 steps from t0 to t1 (collective)."""
-        dt = (t1 - t0) / n_steps
-        for k in range(n_steps):
-            self.step(t0 + k * dt, dt)
+    def plan_steps(self, times: Sequence[float], counts: Sequence[int]) -> None:
+        """Step ``counts[k]`` equal steps on [times[k], times[k+1]] (the steps of
+        ``advance(times[k], times[k+1], counts[k])``), however far ``step(t_stop)`` is asked
+        to go; beyond the last time, the last interval's step continues on its grid. The plan
+        is part of the object, not of :meth:`state`.
+
+        Args:
+            times: increasing times, the first the current time :attr:`t`.
+            counts: (len(times) - 1,) step counts >= 1.
+
+        Raises:
+            ValueError: times not increasing or not starting at :attr:`t`, bad counts.
+        """
+        times, counts = [float(t) for t in times], [int(n) for n in counts]
+        if len(times) < 2 or len(counts) != len(times) - 1:
+            raise ValueError(f"need k + 1 >= 2 times and k counts, got {len(times)}, {len(counts)}")
+        if times[0] != self.t or any(b <= a for a, b in zip(times, times[1:], strict=False)):
+            raise ValueError(f"times must increase from the current time t = {self.t}")
+        if min(counts) < 1:
+            raise ValueError(f"counts must be >= 1, got {counts}")
+        self._plan = (times, counts)
+
+    def next_step(self, t_stop: float) -> tuple[float, float, bool]:
+        """The step of the plan (:meth:`plan_steps`) or of the fixed step towards ``t_stop``."""
+        if self._plan is not None:
+            times, counts = self._plan
+            k = bisect.bisect_right(times, self.t) - 1
+            if 0 <= k < len(counts):
+                if self.t == times[k]:  # an interval of the plan starts: its step
+                    self.set_step((times[k + 1] - times[k]) / counts[k])
+                t_stop = min(t_stop, times[k + 1])
+        return super().next_step(t_stop)
 
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
         """Weighted mean and covariance of the particle measure (allreduced over ranks)."""
-        w, x = self.system.masses, self.points
+        w, x = self.masses, self.points
         s = np.concatenate([[w.sum()], w @ x])
         s = s if self.comm is None else self.comm.allreduce(s)
         m = s[1:] / s[0]
