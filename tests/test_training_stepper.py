@@ -94,7 +94,8 @@ def _through_the_loop(comm, training, n):
     times, seen = stepper.grid(n), []
     run_to(stepper, times[-1], comm, times, lambda s, r: seen.append((s.t, r)))
     assert [t for t, _ in seen] == times
-    assert all(isinstance(r, TrainingStep) and r.state is training.state for _, r in seen[-1:])
+    assert all(isinstance(r, TrainingStep) for _, r in seen)
+    assert seen[-1][1].state is training.state
     return [r.state for _, r in seen]
 
 
