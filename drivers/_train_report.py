@@ -65,6 +65,8 @@ class TrainingSeries:
         self.comm, self.particles, self.wall0 = comm, particles, wall0
         self.writer = MetricsWriter(comm, path, PARTICLE_COLUMNS if particles else COLUMNS)
         self.history: list[np.ndarray] = []
+        #: seconds in the training loop without the rows (set by :func:`train`)
+        self.seconds = 0.0
         self.write_state(training)
 
     @property
@@ -103,7 +105,7 @@ def train(
     series: TrainingSeries,
     log: Callable[[str], None],
     name: str,
-) -> None:
+) -> float:
     """``steps`` training steps through the engine's loop, a row after every step (collective).
 
     Args:
@@ -114,14 +116,20 @@ def train(
         log: the rank-0 logger (a line every tenth of the steps).
         name: the model's name in the log.
 
+    Returns:
+        The seconds spent in the loop without the rows (the steps' time, as summary.json
+        reports it).
+
     Raises:
         SolverError: a step failed (the rows so far are written).
     """
     stepper = TrainingStepper(training)
     times = stepper.grid(max(steps, 0))
     every = max(1, steps // 10)
+    writing = [0.0]
 
     def write(scheme: TrainingStepper, result: Any) -> None:
+        t0 = time.perf_counter()
         series.write_state(training)
         if scheme.steps % every == 0 or scheme.steps == steps:
             r = series.rows[-1]
@@ -130,8 +138,14 @@ def train(
                 f"{name} step {scheme.steps:3d}: {energy}L = {r['loss']:.6f}, "
                 f"mean theta {r['theta_mean']:+.3f}"
             )
+        writing[0] += time.perf_counter() - t0
 
-    run_to(stepper, times[-1] if times else stepper.t, series.comm, times, write)
+    start = time.perf_counter()
+    try:
+        run_to(stepper, times[-1] if times else stepper.t, series.comm, times, write)
+    finally:
+        series.seconds = time.perf_counter() - start - writing[0]
+    return series.seconds
 
 
 def report(series: dict[str, TrainingSeries]) -> dict[str, Any]:
