@@ -52,6 +52,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -59,6 +60,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
+from drivers._outputs import run_to
 from drivers.engine import MetricsWriter, write_final
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
@@ -67,9 +69,12 @@ from solvers.training import (
     MeanFieldTraining,
     MMDLoss,
     PotentialLoss,
+    TrainingStepper,
     fit_exponential_rate,
     gibbs_constants,
+    gibbs_free_energy,
     linearised_rate,
+    loss_hessian,
     lsi_rate,
     spectral_rate,
 )
@@ -85,30 +90,9 @@ COLUMNS = [
 READOUTS = {"linear": 0.0, "mmd": 1.0}
 
 
-def hessian(training: MeanFieldTraining, eps: float = 1e-6) -> np.ndarray:
-    """dU_i / dw_j by central differences of the adjoint gradient (collective).
-
-    Args:
-        training: the training at (near) its fixed point.
-        eps: the difference step in the weights.
-
-    Returns:
-        The (n, n) Hessian of L in the weights (input order).
-    """
-    w = training.weights
-    n = len(w)
-    H = np.empty((n, n))
-    for j in range(n):
-        e = np.zeros(n)
-        e[j] = eps
-        gp = training.model.gradient(w + e, training.loss).gradient
-        gm = training.model.gradient(w - e, training.loss).gradient
-        H[:, j] = (gp - gm) / (2 * eps)
-    return 0.5 * (H + H.T)
-
-
 def train(training: MeanFieldTraining, steps: int) -> list[dict]:
-    """Run the training and the Gibbs constants of pi_rho at every state.
+    """Run the training through the engine's loop and the Gibbs constants of pi_rho at every
+    state (collective).
 
     Args:
         training: the training.
@@ -118,10 +102,16 @@ def train(training: MeanFieldTraining, steps: int) -> list[dict]:
         One dict per state: s, F, and the constants of the proximal Gibbs measure.
     """
     rows = []
-    for k in range(steps + 1):
-        st = training.state if k == 0 else training.step()
+
+    def write(scheme: Any = None, result: Any = None) -> None:
+        st = training.state
         g = gibbs_constants(training.theta, st.potential, training.kappa, training.volumes)
         rows.append({"s": st.s, "step": st.step, "free_energy": st.free_energy, "g": g})
+
+    write()
+    stepper = TrainingStepper(training)
+    times = stepper.grid(max(steps, 0))
+    run_to(stepper, times[-1] if times else stepper.t, training.model.cv.comm, times, write)
     return rows
 
 
@@ -154,6 +144,97 @@ def plot(path: Path, series: dict, predicted: dict) -> None:
     plt.close(fig)
 
 
+def setups_of(args: Any) -> dict[str, dict[str, Any]]:
+    """The two readouts: entropy weight, weight decay, training step and steps."""
+    return {
+        "linear": {"kappa": 0.02, "decay": 0.05, "ds": 4.0, "steps": 30 if args.tiny else 50},
+        "mmd": {
+            "kappa": args.kappa,
+            "decay": 0.01,
+            "ds": args.ds,
+            "steps": args.steps if args.steps is not None else (30 if args.tiny else 40),
+        },
+    }
+
+
+def measured(name: str, F: np.ndarray, tr: MeanFieldTraining) -> tuple[np.ndarray, np.ndarray]:
+    """The series whose rate is measured and its fit window: F - F* (linear: F* of the exact
+    discrete Gibbs law), fitted where 1e-13 < value < 1e-5, or the decrements F_k - F_(k+1)
+    (MMD; the last repeated, outside the window), fitted where 1e-13 < value < 1e-6."""
+    if name == "linear":
+        y = F - gibbs_free_energy(tr)
+        return y, (y > 1e-13) & (y < 1e-5)
+    y = np.append(-np.diff(F), np.nan)
+    window = (y > 1e-13) & (y < 1e-6)
+    y[-1] = y[-2]
+    window[-1] = False
+    return y, window
+
+
+def analyse(name: str, p: dict, tr: MeanFieldTraining, r: list[dict], writer: Any) -> tuple:
+    """The measured rate against the LSI, spectral and linearised predictions; the rows of
+    rates.csv (collective: the Hessian).
+
+    Returns:
+        (summary entry, (s, measured series, label), predictions).
+    """
+    s = np.array([x["s"] for x in r])
+    F = np.array([x["free_energy"] for x in r])
+    U = tr.state.potential
+    y, window = measured(name, F, tr)
+    rate, residual = (
+        fit_exponential_rate(s[window], y[window]) if window.sum() >= 3 else (np.nan, np.nan)
+    )
+    final = r[-1]["g"]
+    C_ls = max(x["g"].lsi for x in r)
+    C_p = max(x["g"].poincare for x in r)
+    lin = linearised_rate(tr.theta, U, p["kappa"], tr.volumes, loss_hessian(tr), p["ds"])
+    pred = {
+        "lsi_guarantee": lsi_rate(C_ls, p["kappa"], p["ds"]),
+        "spectral_final": spectral_rate(final.gap, p["ds"]),
+        "linearised": lin,
+    }
+    for x, v in zip(r, y, strict=True):
+        writer.write(
+            {
+                "readout": READOUTS[name],
+                "s": x["s"],
+                "step": x["step"],
+                "free_energy": x["free_energy"],
+                "gap": v if name == "linear" else np.nan,
+                "decrement": v if name == "mmd" else np.nan,
+                "spectral_gap": x["g"].gap,
+                "poincare": x["g"].poincare,
+                "lsi": x["g"].lsi,
+                "lsi_ratio": x["g"].lsi_ratio,
+            }
+        )
+    entry = {
+        **p,
+        "measured_rate": rate,
+        "fit_residual": residual,
+        "fit_points": int(window.sum()),
+        "predicted": pred,
+        "measured_over_predicted": {k: rate / v for k, v in pred.items()},
+        "continuous_time": {
+            "lsi_guarantee": lsi_rate(C_ls, p["kappa"]),
+            "spectral_final": spectral_rate(final.gap),
+        },
+        "C_P_final": final.poincare,
+        "C_LS_final": final.lsi,
+        "C_P_max": C_p,
+        "C_LS_max": C_ls,
+        "C_LS_over_C_P_max": max(x["g"].lsi_ratio for x in r),
+        "C_LS_over_C_P_initial": r[0]["g"].lsi_ratio,
+        "holley_stroock_log10_final": final.holley_stroock_log10,
+        "bakry_emery_final": final.bakry_emery,
+        "F0": F[0],
+        "F_final": F[-1],
+    }
+    label = "F - F*" if name == "linear" else "F_k - F_(k+1)"
+    return entry, (s, y, label), pred
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -171,39 +252,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kappa", type=float, default=1e-3, help="entropy weight, MMD")
     parser.add_argument("--ds", type=float, default=20.0, help="training step, MMD")
     args = experiment.start(parser, argv)
-    log = experiment.log
+    log, out = experiment.log, args.out
     comm = MPI.COMM_WORLD
-    tiny = args.tiny
-    token_cells, theta_cells = (32, 12) if tiny else (64, 24)
-    setups = {
-        "linear": {"kappa": 0.02, "decay": 0.05, "ds": 4.0, "steps": 30 if tiny else 50},
-        "mmd": {
-            "kappa": args.kappa,
-            "decay": 0.01,
-            "ds": args.ds,
-            "steps": args.steps if args.steps is not None else (30 if tiny else 40),
-        },
-    }
+    token_cells, theta_cells = (32, 12) if args.tiny else (64, 24)
+    setups = setups_of(args)
     heads = ParameterisedHeads(np.eye(1), np.array([[[0.5]]]))  # D(theta) = 1 + theta / 2
     losses = {
         "linear": PotentialLoss(lambda x: -x[..., 0]),
         "mmd": MMDLoss(np.array([[1.3]]), [1.0], 0.5),
     }
-    out = args.out
     wall0 = time.perf_counter()
-
-    # %% Mesh
-    # -------
-    cv = flat_control_volumes(box(comm, [token_cells], [0.0], [4.0]))
-    log(f"tokens: {cv.n_global} cells on [0, 4]; heads: {theta_cells} cells on [-1, 1]")
-
-    # %% Initial condition
-    # --------------------
-    rho = initial_density(cv, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
-    rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
 
     # %% Problem
     # ----------
+    # Tokens on [0, 4] (distributed), one Euler step; the heads on [-1, 1] (every rank).
+    cv = flat_control_volumes(box(comm, [token_cells], [0.0], [4.0]))
+    log(f"tokens: {cv.n_global} cells on [0, 4]; heads: {theta_cells} cells on [-1, 1]")
+    rho = initial_density(cv, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
+    rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
     trainings = {
         name: MeanFieldTraining(
             cv,
@@ -229,89 +295,21 @@ def main(argv: list[str] | None = None) -> int:
 
     # %% Summary
     # ----------
-    # Measured: the rate of F - F* (linear: F* of the exact discrete Gibbs law) or of the
-    # decrements F_k - F_(k+1) (MMD), fitted where 1e-13 < value < 1e-6 (1e-5 linear).
-    summary: dict = {"driver": "lsi_training", "ranks": comm.size, "tiny": tiny}
+    # The measured rate against the predictions, per readout; rates.csv is a table.
+    summary: dict = {"driver": "lsi_training", "ranks": comm.size, "tiny": args.tiny}
     series, predicted = {}, {}
     writer = MetricsWriter(comm, out / "rates.csv", COLUMNS)
     for name, tr in trainings.items():
-        p, r = setups[name], rows[name]
-        s = np.array([x["s"] for x in r])
-        F = np.array([x["free_energy"] for x in r])
-        U = tr.state.potential
-        if name == "linear":
-            g = np.exp(-(U - U.min()) / p["kappa"])
-            g /= g @ tr.volumes
-            const = tr.state.loss - tr.weights @ U
-            F_star = const + tr.volumes @ (g * U) + p["kappa"] * tr.volumes @ (g * np.log(g))
-            y, s_y, window = F - F_star, s, (F - F_star > 1e-13) & (F - F_star < 1e-5)
-            label = "F - F*"
-        else:
-            y, s_y = np.append(-np.diff(F), np.nan), s
-            window = (y > 1e-13) & (y < 1e-6)
-            y[-1] = y[-2]
-            window[-1] = False
-            label = "F_k - F_(k+1)"
-        rate, residual = (
-            fit_exponential_rate(s_y[window], y[window]) if window.sum() >= 3 else (np.nan, np.nan)
+        summary[name], series[name], predicted[name] = analyse(
+            name, setups[name], tr, rows[name], writer
         )
-        final = r[-1]["g"]
-        C_ls = max(x["g"].lsi for x in r)
-        C_p = max(x["g"].poincare for x in r)
-        lin = linearised_rate(tr.theta, U, p["kappa"], tr.volumes, hessian(tr), p["ds"])
-        pred = {
-            "lsi_guarantee": lsi_rate(C_ls, p["kappa"], p["ds"]),
-            "spectral_final": spectral_rate(final.gap, p["ds"]),
-            "linearised": lin,
-        }
-        predicted[name] = pred
-        series[name] = (s_y, y, label)
-        for x, v in zip(r, y, strict=True):
-            writer.write(
-                {
-                    "readout": READOUTS[name],
-                    "s": x["s"],
-                    "step": x["step"],
-                    "free_energy": x["free_energy"],
-                    "gap": v if name == "linear" else np.nan,
-                    "decrement": v if name == "mmd" else np.nan,
-                    "spectral_gap": x["g"].gap,
-                    "poincare": x["g"].poincare,
-                    "lsi": x["g"].lsi,
-                    "lsi_ratio": x["g"].lsi_ratio,
-                }
-            )
-        summary[name] = {
-            **p,
-            "measured_rate": rate,
-            "fit_residual": residual,
-            "fit_points": int(window.sum()),
-            "predicted": pred,
-            "measured_over_predicted": {k: rate / v for k, v in pred.items()},
-            "continuous_time": {
-                "lsi_guarantee": lsi_rate(C_ls, p["kappa"]),
-                "spectral_final": spectral_rate(final.gap),
-            },
-            "C_P_final": final.poincare,
-            "C_LS_final": final.lsi,
-            "C_P_max": C_p,
-            "C_LS_max": C_ls,
-            "C_LS_over_C_P_max": max(x["g"].lsi_ratio for x in r),
-            "C_LS_over_C_P_initial": r[0]["g"].lsi_ratio,
-            "holley_stroock_log10_final": final.holley_stroock_log10,
-            "bakry_emery_final": final.bakry_emery,
-            "F0": F[0],
-            "F_final": F[-1],
-        }
+        final, pred = rows[name][-1]["g"], predicted[name]
         log(
             f"{name}: C_P {final.poincare:.4g}, C_LS {final.lsi:.4g} (final), max C_LS "
-            f"{C_ls:.4g}; measured rate {rate:.4g}; predicted "
-            + ", ".join(f"{k} {v:.4g}" for k, v in pred.items())
+            f"{summary[name]['C_LS_max']:.4g}; measured rate {summary[name]['measured_rate']:.4g}"
+            "; predicted " + ", ".join(f"{k} {v:.4g}" for k, v in pred.items())
         )
     summary["timing_s"] = {"wall": time.perf_counter() - wall0}
-
-    # %% Pictures
-    # -----------
     mmd = trainings["mmd"]
     if comm.rank == 0:
         experiment.write_summary(out, summary)

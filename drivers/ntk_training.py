@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -88,8 +89,9 @@ CASES = {
     "coincident": (("I", "R", "R"), 2),
     "overdetermined": (("I", "R", "diag"), 3),
 }
-#: Perturbation direction of the start (made sum-zero).
+#: Perturbation direction of the start (made sum-zero) and its size.
 DIRECTION = np.array([1.0, -2.0, 0.5])
+START_SCALE = 0.05
 
 
 def make_heads(names: tuple[str, ...]) -> list[Head]:
@@ -139,6 +141,113 @@ def plot_loss(path, runs: dict, predicted: dict) -> None:
     plt.close(fig)
 
 
+def build_case(name: str, cv: Any, rho: np.ndarray, args: Any, t_end: float, depth_steps: int):
+    """One case: the model, the target and the NTK at the optimum w* = uniform weights
+    (collective).
+
+    Returns:
+        The model, the loss, the start w0, the step eta and the eigenvalues of K(w*).
+    """
+    heads, nf = CASES[name]
+    model = TokenTransportModel(
+        cv, Attention(1.0, 1), make_heads(heads), rho, t_end=t_end, n_steps=depth_steps
+    )
+    H = len(heads)
+    w_star = np.full(H, 1.0 / H)
+    f_star, J = jacobian(model, w_star, FEATURES[:nf])
+    lam, vec = np.linalg.eigh(ntk(J))
+    y = f_star.copy()
+    if name == "overdetermined":  # off the range of J: not realisable
+        y = y + args.delta * vec[:, 0]
+    dw = DIRECTION[:H] - DIRECTION[:H].mean()
+    return {
+        "model": model,
+        "loss": FeatureLoss(FEATURES[:nf], y),
+        "w0": w_star + START_SCALE * dw,
+        "eta": args.eta / lam[-1],
+        "eigenvalues_optimum": lam,
+    }
+
+
+def write_table(writer: Any, name: str, run: Any) -> None:
+    """The rows of ntk.csv of one case: the loss at every step, the NTK spectrum where it
+    was computed (NaN elsewhere)."""
+    for k, L in enumerate(run.loss):
+        ev = run.eigenvalues.get(k)
+        writer.write(
+            {
+                "case": list(CASES).index(name),
+                "step": k,
+                "loss": L,
+                "lambda_min": float(ev[0]) if ev is not None else float("nan"),
+                "lambda_max": float(ev[-1]) if ev is not None else float("nan"),
+            }
+        )
+
+
+def analyse(name: str, st: dict, run: Any, delta: float) -> dict[str, Any]:
+    """The NTK spectrum at the final weights, the predicted and the measured rates of one
+    case (collective: the Jacobian)."""
+    w_final = run.weights[-1]
+    lam = np.linalg.eigvalsh(ntk(jacobian(st["model"], w_final, st["loss"].phis)[1]))
+    eta = st["eta"]
+    positive = lam[lam > 1e-10 * lam[-1]]
+    rate, residual = measured_rate(run.loss, len(run.loss) // 2, floor=1e-24)
+    res = {
+        "eta": eta,
+        "eigenvalues_start": run.eigenvalues[0],
+        "eigenvalues_optimum": st["eigenvalues_optimum"],
+        "eigenvalues_final": lam,
+        "lambda_min": float(lam[0]),
+        "predicted_rate_lambda_min": predicted_rate(max(lam[0], 0.0), eta),
+        "predicted_rate_smallest_nonzero": predicted_rate(float(positive[0]), eta),
+        "predicted_rate_per_unit_s": 2.0 * max(lam[0], 0.0),
+        "measured_rate": rate,
+        "measured_rate_per_unit_s": rate / eta,
+        "fit_residual": residual,
+        "loss_start": run.loss[0],
+        "loss_final": run.loss[-1],
+        "steps_taken": len(run.loss) - 1,
+        "w_final": w_final,
+    }
+    if name == "overdetermined":
+        res["loss_star_estimate"] = 0.5 * delta**2
+        tail = np.asarray(run.loss[len(run.loss) // 2 :])
+        res["loss_tail_relative_change"] = float((tail[0] - tail[-1]) / tail[-1])
+    return res
+
+
+def relative_gaps(results: dict[str, dict]) -> str:
+    """Measured against predicted rates: adds ``relative_gap`` (nondegenerate, lambda_min)
+    and ``relative_gap_nonzero`` (coincident, the nonzero eigenvalue) to the results.
+
+    Returns:
+        The log line.
+    """
+    nd, co, od = results["nondegenerate"], results["coincident"], results["overdetermined"]
+    nd["relative_gap"] = abs(nd["measured_rate"] / nd["predicted_rate_lambda_min"] - 1.0)
+    co["relative_gap_nonzero"] = abs(
+        co["measured_rate"] / co["predicted_rate_smallest_nonzero"] - 1
+    )
+    return (
+        f"nondegenerate: measured/predicted - 1 = {nd['relative_gap']:.2e}; coincident: "
+        f"lambda_min {co['lambda_min']:.1e}, measured/predicted(nonzero) - 1 = "
+        f"{co['relative_gap_nonzero']:.2e}; overdetermined: L_final / (delta^2/2) = "
+        f"{od['loss_final'] / od['loss_star_estimate']:.4f}"
+    )
+
+
+def final_tokens(setup: dict, run: Any, cv: Any, sources: Any) -> tuple:
+    """The final tokens of a case, gathered on every rank (collective): cell centres, cell
+    lengths, the token density, and its first feature (the keyword of final.npz)."""
+    n = cv.n_owned
+    w = run.weights[-1]
+    m_final = features(setup["model"], w, FEATURES[:1])
+    masses = sources.masses(setup["model"].forward(w, setup["loss"]).masses)
+    lengths = sources.masses(cv.measures[:n])
+    return sources.points, lengths, masses / lengths, m_final
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -162,128 +271,57 @@ def main(argv: list[str] | None = None) -> int:
     refinement = 1 if args.tiny else 2
     depth_steps = args.depth_steps or (16 if args.tiny else 32)
     steps = args.steps or (80 if args.tiny else 200)
-    t_end, scale, floor = 1.5, 0.05, 1e-26
+    t_end, floor = 1.5, 1e-26
     wall0 = time.perf_counter()
 
-    # %% Mesh
-    # -------
+    # %% Problem
+    # ----------
+    # Tokens on S^1 (distributed); per case the model, the target and the NTK at w*.
     cv = control_volumes(circle(comm, refinement))
     n = cv.n_owned
     sources = GlobalSources(comm, cv.centres[:n], cv.original_index[:n])
     log(f"S^1, {cv.n_global} token cells, depth T = {t_end} in {depth_steps} Euler steps")
-
-    # %% Initial condition
-    # --------------------
     rho = initial_density(cv, "exp(2*x[0]) + 0.5*exp(3*x[1])")
     rho /= comm.allreduce(float(rho @ cv.measures[:n]), op=MPI.SUM)
-
-    # %% Problem
-    # ----------
-    # Per case: the model, the target and the NTK at the optimum w* = uniform weights.
     setups = {}
     for name, (heads, nf) in CASES.items():
-        model = TokenTransportModel(
-            cv, Attention(1.0, 1), make_heads(heads), rho, t_end=t_end, n_steps=depth_steps
-        )
-        H = len(heads)
-        w_star = np.full(H, 1.0 / H)
-        f_star, J = jacobian(model, w_star, FEATURES[:nf])
-        K = ntk(J)
-        lam, vec = np.linalg.eigh(K)
-        y = f_star.copy()
-        if name == "overdetermined":  # off the range of J: not realisable
-            y = y + args.delta * vec[:, 0]
-        dw = DIRECTION[:H] - DIRECTION[:H].mean()
-        setups[name] = {
-            "model": model,
-            "loss": FeatureLoss(FEATURES[:nf], y),
-            "w0": w_star + scale * dw,
-            "eta": args.eta / lam[-1],
-            "eigenvalues_optimum": lam,
-        }
+        setups[name] = build_case(name, cv, rho, args, t_end, depth_steps)
+        lam = setups[name]["eigenvalues_optimum"]
         log(
             f"{name}: heads {heads}, {nf} features, eig K(w*) = {np.array2string(lam, precision=4)}"
         )
 
-    # %% Output
-    # ---------
-    writer = MetricsWriter(comm, args.out / "ntk.csv", COLUMNS)
-
     # %% Main loop
     # ------------
+    # Projected gradient descent per case (solvers.training.gradient_descent); ntk.csv is a
+    # table (case, step), the analysis of each case after its run.
+    writer = MetricsWriter(comm, args.out / "ntk.csv", COLUMNS)
     runs, results, predicted = {}, {}, {}
     for name, st in setups.items():
         t0 = time.perf_counter()
-        run = gradient_descent(
+        run = runs[name] = gradient_descent(
             st["model"], st["w0"], st["loss"], st["eta"], steps, ntk_every=10, floor=floor
         )
-        runs[name] = run
-        for k, L in enumerate(run.loss):
-            ev = run.eigenvalues.get(k)
-            writer.write(
-                {
-                    "case": list(CASES).index(name),
-                    "step": k,
-                    "loss": L,
-                    "lambda_min": float(ev[0]) if ev is not None else float("nan"),
-                    "lambda_max": float(ev[-1]) if ev is not None else float("nan"),
-                }
-            )
-        w_final = run.weights[-1]
-        lam = np.linalg.eigvalsh(ntk(jacobian(st["model"], w_final, st["loss"].phis)[1]))
-        eta = st["eta"]
-        positive = lam[lam > 1e-10 * lam[-1]]
-        rate, residual = measured_rate(run.loss, len(run.loss) // 2, floor=1e-24)
-        res = {
-            "eta": eta,
-            "eigenvalues_start": run.eigenvalues[0],
-            "eigenvalues_optimum": st["eigenvalues_optimum"],
-            "eigenvalues_final": lam,
-            "lambda_min": float(lam[0]),
-            "predicted_rate_lambda_min": predicted_rate(max(lam[0], 0.0), eta),
-            "predicted_rate_smallest_nonzero": predicted_rate(float(positive[0]), eta),
-            "predicted_rate_per_unit_s": 2.0 * max(lam[0], 0.0),
-            "measured_rate": rate,
-            "measured_rate_per_unit_s": rate / eta,
-            "fit_residual": residual,
-            "loss_start": run.loss[0],
-            "loss_final": run.loss[-1],
-            "steps_taken": len(run.loss) - 1,
-            "w_final": w_final,
-            "wall_s": time.perf_counter() - t0,
-        }
-        if name == "overdetermined":
-            res["loss_star_estimate"] = 0.5 * args.delta**2
-            tail = np.asarray(run.loss[len(run.loss) // 2 :])
-            res["loss_tail_relative_change"] = float((tail[0] - tail[-1]) / tail[-1])
-        predicted[name] = (
-            res["predicted_rate_smallest_nonzero"]
-            if name == "coincident"
-            else (res["predicted_rate_lambda_min"] if name == "nondegenerate" else float("nan"))
-        )
-        results[name] = res
+        write_table(writer, name, run)
+        res = results[name] = analyse(name, st, run, args.delta)
+        res["wall_s"] = time.perf_counter() - t0
+        predicted[name] = {
+            "nondegenerate": res["predicted_rate_lambda_min"],
+            "coincident": res["predicted_rate_smallest_nonzero"],
+        }.get(name, float("nan"))
         log(
-            f"{name}: lambda_min(K) = {lam[0]:.4g}, lambda_max = {lam[-1]:.4g}; predicted "
-            f"per-step rate {res['predicted_rate_lambda_min']:.4g} (lambda_min), "
+            f"{name}: lambda_min(K) = {res['lambda_min']:.4g}, lambda_max = "
+            f"{res['eigenvalues_final'][-1]:.4g}; predicted per-step rate "
+            f"{res['predicted_rate_lambda_min']:.4g} (lambda_min), "
             f"{res['predicted_rate_smallest_nonzero']:.4g} (smallest nonzero); measured "
-            f"{rate:.4g}; L {run.loss[0]:.3e} -> {run.loss[-1]:.3e} in {res['steps_taken']} steps"
+            f"{res['measured_rate']:.4g}; L {res['loss_start']:.3e} -> {res['loss_final']:.3e}"
+            f" in {res['steps_taken']} steps"
         )
 
     # %% Summary
     # ----------
-    nd = results["nondegenerate"]
-    nd["relative_gap"] = abs(nd["measured_rate"] / nd["predicted_rate_lambda_min"] - 1.0)
-    co = results["coincident"]
-    co["relative_gap_nonzero"] = abs(
-        co["measured_rate"] / co["predicted_rate_smallest_nonzero"] - 1
-    )
+    log(relative_gaps(results))
     wall = time.perf_counter() - wall0
-    log(
-        f"nondegenerate: measured/predicted - 1 = {nd['relative_gap']:.2e}; coincident: "
-        f"lambda_min {co['lambda_min']:.1e}, measured/predicted(nonzero) - 1 = "
-        f"{co['relative_gap_nonzero']:.2e}; overdetermined: L_final / (delta^2/2) = "
-        f"{results['overdetermined']['loss_final'] / results['overdetermined']['loss_star_estimate']:.4f}"
-    )
     summary = {
         "driver": "ntk_training",
         "ranks": comm.size,
@@ -292,30 +330,19 @@ def main(argv: list[str] | None = None) -> int:
         "t_end": t_end,
         "depth_steps": depth_steps,
         "descent_steps": steps,
-        "start_scale": scale,
+        "start_scale": START_SCALE,
         "cases": {k: {"heads": v[0], "features": v[1]} for k, v in CASES.items()},
         "results": results,
         "wall_s": wall,
     }
-
-    # %% Pictures
-    # -----------
-    setup = setups["nondegenerate"]
-    m_final = features(setup["model"], runs["nondegenerate"].weights[-1], FEATURES[:1])
-    masses = sources.masses(
-        setup["model"].forward(runs["nondegenerate"].weights[-1], setup["loss"]).masses
-    )
-    lengths = sources.masses(cv.measures[:n])
-    points_all = sources.points  # collective: gathered on every rank
+    final = final_tokens(setups["nondegenerate"], runs["nondegenerate"], cv, sources)
     if comm.rank == 0:
         experiment.write_summary(args.out, summary)
         write_final(
             args.out / "final.npz",
-            points_all,
-            lengths,
-            masses / lengths,
+            *final[:3],
             float(steps),
-            first_feature=m_final,
+            first_feature=final[3],
             **{f"w_{k}": r.weights[-1] for k, r in runs.items()},
         )
         plot_loss(args.out / "loss.png", runs, predicted)

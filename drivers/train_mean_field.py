@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -83,7 +83,15 @@ import numpy as np
 
 from drivers._experiment import Experiment
 from drivers._train_refinement import HEADS_S1, init_theta, quantiles, refinement
-from drivers.engine import MetricsWriter, write_final
+from drivers._train_report import (
+    TrainingSeries,
+    plot_free_energy,
+    plot_loss,
+    plot_rho,
+    report,
+    train,
+)
+from drivers.engine import write_final
 from meshes import circle, control_volumes
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
@@ -93,202 +101,19 @@ from solvers.training import (
     MeanFieldTraining,
     MMDLoss,
     ParticleTraining,
-    fit_exponential_rate,
+    adjoint_gradient_check,
 )
 from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads
 
 comm = MPI.COMM_WORLD
 
-#: Columns of one_layer.csv and deep.csv (mean field), and of particles.csv.
-COLUMNS = [
-    *("s", "step", "readout", "regulariser", "loss", "entropy", "free_energy", "theta_mean"),
-    *("theta_var", "gradient_norm", "max_cfl", "fp_iterations", "wall"),
-]
-PARTICLE_COLUMNS = [
-    *("s", "step", "readout", "regulariser", "loss", "theta_mean", "theta_var"),
-    *("gradient_norm", "wall"),
-]
+#: the models, in the order they are trained
+MODELS = ("one_layer", "deep", "particles")
 
 
-def gradient_check(training: MeanFieldTraining, rng: np.random.Generator) -> float:
-    """The adjoint gradient against a central finite difference of L (collective).
-
-    Args:
-        training: the training, at its initial law.
-        rng: draws the (mass-preserving) direction of the difference.
-
-    Returns:
-        The relative error |FD - <grad, dw>| / |<grad, dw>| for eps = 1e-5.
-    """
-    w, g = training.weights, training.state.adjoint.gradient
-    dw = rng.standard_normal(len(w))
-    dw -= dw.mean()
-    eps = 1e-5
-    forward = training.model.forward
-    fd = (forward(w + eps * dw, training.loss).loss - forward(w - eps * dw, training.loss).loss) / (
-        2 * eps
-    )
-    return abs(fd - g @ dw) / abs(g @ dw)
-
-
-def record(
-    name: str, st, writers: dict[str, MetricsWriter], pwriter: MetricsWriter, wall0: float
-) -> None:
-    """Write one training state as a row of its CSV file (rank 0 writes).
-
-    Args:
-        name: "one_layer", "deep" or "particles".
-        st: the state (TrainingState, or ParticleState for the particles).
-        writers: the writers of the mean-field models.
-        pwriter: the writer of the particle model.
-        wall0: the start of the wall clock.
-    """
-    row = {
-        "s": st.s,
-        "step": st.step,
-        "readout": st.readout,
-        "regulariser": st.regulariser,
-        "loss": st.loss,
-        "theta_mean": float(st.mean[0]),
-        "theta_var": float(st.cov[0, 0]),
-        "gradient_norm": st.gradient_norm,
-        "wall": time.perf_counter() - wall0,
-    }
-    if name == "particles":
-        pwriter.write(row)
-        return
-    row.update(
-        entropy=st.entropy,
-        free_energy=st.free_energy,
-        max_cfl=st.max_cfl,
-        fp_iterations=st.fp_iterations,
-    )
-    writers[name].write(row)
-
-
-def plot_loss(
-    path: Path, writers: dict[str, MetricsWriter], pwriter: MetricsWriter, label: str
-) -> None:
-    """The loss L over the training time, mean field and particles (rank 0).
-
-    Args:
-        path: the PNG file.
-        writers: the writers of the mean-field models (their rows).
-        pwriter: the writer of the particle model.
-        label: the legend of the particle model.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sp = np.array([r["s"] for r in pwriter.rows])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, w in writers.items():
-        ax.plot([r["s"] for r in w.rows], [r["loss"] for r in w.rows], label=f"{name} (mean field)")
-    ax.plot(sp, [r["loss"] for r in pwriter.rows], ".", label=label)
-    ax.set_xlabel("training time s")
-    ax.set_ylabel("L = readout + weight decay")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_free_energy(
-    path: Path, s_of: dict[str, np.ndarray], F: dict[str, np.ndarray], rates: dict[str, float]
-) -> None:
-    """The free-energy decrement per step, log scale, with the fitted rates (rank 0).
-
-    Args:
-        path: the PNG file.
-        s_of: model -> the training times of its rows.
-        F: model -> its free energies.
-        rates: model -> the fitted exponential rate.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, values in F.items():
-        dec = np.maximum(-np.diff(values), 1e-18)
-        label = f"{name}: F_k - F_(k+1), rate {rates[name]:.3g}"
-        ax.semilogy(s_of[name][1:], dec, "o-", ms=3, label=label)
-    ax.set_xlabel("training time s")
-    ax.set_ylabel("free-energy decrement per step")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_rho(
-    path: Path,
-    history: dict[str, list[np.ndarray]],
-    s_of: dict[str, np.ndarray],
-    theta: np.ndarray,
-    density: np.ndarray,
-    particle_theta: np.ndarray,
-    bins: int,
-) -> None:
-    """rho_s(theta) over the training time (both models) and the final laws (rank 0).
-
-    Args:
-        path: the PNG file.
-        history: model -> the head density after every step.
-        s_of: model -> the training times of its rows.
-        theta: the parameter cell centres (1D).
-        density: the final density of the deep model.
-        particle_theta: the final particle heads.
-        bins: the number of histogram bins of the particle heads.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for ax, name in zip(axes[:2], ("one_layer", "deep"), strict=True):
-        img = np.array(history[name])
-        ax.imshow(
-            img.T, aspect="auto", origin="lower", extent=[0, s_of[name][-1], theta[0], theta[-1]]
-        )
-        ax.set_title(f"rho_s(theta), {name}")
-        ax.set_xlabel("s")
-        ax.set_ylabel("theta")
-    ax = axes[2]
-    ax.plot(theta, density, "k-", label="mean field (deep), final")
-    ax.hist(
-        particle_theta,
-        bins=bins,
-        range=(-1, 1),
-        density=True,
-        alpha=0.5,
-        label=f"{len(particle_theta)} particle heads, final",
-    )
-    ax.set_xlabel("theta")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the experiment.
-
-    Args:
-        argv: the command line (default ``sys.argv[1:]``).
-
-    Returns:
-        0, or 3 if a training stopped early, like the CLI.
-    """
-    # %% Parameters
-    # -------------
-    experiment = Experiment(__file__, __doc__)
-    parser = experiment.parser()
+def add_arguments(parser: Any) -> None:
+    """The experiment's own command line (besides --tiny and --out)."""
     parser.add_argument("--steps", type=int, default=None, help="training steps (default 60)")
     parser.add_argument("--kappa", type=float, default=0.01, help="entropy weight, deep model")
     parser.add_argument(
@@ -309,88 +134,80 @@ def main(argv: list[str] | None = None) -> int:
         "--heads", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128], help="H of --refinement"
     )
     parser.add_argument("--seeds", type=int, default=24, help="seeds of --refinement")
-    args = experiment.start(parser, argv)
-    log = experiment.log
-    if args.refinement:
-        summary = {"mode": "refinement", **refinement(log, args.heads, args.seeds)}
-        if comm.rank == 0:
-            experiment.write_summary(args.out, summary)
-        return 0
 
+
+def parameters(args: Any) -> dict[str, Any]:
+    """The parameters of the run: steps, the particle model and the two mean-field models.
+
+    One layer: tokens in R^1, one Euler step; deep: tokens on S^1, checkpointed adjoint.
+    """
     tiny = args.tiny
-    steps = args.steps if args.steps is not None else (15 if tiny else 60)
-    N_tokens, H_heads = args.particles if args.particles else ((12, 6) if tiny else (32, 16))
-    theta_cells = 12 if tiny else 24
-    # one layer: tokens in R^1, one Euler step; deep: tokens on S^1, checkpointed adjoint
-    one = {
-        "cells": 32 if tiny else 64,
-        "t_end": 0.06 if tiny else 0.03,
-        "kappa": 1e-3,
-        "decay": 0.01,
-        "ds": 20.0,
-        "target": 1.3,
+    N, H = args.particles if args.particles else ((12, 6) if tiny else (32, 16))
+    return {
+        "steps": args.steps if args.steps is not None else (15 if tiny else 60),
+        "N": N,
+        "H": H,
+        "seed": args.seed,
+        "theta_cells": 12 if tiny else 24,
+        "one": {
+            "cells": 32 if tiny else 64,
+            "t_end": 0.06 if tiny else 0.03,
+            "kappa": 1e-3,
+            "decay": 0.01,
+            "ds": 20.0,
+            "target": 1.3,
+        },
+        "deep": {
+            "refinement": 1 if tiny else 2,
+            "t_end": 1.5,
+            "n_steps": 12 if tiny else 24,
+            "kappa": args.kappa,
+            "decay": 0.05,
+            "ds": 1.0,
+            "checkpoint": 6,
+        },
     }
-    deep = {
-        "refinement": 1 if tiny else 2,
-        "t_end": 1.5,
-        "n_steps": 12 if tiny else 24,
-        "kappa": args.kappa,
-        "decay": 0.05,
-        "ds": 1.0,
-        "checkpoint": 6,
-    }
-    heads_r1 = ParameterisedHeads(np.eye(1), np.array([[[0.5]]]))
-    heads_s1 = HEADS_S1
-    out = args.out
-    wall0 = time.perf_counter()
 
-    # %% Mesh
-    # -------
-    # Tokens distributed over the ranks; the parameter box on every rank (MPI.COMM_SELF).
-    cv1 = flat_control_volumes(box(comm, [one["cells"]], [0.0], [4.0]))
-    cv2 = control_volumes(circle(comm, deep["refinement"]))
-    log(
-        f"one layer: R^1, {cv1.n_global} cells; deep: S^1, {cv2.n_global} cells, "
-        f"{deep['n_steps']} steps; parameters: {theta_cells} cells on [-1, 1]"
-    )
 
-    # %% Initial condition
-    # --------------------
-    rho1 = initial_density(cv1, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
-    rho1 /= comm.allreduce(float(rho1 @ cv1.measures[: cv1.n_owned]), op=MPI.SUM)
-    rho2 = initial_density(cv2, "exp(2*x[0]) + 0.5*exp(3*x[1])")
-    rho2 /= comm.allreduce(float(rho2 @ cv2.measures[: cv2.n_owned]), op=MPI.SUM)
-
-    # %% Problem
-    # ----------
-    # MMD readouts to a target, weight decay and entropy; the mean-field Langevin training of
-    # both models (forward, adjoint and Fokker-Planck solvers).
-    loss1 = MMDLoss(np.array([[one["target"]]]), [1.0], 0.5)
-    loss2 = MMDLoss(np.array([[0.0, 1.0]]), [1.0], 0.7)
-    train1 = MeanFieldTraining(
-        cv1,
+def build_one_layer(p: dict[str, Any]) -> MeanFieldTraining:
+    """The one-layer model: tokens on [0, 4] (distributed), an MMD readout to a target,
+    the head law on [-1, 1] (on every rank)."""
+    one = p["one"]
+    cv = flat_control_volumes(box(comm, [one["cells"]], [0.0], [4.0]))
+    rho = initial_density(cv, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
+    rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
+    return MeanFieldTraining(
+        cv,
         Attention(1.0, 1, manifold=False),
-        rho1,
-        heads_r1,
-        box(MPI.COMM_SELF, [theta_cells], [-1.0], [1.0]),
+        rho,
+        ParameterisedHeads(np.eye(1), np.array([[[0.5]]])),
+        box(MPI.COMM_SELF, [p["theta_cells"]], [-1.0], [1.0]),
         t_end=one["t_end"],
         n_steps=1,
-        loss=loss1,
+        loss=MMDLoss(np.array([[one["target"]]]), [1.0], 0.5),
         kappa=one["kappa"],
         weight_decay=one["decay"],
         ds=one["ds"],
         density=init_theta,
         petsc_options_prefix="one_layer_",
     )
-    train2 = MeanFieldTraining(
-        cv2,
+
+
+def build_deep(p: dict[str, Any]) -> MeanFieldTraining:
+    """The deep model: tokens on S^1 (distributed), many depth steps, checkpointed adjoint."""
+    deep = p["deep"]
+    cv = control_volumes(circle(comm, deep["refinement"]))
+    rho = initial_density(cv, "exp(2*x[0]) + 0.5*exp(3*x[1])")
+    rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
+    return MeanFieldTraining(
+        cv,
         Attention(1.0, 1),
-        rho2,
-        heads_s1,
-        box(MPI.COMM_SELF, [theta_cells], [-1.0], [1.0]),
+        rho,
+        HEADS_S1,
+        box(MPI.COMM_SELF, [p["theta_cells"]], [-1.0], [1.0]),
         t_end=deep["t_end"],
         n_steps=deep["n_steps"],
-        loss=loss2,
+        loss=MMDLoss(np.array([[0.0, 1.0]]), [1.0], 0.7),
         kappa=deep["kappa"],
         weight_decay=deep["decay"],
         ds=deep["ds"],
@@ -399,164 +216,174 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_every=deep["checkpoint"],
     )
 
-    # %% Solver
-    # ---------
-    # The particle model starts from the same laws: tokens and heads by quantiles (the token
-    # masses in the rank-independent order of the cell centres).
-    n2 = cv2.n_owned
-    sources = GlobalSources(comm, cv2.centres[:n2], cv2.original_index[:n2])
+
+def build_particles(deep_model: MeanFieldTraining, p: dict[str, Any]) -> ParticleTraining:
+    """The particle model of the deep one, from the same laws: N tokens and H heads by
+    quantiles (the token masses in the rank-independent order of the cell centres)."""
+    deep, cv = p["deep"], deep_model.model.cv
+    n = cv.n_owned
+    sources = GlobalSources(comm, cv.centres[:n], cv.original_index[:n])
     angles = np.arctan2(sources.points[:, 1], sources.points[:, 0])
-    masses2 = sources.masses(train2.model.m0[:n2])
-    phi = quantiles(angles, masses2, N_tokens)
-    particles = ParticleTraining(
+    phi = quantiles(angles, sources.masses(deep_model.model.m0[:n]), p["N"])
+    return ParticleTraining(
         comm,
         np.column_stack([np.cos(phi), np.sin(phi)]),
         Attention(1.0, 1),
-        heads_s1,
-        quantiles(train2.theta, train2.weights, H_heads),
+        HEADS_S1,
+        quantiles(deep_model.theta, deep_model.weights, p["H"]),
         t_end=deep["t_end"],
         n_steps=deep["n_steps"],
-        loss=loss2,
+        loss=deep_model.loss,
         kappa=deep["kappa"],
         weight_decay=deep["decay"],
         ds=deep["ds"],
         lower=[-1.0],
         upper=[1.0],
-        seed=args.seed,
+        seed=p["seed"],
     )
-    # Before training: the adjoint gradient against finite differences of L.
-    checks = {}
-    rng = np.random.default_rng(1)
-    for name, tr in (("one_layer", train1), ("deep", train2)):
-        checks[name] = gradient_check(tr, rng)
+
+
+def gradient_checks(models: dict, log: Any) -> dict[str, float]:
+    """The adjoint gradient of each mean-field model against central finite differences of
+    L (collective; one random direction each, seed 1)."""
+    checks, rng = {}, np.random.default_rng(1)
+    for name in ("one_layer", "deep"):
+        checks[name] = adjoint_gradient_check(models[name], rng)
+        adjoint = models[name].state.adjoint
         log(
             f"{name}: adjoint gradient vs finite differences, relative error {checks[name]:.2e}; "
-            f"trajectory {tr.state.adjoint.trajectory_bytes} bytes/rank "
-            f"({tr.state.adjoint.stored_states} states)"
+            f"trajectory {adjoint.trajectory_bytes} bytes/rank ({adjoint.stored_states} states)"
         )
+    return checks
 
-    # %% Output
-    # ---------
-    # One CSV row per training step and model; the head laws for rho.png.
-    writers = {n: MetricsWriter(comm, out / f"{n}.csv", COLUMNS) for n in ("one_layer", "deep")}
-    pwriter = MetricsWriter(comm, out / "particles.csv", PARTICLE_COLUMNS)
-    history = {
-        "one_layer": [train1.density],
-        "deep": [train2.density],
-        "particles": [particles.theta[:, 0].copy()],
+
+def pictures(out: Any, p: dict, models: dict, series: dict, fit: dict) -> None:
+    """final.npz (the deep law; the one-layer law and the particle heads alongside) and the
+    three pictures (rank 0)."""
+    one, deep = models["one_layer"], models["deep"]
+    write_final(
+        out / "final.npz",
+        deep.theta,
+        deep.volumes,
+        deep.density,
+        deep.s,
+        one_layer_density=one.density,
+        particle_theta=models["particles"].theta,
+    )
+    plot_loss(out / "loss.png", series, f"deep, particles N={p['N']} H={p['H']}")
+    plot_free_energy(out / "free_energy.png", fit["s"], fit["F"], fit["rates"])
+    plot_rho(
+        out / "rho.png", series, fit["s"], deep.theta[:, 0], deep.density, p["theta_cells"] // 2
+    )
+
+
+def summary_of(p: dict[str, Any], models: dict, series: dict, checks: dict, fit: dict) -> dict:
+    """summary.json: parameters, gradient checks, monotonicity, fitted rates, final losses."""
+    out = {}
+    for name, extra in (("one_layer", {"theta_cells": p["theta_cells"]}), ("deep", {})):
+        adjoint = models[name].state.adjoint
+        out[name] = {
+            **p["one" if name == "one_layer" else "deep"],
+            **extra,
+            "monotone": fit["monotone"][name],
+            "fitted_rate": fit["rates"][name],
+            "F0": fit["F"][name][0],
+            "F_final": fit["F"][name][-1],
+            "gradient_check_rel_error": checks[name],
+            "trajectory_bytes": adjoint.trajectory_bytes,
+        }
+    adjoint = models["deep"].state.adjoint
+    out["deep"]["stored_states"] = adjoint.stored_states
+    out["deep"]["recomputed_steps_per_gradient"] = adjoint.recomputed_steps
+    last = series["particles"].rows[-1]
+    out["particles"] = {
+        "N": p["N"],
+        "H": p["H"],
+        "seed": p["seed"],
+        "loss_final": last["loss"],
+        "theta_mean_final": last["theta_mean"],
     }
-    record("one_layer", train1.state, writers, pwriter, wall0)
-    record("deep", train2.state, writers, pwriter, wall0)
-    record("particles", particles.state, writers, pwriter, wall0)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0, or 3 if a training stopped early, like the CLI.
+    """
+    # %% Parameters
+    # -------------
+    experiment = Experiment(__file__, __doc__)
+    parser = experiment.parser()
+    add_arguments(parser)
+    args = experiment.start(parser, argv)
+    log, out = experiment.log, args.out
+    if args.refinement:
+        summary = {"mode": "refinement", **refinement(log, args.heads, args.seeds)}
+        if comm.rank == 0:
+            experiment.write_summary(out, summary)
+        return 0
+    p = parameters(args)
+    wall0 = time.perf_counter()
+
+    # %% Problem
+    # ----------
+    # Tokens distributed over the ranks; the parameter box on every rank (MPI.COMM_SELF).
+    train1, train2 = build_one_layer(p), build_deep(p)
+    models = {"one_layer": train1, "deep": train2, "particles": build_particles(train2, p)}
+    log(
+        f"one layer: R^1, {train1.model.cv.n_global} cells; deep: S^1, "
+        f"{train2.model.cv.n_global} cells, {p['deep']['n_steps']} steps; parameters: "
+        f"{p['theta_cells']} cells on [-1, 1]"
+    )
+    checks = gradient_checks(models, log)  # before training
 
     # %% Main loop
     # ------------
-    status = 0
-    timing = {"one_layer": 0.0, "deep": 0.0, "particles": 0.0}
-    try:
-        for k in range(1, steps + 1):
-            for name, tr in (("one_layer", train1), ("deep", train2), ("particles", particles)):
-                t0 = time.perf_counter()
-                st = tr.step()
-                timing[name] += time.perf_counter() - t0
-                record(name, st, writers, pwriter, wall0)
-                history[name].append(st.theta[:, 0].copy() if name == "particles" else tr.density)
-            if k % max(1, steps // 10) == 0 or k == steps:
-                r1, r2, rp = (w.rows[-1] for w in (writers["one_layer"], writers["deep"], pwriter))
-                log(
-                    f"step {k:3d}: one layer F = {r1['free_energy']:.8f}; deep F = "
-                    f"{r2['free_energy']:.8f} (L = {r2['loss']:.6f}, "
-                    f"mean theta {r2['theta_mean']:+.3f}); "
-                    f"particles L = {rp['loss']:.6f} (mean theta {rp['theta_mean']:+.3f})"
-                )
-    except SolverError as exc:  # keep what was computed, exit 3 like the CLI
-        log(f"stopped: {exc}")
-        status = 3
+    # Each model through the engine's loop, one CSV row per training step (the three models
+    # are independent: trained one after the other).
+    series = {
+        name: TrainingSeries(comm, out / f"{name}.csv", tr, wall0, name == "particles")
+        for name, tr in models.items()
+    }
+    status, timing = 0, dict.fromkeys(MODELS, 0.0)
+    for name in MODELS:
+        try:
+            train(models[name], p["steps"], series[name], log, name)
+        except SolverError as exc:  # keep what was computed, exit 3 like the CLI
+            log(f"stopped: {exc}")
+            status = 3
+            break
+        finally:
+            timing[name] = series[name].seconds  # the steps, not the rows
 
     # %% Summary
     # ----------
     # Monotone decrease of the free energies and the exponential rate of their decrements.
-    F = {n: np.array([r["free_energy"] for r in w.rows]) for n, w in writers.items()}
-    s_of = {n: np.array([r["s"] for r in w.rows]) for n, w in writers.items()}
-    monotone = {n: bool(np.all(np.diff(f) <= 1e-14 * np.abs(f).max())) for n, f in F.items()}
-    rates = {}
-    for name, f in F.items():
-        dec = -np.diff(f)
-        window = (dec > 1e-13) & (dec < 1e-5)
-        rates[name] = (
-            fit_exponential_rate(s_of[name][1:][window], dec[window])[0]
-            if window.sum() >= 3
-            else float("nan")
-        )
+    fit = report({n: series[n] for n in ("one_layer", "deep")})
     log(
-        f"free energy monotone: {monotone}; fitted exponential rates of the decrements: "
-        + ", ".join(f"{n} {r:.4f}" for n, r in rates.items())
+        f"free energy monotone: {fit['monotone']}; fitted exponential rates of the decrements: "
+        + ", ".join(f"{n} {r:.4f}" for n, r in fit["rates"].items())
     )
     wall = time.perf_counter() - wall0
-    adjoint1, adjoint2 = train1.state.adjoint, train2.state.adjoint
     summary = {
         "driver": "train_mean_field",
         "ranks": comm.size,
-        "tiny": tiny,
-        "steps": steps,
-        "one_layer": {
-            **one,
-            "theta_cells": theta_cells,
-            "monotone": monotone["one_layer"],
-            "fitted_rate": rates["one_layer"],
-            "F0": F["one_layer"][0],
-            "F_final": F["one_layer"][-1],
-            "gradient_check_rel_error": checks["one_layer"],
-            "trajectory_bytes": adjoint1.trajectory_bytes,
-        },
-        "deep": {
-            **deep,
-            "monotone": monotone["deep"],
-            "fitted_rate": rates["deep"],
-            "F0": F["deep"][0],
-            "F_final": F["deep"][-1],
-            "gradient_check_rel_error": checks["deep"],
-            "trajectory_bytes": adjoint2.trajectory_bytes,
-            "stored_states": adjoint2.stored_states,
-            "recomputed_steps_per_gradient": adjoint2.recomputed_steps,
-        },
-        "particles": {
-            "N": N_tokens,
-            "H": H_heads,
-            "seed": args.seed,
-            "loss_final": pwriter.rows[-1]["loss"],
-            "theta_mean_final": pwriter.rows[-1]["theta_mean"],
-        },
+        "tiny": args.tiny,
+        "steps": p["steps"],
+        **summary_of(p, models, series, checks, fit),
         "timing_s": {**timing, "wall": wall},
         "status": status,
     }
-
-    # %% Pictures
-    # -----------
     if comm.rank == 0:
         experiment.write_summary(out, summary)
-        write_final(
-            out / "final.npz",
-            train2.theta,
-            train2.volumes,
-            train2.density,
-            train2.s,
-            one_layer_density=train1.density,
-            particle_theta=particles.theta,
-        )
-        plot_loss(out / "loss.png", writers, pwriter, f"deep, particles N={N_tokens} H={H_heads}")
-        plot_free_energy(out / "free_energy.png", s_of, F, rates)
-        plot_rho(
-            out / "rho.png",
-            history,
-            s_of,
-            train2.theta[:, 0],
-            train2.density,
-            particles.theta[:, 0],
-            theta_cells // 2,
-        )
-    for w in (*writers.values(), pwriter):
-        w.close()
+        pictures(out, p, models, series, fit)
+    for s in series.values():
+        s.writer.close()
     log(
         f"wall {wall:.1f} s (one layer {timing['one_layer']:.1f}, deep {timing['deep']:.1f}, "
         f"particles {timing['particles']:.1f}); results in {out}"

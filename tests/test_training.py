@@ -30,6 +30,7 @@ from solvers.training import (
     ParticleTraining,
     PotentialLoss,
     fit_exponential_rate,
+    gibbs_free_energy,
 )
 from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads, bernoulli
@@ -93,6 +94,7 @@ def test_one_layer_linear_readout_converges_at_the_spectral_gap(comm):
     g /= g.sum() * h
     const = states[-1].loss - tr.weights @ U  # L(rho) = const + int U drho
     F_star = const + h * (g @ U) + kappa * h * (g @ np.log(g))
+    assert gibbs_free_energy(tr) == pytest.approx(F_star, rel=1e-13)
     gap = F - F_star
     assert gap.min() > -1e-14
     # spectral gap of the discrete Fokker-Planck operator |K| d rho/ds = -A rho

@@ -7,7 +7,13 @@ discrete adjoint and the functional gradient dL/drho(theta) of a readout loss
 rho by mean-field Langevin dynamics through the Fokker-Planck solver, and
 :class:`ParticleTraining` trains N tokens / H heads as particles for comparison.
 
-Poincare / log-Sobolev constants of the Gibbs measure and the predicted rates: ``_lsi``.
+A training on the stepping interface of :mod:`solvers.stepping` (the engine's loop advances
+it to output times on its grid of whole steps ds): :class:`TrainingStepper` (``_stepper``).
+The adjoint gradient against finite differences of L: :func:`adjoint_gradient_check`.
+
+Poincare / log-Sobolev constants of the Gibbs measure and the predicted rates, the Hessian of
+L by differences of the adjoint gradient (:func:`loss_hessian`) and the free energy of the
+exact Gibbs law of a linear loss (:func:`gibbs_free_energy`): ``_lsi``.
 The neural tangent kernel of the deep model, K = J P J^T with J the
 discrete-adjoint Jacobian of readout features (:func:`jacobian`, :func:`ntk`), and projected
 gradient descent on the head weights against the rate it predicts (:func:`gradient_descent`,
@@ -26,7 +32,7 @@ Refinement of the coupled system (rho_s under mesh, depth-step and training-step
 ``_refinement``.
 
 Modules: ``_adjoint``, ``_drift``, ``_depth``, ``_losses``, ``_lsi``, ``_mean_field``, ``_ntk``,
-``_particles``, ``_refinement``.
+``_particles``, ``_refinement``, ``_stepper``.
 """
 
 from solvers.training._adjoint import (
@@ -53,11 +59,18 @@ from solvers.training._losses import (
 from solvers.training._lsi import (
     GibbsConstants,
     gibbs_constants,
+    gibbs_free_energy,
     linearised_rate,
+    loss_hessian,
     lsi_rate,
     spectral_rate,
 )
-from solvers.training._mean_field import MeanFieldTraining, TrainingState, fit_exponential_rate
+from solvers.training._mean_field import (
+    MeanFieldTraining,
+    TrainingState,
+    adjoint_gradient_check,
+    fit_exponential_rate,
+)
 from solvers.training._ntk import (
     FEATURES,
     FeatureLoss,
@@ -86,6 +99,7 @@ from solvers.training._refinement import (
     particle_comparison,
     self_convergence,
 )
+from solvers.training._stepper import TrainingStep, TrainingStepper
 
 __all__ = [
     "FEATURES",
@@ -109,6 +123,9 @@ __all__ = [
     "SmoothedTransportModel",
     "TokenTransportModel",
     "TrainingState",
+    "TrainingStep",
+    "TrainingStepper",
+    "adjoint_gradient_check",
     "atom_law",
     "depth_study",
     "distributed_gaussian_kernel_sums",
@@ -116,11 +133,13 @@ __all__ = [
     "fit_exponential_rate",
     "gaussian_kernel_sums",
     "gibbs_constants",
+    "gibbs_free_energy",
     "gradient_descent",
     "head_law",
     "jacobian",
     "line_w1",
     "linearised_rate",
+    "loss_hessian",
     "lsi_rate",
     "measured_rate",
     "monte_carlo_fit",

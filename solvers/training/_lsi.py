@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +56,8 @@ from scipy.optimize import minimize
 __all__ = [
     "GibbsConstants",
     "gibbs_constants",
+    "gibbs_free_energy",
+    "loss_hessian",
     "linearised_rate",
     "lsi_rate",
     "spectral_rate",
@@ -298,3 +301,53 @@ def linearised_rate(
     Q = np.linalg.qr(np.eye(n)[:, :-1] - np.eye(n)[:, 1:])[0]  # basis of sum-zero vectors
     lam = np.abs(np.linalg.eigvals(Q.T @ T @ Q)).max()
     return -2.0 * math.log(lam) / ds
+
+
+def loss_hessian(training: Any, eps: float = 1e-6) -> Array:
+    r"""The Hessian :math:`\partial U_i / \partial w_j` of L in the head weights (collective).
+
+    Central differences of the adjoint gradient U of
+    :class:`solvers.training.MeanFieldTraining` (its ``model.gradient``) in each weight,
+    symmetrised; the ``hessian`` of :func:`linearised_rate`.
+
+    Args:
+        training: the training at (near) its fixed point.
+        eps: the difference step in the weights.
+
+    Returns:
+        The (n, n) Hessian (input order of the cells).
+    """
+    w = training.weights
+    n = len(w)
+    H = np.empty((n, n))
+    for j in range(n):
+        e = np.zeros(n)
+        e[j] = eps
+        gp = training.model.gradient(w + e, training.loss).gradient
+        gm = training.model.gradient(w - e, training.loss).gradient
+        H[:, j] = (gp - gm) / (2 * eps)
+    return 0.5 * (H + H.T)
+
+
+def gibbs_free_energy(training: Any) -> float:
+    r"""The free energy :math:`\mathcal{F}^*` of the discrete Gibbs law of a loss that is
+    linear in the head law (a :class:`solvers.training.PotentialLoss` readout in one layer).
+
+    Then :math:`L(w) = c + w \cdot U` with U the training's current potential, and the
+    minimiser of :math:`\mathcal{F}_h = L + \kappa \sum_k |K_k| \rho_k \log\rho_k` over
+    the cell laws is :math:`g \propto e^{-U/\kappa}` (normalised in the cell volumes), so
+    :math:`\mathcal{F}^* = c + \sum_k |K_k| g_k U_k + \kappa \sum_k |K_k| g_k \log g_k`,
+    with :math:`c = L - w \cdot U` at the current state. For a loss that depends on rho
+    nonlinearly this is the free energy of the current proximal Gibbs law only.
+
+    Args:
+        training: a :class:`solvers.training.MeanFieldTraining`.
+
+    Returns:
+        :math:`\mathcal{F}^*`.
+    """
+    U, kappa, vol = training.state.potential, training.kappa, training.volumes
+    g = np.exp(-(U - U.min()) / kappa)
+    g /= g @ vol
+    const = training.state.loss - training.weights @ U
+    return const + vol @ (g * U) + kappa * vol @ (g * np.log(g))

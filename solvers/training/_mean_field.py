@@ -65,7 +65,7 @@ from solvers.attention import Attention
 from solvers.training._adjoint import AdjointGradient, TokenTransportModel
 from solvers.weights import FokkerPlanckSolver, GradientDrift, ParameterisedHeads
 
-__all__ = ["MeanFieldTraining", "TrainingState", "fit_exponential_rate"]
+__all__ = ["MeanFieldTraining", "TrainingState", "adjoint_gradient_check", "fit_exponential_rate"]
 
 Array = npt.NDArray[np.float64]
 
@@ -303,3 +303,31 @@ def fit_exponential_rate(s: Array, gap: Array) -> tuple[float, float]:
     coef = np.polyfit(s, np.log(gap), 1)
     res = np.log(gap) - np.polyval(coef, s)
     return float(-coef[0]), float(np.abs(res).max())
+
+
+def adjoint_gradient_check(
+    training: MeanFieldTraining, rng: np.random.Generator, eps: float = 1e-5
+) -> float:
+    r"""The adjoint gradient of L against a central finite difference (collective).
+
+    Along a random mass-preserving direction dw of the head weights (drawn by ``rng``,
+    made sum-zero): :math:`|D - \langle g, dw\rangle| / |\langle g, dw\rangle|` with
+    :math:`D = (L(w + \epsilon\,dw) - L(w - \epsilon\,dw)) / (2\epsilon)` from two forward
+    solves and g the adjoint gradient of the training's current state.
+
+    Args:
+        training: the training (its current weights and state).
+        rng: draws the direction.
+        eps: the difference step.
+
+    Returns:
+        The relative error (the same on every rank).
+    """
+    w, g = training.weights, training.state.adjoint.gradient
+    dw = rng.standard_normal(len(w))
+    dw -= dw.mean()
+    forward = training.model.forward
+    fd = (forward(w + eps * dw, training.loss).loss - forward(w - eps * dw, training.loss).loss) / (
+        2 * eps
+    )
+    return abs(fd - g @ dw) / abs(g @ dw)
