@@ -6,18 +6,25 @@ stationary law of the matrix OU process, :func:`solvers.weights.stationary_ou_he
 
 - :class:`Trajectory`, :func:`summarise`: the records of one run and the late-time table, the
   exponents in H (bootstrap over paths) and the exponential rate of the limit run;
-- :func:`plot_g2_limit`, :func:`plot_g2_vs_H`: the figures (rank 0).
+- :func:`full_matrix_check`, :func:`summarise_full_matrix`: the final states of
+  drivers/paper1_ou_s2.py under the stationary law of the full matrix OU process;
+- :func:`plot_g2_limit`, :func:`plot_g2_vs_H`: the figures (rank 0);
+- :func:`report`: all of the above written to the output folder and logged (rank 0).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from drivers._paper1 import time_average
+from drivers._paper1 import time_average, write_csv
+from drivers.engine import write_final, write_json
 from solvers.attention import Attention
 from solvers.diagnostics import bootstrap_interval, fit_power_law, metric_diagnostics
 from solvers.weights import stationary_ou_heads
@@ -27,6 +34,7 @@ __all__ = [
     "full_matrix_check",
     "plot_g2_limit",
     "plot_g2_vs_H",
+    "report",
     "summarise",
     "summarise_full_matrix",
 ]
@@ -236,3 +244,50 @@ def summarise_full_matrix(rows: list[dict]) -> dict:
     ok = len(heads) >= 3 and min(len(v) for v in values["G2_sampled"]) >= 2
     exponents = {k: fit_power_law(heads, values[k]).as_dict() if ok else {} for k in keys}
     return {"table": table, "exponents": exponents}
+
+
+def report(
+    args: argparse.Namespace,
+    runs: list[Trajectory],
+    log: Callable[[str], None],
+    provenance: dict[str, Any],
+) -> None:
+    """omega.csv, summary.csv, full_matrix.csv (with ``--ou-study``), summary.json, final.npz
+    (the limit run's tokens at T) and the two figures; the rates and exponents logged (rank 0).
+
+    Args:
+        args: the command line of the driver.
+        runs: the limit run first, then the sampled runs.
+        log: prints on rank 0.
+        provenance: the provenance of summary.json.
+    """
+    table, fits = summarise(runs)
+    write_csv(args.out / "omega.csv", [row for r in runs for row in r.rows])
+    write_csv(args.out / "summary.csv", table)
+    summary = {"setup": {k: v for k, v in vars(args).items() if k != "out"}, **fits}
+    summary["table"] = table
+    if args.ou_study is not None:  # [P1]'s full matrix OU heads (6 parameters)
+        full = full_matrix_check(args.ou_study, args.law_samples)
+        write_csv(args.out / "full_matrix.csv", full)
+        summary["full_matrix"] = summarise_full_matrix(full)
+        for row in summary["full_matrix"]["table"]:
+            log(
+                f"full-matrix OU study, H = {row['H']:3d} ({row['paths']} paths, t = "
+                f"{row['t']:g}): G2 under its heads {row['G2_sampled']:.3e}, under the "
+                f"stationary law {row['G2_limit_a']:.3e} / {row['G2_limit_b']:.3e} "
+                f"(two {args.law_samples}-head samples)"
+            )
+    write_json(args.out / "summary.json", {**summary, "provenance": provenance})
+    rate = fits["limit_rate"]
+    log(f"limit run: G2_limit ~ exp(-{rate['rate']:.3f} t) over t in {rate['window']}")
+    for key, fit in fits["exponents"].items():
+        if fit:
+            log(
+                f"late {key} ~ H^{fit['slope']:.3f}, 95% bootstrap "
+                f"[{fit['ci_low']:.3f}, {fit['ci_high']:.3f}]"
+            )
+    points = runs[0].final
+    masses = np.full(len(points), 1.0 / len(points))
+    write_final(args.out / "final.npz", points, masses, masses, runs[0].rows[-1]["t"])
+    plot_g2_limit(args.out / "g2_limit.png", runs)
+    plot_g2_vs_H(args.out / "g2_limit_vs_H.png", table, fits["exponents"])

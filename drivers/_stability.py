@@ -2,20 +2,33 @@ r"""Tables and figures of drivers/paper1_stability_s2.py.
 
 The bounds and the measurements (Lipschitz constants, distances, growth exponents, rates) are
 in :mod:`solvers.diagnostics` (``solvers/diagnostics/_stability.py``, docs/model.md,
-"Stability"); here: :func:`exponent_rows` (the table of measured exponents against the bound)
-and the two figures of the driver, :func:`plot_input` and :func:`plot_weights`.
+"Stability"); here: :func:`exponent_rows` (the table of measured exponents against the bound),
+:func:`rates` (that table for every input run and the fitted rates of the weight study, logged),
+:func:`write_tables` and :func:`write_final_state` (the CSV files and final.npz) and the two
+figures of the driver, :func:`plot_input` and :func:`plot_weights`.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from solvers.diagnostics import LipschitzBound, growth_exponents
+from drivers._paper1 import write_csv
+from drivers.engine import GatheredCells, write_final
+from solvers.diagnostics import LipschitzBound, fit_rate, growth_exponents
 
-__all__ = ["exponent_rows", "plot_input", "plot_weights"]
+__all__ = [
+    "exponent_rows",
+    "plot_input",
+    "plot_weights",
+    "rates",
+    "write_final_state",
+    "write_tables",
+]
 
 
 # %% Tables
@@ -50,6 +63,90 @@ def exponent_rows(
             row["max_d_over_bound"] = math.exp(max(ratios))
         out.append(row)
     return out
+
+
+def rates(
+    args: argparse.Namespace,
+    particle_rows: list[dict],
+    mesh_rows: list[dict],
+    weight_rows: list[dict],
+    bounds: dict[int, LipschitzBound],
+    log: Callable[[str], None],
+) -> tuple[list[dict], list[dict]]:
+    """The exponents of every input run beside L, and the rates in eps of the weight study.
+
+    Args:
+        args: the command line (heads).
+        particle_rows: the records of the particle input runs.
+        mesh_rows: the records of the mesh input runs.
+        weight_rows: the rows of the weight study.
+        bounds: H -> the Lipschitz constants.
+        log: prints on rank 0.
+
+    Returns:
+        The rows of exponents.csv (:func:`exponent_rows`) and the fits of
+        :func:`solvers.diagnostics.fit_rate` (H, kind, quantity, rate, local, ...), logged.
+    """
+    exponents = exponent_rows(particle_rows, ("d_max", "d_mean", "w1"), "sign", bounds)
+    exponents += exponent_rows(mesh_rows, ("l1", "w1"), "kind", bounds)
+    for r in exponents:
+        first = "d_max" if "d_max_max_rate" in r else "l1"
+        log(
+            f"H = {r['H']} {r.get('sign', r.get('kind'))!s:>4} delta = {r['delta']:<6g}: "
+            f"{first} exponent {r[f'{first}_max_exponent']:+.3f}, max rate "
+            f"{r[f'{first}_max_rate']:+.3f}, LS slope {r[f'{first}_ls_slope']:+.3f}, "
+            f"amplification {r[f'{first}_amplification']:.3g}, L = {r['L']:.4g}"
+        )
+    fits = []
+    for H in args.heads:
+        for kind in ("perturb", "decay"):
+            mine = [r for r in weight_rows if r["H"] == H and r["kind"] == kind]
+            for key in ("w1", "dE", "w1_predicted", "dE_predicted"):
+                fit = fit_rate([r["eps"] for r in mine], [r[key] for r in mine])
+                fits.append({"H": H, "kind": kind, "quantity": key, **fit})
+                log(f"(b) H = {H} {kind:7s} {key:12s}: rate {fit['rate']:.3f} {fit['local']}")
+    return exponents, fits
+
+
+def write_tables(out: Path, tables: dict[str, list[dict]], fits: list[dict]) -> None:
+    """<name>.csv for every table, and rates.csv (the fits, their local rates as one column).
+
+    Args:
+        out: the output folder.
+        tables: file stem -> rows.
+        fits: the fits of :func:`rates`.
+    """
+    for name, rows in tables.items():
+        write_csv(out / f"{name}.csv", rows)
+    write_csv(out / "rates.csv", [{**f, "local": " ".join(map(repr, f["local"]))} for f in fits])
+
+
+def write_final_state(
+    args: argparse.Namespace,
+    gathered: GatheredCells | None,
+    density: np.ndarray | None,
+    base_points: np.ndarray | None,
+) -> None:
+    """final.npz: the unperturbed mesh density at the mesh T, and the unperturbed long-time
+    tokens of the last H (particle_points, particle_masses, particle_t); the tokens alone
+    (as points, weights and density) without mesh runs; nothing without either.
+
+    Args:
+        args: the command line (out, n_tokens, t_long, mesh_t_end).
+        gathered: the cells of the mesh runs (None without them).
+        density: the unperturbed final density of the first mesh H (None without mesh runs).
+        base_points: the unperturbed long-time tokens of the last H (None without any H).
+    """
+    extra = {}
+    if base_points is not None:
+        extra = {"particle_points": base_points, "particle_t": np.float64(args.t_long)}
+        extra["particle_masses"] = np.full(args.n_tokens, 1.0 / args.n_tokens)
+    path = args.out / "final.npz"
+    if density is not None:
+        write_final(path, gathered.points, gathered.weights, density, args.mesh_t_end, **extra)
+    elif base_points is not None:
+        masses = extra["particle_masses"]
+        write_final(path, base_points, masses, masses, args.t_long, **extra)
 
 
 # %% Figures

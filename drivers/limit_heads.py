@@ -70,11 +70,11 @@ Things to try:
 
 from __future__ import annotations
 
-import csv
+import argparse
 import math
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -82,12 +82,12 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._limit_heads import trajectory_study
-from drivers.engine import GatheredCells, write_final
+from drivers._limit_heads import report, trajectory_study
+from drivers.engine import GatheredCells
 from meshes import control_volumes, icosphere
 from meshes.box import box
 from solvers.attention import Attention, gather_measure
-from solvers.diagnostics import PowerLawFit, fit_power_law
+from solvers.diagnostics import fit_power_law, head_limit_errors
 from solvers.transport import initial_density
 from solvers.weights import (
     FokkerPlanckSolver,
@@ -144,7 +144,8 @@ def head_errors(
     heads: list[int],
     seeds: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """sup_x |X_H - X_rho| and the RMS for every H and seed (collective).
+    """sup_x |X_H - X_rho| and the RMS for every H and seed (collective;
+    :func:`solvers.diagnostics.head_limit_errors` per seed).
 
     Args:
         measure: the weight measure rho (its quadrature and its sampler).
@@ -162,22 +163,15 @@ def head_errors(
     X = attention.velocity(
         targets, sources, masses, measure.heads_at(0.0), measure.head_weights_at(0.0)
     )
-    total = comm.allreduce(float(target_masses.sum()), op=MPI.SUM)
     sup = np.empty((len(heads), seeds))
     rms = np.empty((len(heads), seeds))
-    for s in range(seeds):
+    for s in range(seeds):  # the H-head models of a seed: prefixes of one sample of H_max
         theta = measure.sample_parameters(heads[-1], 0.0, s)
-        all_heads = measure.parameterisation.heads(theta)
-        acc = np.zeros_like(X)  # sum over the heads so far of s P a_h
-        done = 0
-        for k, H in enumerate(heads):
-            acc += (H - done) * attention.velocity(targets, sources, masses, all_heads[done:H])
-            done = H
-            diff = np.linalg.norm(acc / H - X, axis=1)
-            sup[k, s] = comm.allreduce(float(diff.max(initial=0.0)), op=MPI.MAX)
-            rms[k, s] = math.sqrt(
-                comm.allreduce(float(target_masses @ diff**2), op=MPI.SUM) / total
-            )
+        sample = measure.parameterisation.heads(theta)
+        errors = head_limit_errors(
+            attention, targets, target_masses, sources, masses, X, sample, heads, comm
+        )
+        sup[:, s], rms[:, s] = errors
     return sup, rms, X
 
 
@@ -240,59 +234,16 @@ def study(
     return result
 
 
-def plot(
-    path: Path,
-    heads: list[int],
-    sup: np.ndarray,
-    rms: np.ndarray,
-    fits: dict[str, PowerLawFit],
-    labels: tuple[str, str] = ("sup |X_H - X_rho|", "rms |X_H - X_rho|"),
-) -> None:
-    """The errors against H, log-log, with H^-1/2 and H^-1/2 sqrt(log H) guides (rank 0).
-
-    Args:
-        path: the PNG file.
-        heads: the head numbers H.
-        sup: the sup errors (len(heads), seeds).
-        rms: the RMS errors (len(heads), seeds).
-        fits: the fits of :func:`study` (keys "sup" and "rms").
-        labels: the names of the two curves.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    H = np.asarray(heads, dtype=float)
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for data, name, c, lab in ((sup, "sup", "C0", labels[0]), (rms, "rms", "C1", labels[1])):
-        for k in range(len(H)):
-            ax.plot([H[k]] * data.shape[1], data[k], ".", color=c, alpha=0.2, ms=3)
-        f = fits[name]
-        slope = f"slope {f.slope:.3f} [{f.ci_low:.3f}, {f.ci_high:.3f}]"
-        ax.loglog(H, data.mean(axis=1), "o-", color=c, label=f"{lab}: {slope}")
-    e0 = sup.mean(axis=1)[0]
-    ax.loglog(H, e0 * (H / H[0]) ** -0.5, "k--", lw=0.8, label="H^-1/2")
-    guide = e0 * np.sqrt(np.log(H) / np.log(H[0])) * (H / H[0]) ** -0.5
-    ax.loglog(H, guide, "k:", lw=0.8, label="H^-1/2 sqrt(log H)")
-    ax.set(xlabel="H heads", ylabel="error", title="head limit")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the experiment.
+def parse(argv: list[str] | None) -> tuple[Experiment, argparse.Namespace]:
+    """The command line; the defaults of level, max_heads, seeds and cells (smaller for
+    ``--tiny``) resolved into the arguments, with ``heads`` = 4, 8, ..., max_heads.
 
     Args:
         argv: the command line (default ``sys.argv[1:]``).
 
     Returns:
-        0.
+        The experiment and its arguments.
     """
-    # %% Parameters
-    # -------------
     experiment = Experiment(__file__, __doc__)
     parser = experiment.parser()
     parser.add_argument("--p", type=int, choices=(1, 2), default=1, help="parameter dimension")
@@ -308,14 +259,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traj-max-heads", type=int, default=128, help="largest H (traj.)")
     parser.add_argument("--traj-seeds", type=int, default=8, help="seeds (trajectories)")
     args = experiment.start(parser, argv)
-    log = experiment.log
-
-    level = args.level if args.level is not None else (2 if args.tiny else 3)
+    args.level = args.level if args.level is not None else (2 if args.tiny else 3)
     h_max = args.max_heads or (64 if args.tiny else 1024)
-    heads = [int(h) for h in 2 ** np.arange(2, int(math.log2(h_max)) + 1)]
-    seeds = args.seeds or (4 if args.tiny else 32)
-    cells = (256 if args.p == 1 else 24) if not args.tiny else (64 if args.p == 1 else 12)
-    out = args.out
+    args.heads = [int(h) for h in 2 ** np.arange(2, int(math.log2(h_max)) + 1)]
+    args.seeds = args.seeds or (4 if args.tiny else 32)
+    args.cells = (256 if args.p == 1 else 24) if not args.tiny else (64 if args.p == 1 else 12)
+    return experiment, args
+
+
+def trajectories(args: argparse.Namespace, log: Callable[[str], None]) -> dict:
+    """The head limit on the trajectories (drivers/_limit_heads.py): FV runs to T, logged.
+
+    Args:
+        args: the command line (p, cells, traj_level, traj_max_heads, traj_seeds, t_end, beta).
+        log: prints on rank 0.
+
+    Returns:
+        The result of :func:`drivers._limit_heads.trajectory_study` with ``heads`` and
+        ``wall`` (seconds) added.
+    """
+    t_heads = [int(h) for h in 2 ** np.arange(2, int(math.log2(args.traj_max_heads)) + 1)]
+    wt = time.perf_counter()
+    measure = weight_measure(args.p, args.cells, 0.5, 0.6)
+    traj = trajectory_study(
+        measure, TOKENS, args.traj_level, t_heads, args.traj_seeds, args.t_end, args.beta
+    )
+    measure.solver.destroy()
+    traj["heads"], traj["wall"] = t_heads, time.perf_counter() - wt
+    for k, H in enumerate(t_heads):
+        log(f"trajectories H = {H:4d}: W1 {traj['w1'][k].mean():.4e} L1 {traj['l1'][k].mean():.4e}")
+    for name, f in traj["fits"].items():
+        log(
+            f"trajectories {name}: slope {f.slope:+.3f} [{f.ci_low:+.3f}, {f.ci_high:+.3f}]"
+            f" (t-interval [{f.t_low:+.3f}, {f.t_high:+.3f}]); reference motion W1 "
+            f"{traj['motion']:.3e}, {traj['wall']:.1f} s"
+        )
+    return traj
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
+    # %% Parameters
+    # -------------
+    # p = 1, 256 parameter cells, token level 3, H = 4 ... 1024, 32 seeds (parse).
+    experiment, args = parse(argv)
+    log = experiment.log
     wall0 = time.perf_counter()
 
     # %% Main loop
@@ -323,112 +318,32 @@ def main(argv: list[str] | None = None) -> int:
     # study(): the token mesh and density (frozen), the weight measure rho, and the errors
     # of H sampled heads for every H and seed, with their power-law fits.
     log(
-        f"p = {args.p}, {cells}^{args.p} parameter cells, token level {level}, H = {heads}, "
-        f"{seeds} seeds"
+        f"p = {args.p}, {args.cells}^{args.p} parameter cells, token level {args.level}, "
+        f"H = {args.heads}, {args.seeds} seeds"
     )
-    r = study(level, heads, seeds, p=args.p, cells=cells, beta=args.beta)
-    for k, H in enumerate(heads):
+    r = study(args.level, args.heads, args.seeds, p=args.p, cells=args.cells, beta=args.beta)
+    for k, H in enumerate(args.heads):
         log(f"H = {H:5d}: sup {r['sup'][k].mean():.4e}  rms {r['rms'][k].mean():.4e}")
     for name, f in r["fits"].items():
         log(
             f"{name}: slope {f.slope:+.3f}, 95% bootstrap [{f.ci_low:+.3f}, {f.ci_high:+.3f}], "
             f"t-interval [{f.t_low:+.3f}, {f.t_high:+.3f}]"
         )
-    traj = None
-    if args.trajectories:
-        # The head limit on the trajectories (drivers/_limit_heads.py): FV runs to T.
-        t_heads = [int(h) for h in 2 ** np.arange(2, int(math.log2(args.traj_max_heads)) + 1)]
-        wt = time.perf_counter()
-        measure = weight_measure(args.p, cells, 0.5, 0.6)
-        traj = trajectory_study(
-            measure, TOKENS, args.traj_level, t_heads, args.traj_seeds, args.t_end, args.beta
-        )
-        measure.solver.destroy()
-        traj["heads"], traj["wall"] = t_heads, time.perf_counter() - wt
-        for k, H in enumerate(t_heads):
-            log(
-                f"trajectories H = {H:4d}: W1 {traj['w1'][k].mean():.4e} L1 {traj['l1'][k].mean():.4e}"
-            )
-        for name, f in traj["fits"].items():
-            log(
-                f"trajectories {name}: slope {f.slope:+.3f} [{f.ci_low:+.3f}, {f.ci_high:+.3f}]"
-                f" (t-interval [{f.t_low:+.3f}, {f.t_high:+.3f}]); reference motion W1 "
-                f"{traj['motion']:.3e}, {traj['wall']:.1f} s"
-            )
+    traj = trajectories(args, log) if args.trajectories else None
     wall = time.perf_counter() - wall0
 
     # %% Pictures
     # -----------
-    # table.csv, summary.json, limit_heads.png and final.npz (rank 0).
+    # table.csv, summary.json, limit_heads.png and final.npz; with --trajectories also
+    # trajectories.csv and limit_heads_trajectories.png (rank 0; drivers/_limit_heads.py).
     if comm.rank == 0:
-        with open(out / "table.csv", "w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(["H", "seed", "sup_error", "rms_error"])
-            for k, H in enumerate(heads):
-                for s in range(seeds):
-                    writer.writerow([H, s, r["sup"][k, s], r["rms"][k, s]])
-        summary = {
-            "driver": "limit_heads",
-            "ranks": comm.size,
-            "wall_time": wall,
-            "p": args.p,
-            "parameter_cells": cells,
-            "token_level": level,
-            "token_cells": r["n_cells"],
-            "heads": heads,
-            "seeds": seeds,
-            "beta": args.beta,
-            "sign": -1,
-            "rho": {"mean": 0.5, "std": 0.6},
-            "tokens": TOKENS,
-            "fits": {k: f.as_dict() for k, f in r["fits"].items()},
-            "mean_sup": r["sup"].mean(axis=1),
-            "mean_rms": r["rms"].mean(axis=1),
-            "theory": "E sup_x |X_H - X_rho| = O(H^-1/2 sqrt(log H)) ([P2])",
-        }
-        if traj is not None:
-            summary["trajectories"] = {
-                "heads": traj["heads"],
-                "seeds": args.traj_seeds,
-                "level": args.traj_level,
-                "cells": traj["n_cells"],
-                "t_end": args.t_end,
-                "fv_steps": traj["steps"],
-                "fits": {k: f.as_dict() for k, f in traj["fits"].items()},
-                "mean_w1": traj["w1"].mean(axis=1),
-                "mean_l1": traj["l1"].mean(axis=1),
-                "reference_motion_w1": traj["motion"],
-                "wall_time": traj["wall"],
-            }
-            with open(out / "trajectories.csv", "w", newline="") as fh:
-                writer = csv.writer(fh)
-                writer.writerow(["H", "seed", "w1", "l1"])
-                for k, H in enumerate(traj["heads"]):
-                    for s in range(args.traj_seeds):
-                        writer.writerow([H, s, traj["w1"][k, s], traj["l1"][k, s]])
-            plot(
-                out / "limit_heads_trajectories.png",
-                traj["heads"],
-                traj["w1"],
-                traj["l1"],
-                {"sup": traj["fits"]["w1"], "rms": traj["fits"]["l1"]},
-                ("W1(mu_T^H, mu_T)", "L1 density"),
-            )
-        experiment.write_summary(out, summary)
-        plot(out / "limit_heads.png", heads, r["sup"], r["rms"], r["fits"])
-        g = r["gathered"]
-        write_final(
-            out / "final.npz",
-            g.points,
-            g.weights,
-            r["density"],
-            0.0,
-            velocity=r["velocity"],
-            heads=np.array(heads),
-            sup_error=r["sup"],
-            rms_error=r["rms"],
-        )
-    log(f"wall time {wall:.1f} s; results in {out}")
+        summary = {"driver": "limit_heads", "ranks": comm.size, "wall_time": wall}
+        summary |= {"p": args.p, "parameter_cells": args.cells, "token_level": args.level}
+        summary |= {"token_cells": r["n_cells"], "heads": args.heads, "seeds": args.seeds}
+        summary |= {"beta": args.beta, "sign": -1, "rho": {"mean": 0.5, "std": 0.6}}
+        summary |= {"tokens": TOKENS}
+        report(experiment, args, r, traj, summary)
+    log(f"wall time {wall:.1f} s; results in {args.out}")
     return 0
 
 

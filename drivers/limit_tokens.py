@@ -74,36 +74,38 @@ Things to try:
 
 from __future__ import annotations
 
-import csv
+import argparse
 import math
 import sys
 import time
-from pathlib import Path
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
 import numpy as np
-from scipy.spatial import cKDTree
 
 from drivers._experiment import Experiment
+from drivers._limit_tokens import (
+    DISTANCES,
+    distance_table,
+    floors_and_ratios,
+    log_fits,
+    plot,
+    power_laws,
+    write_final_state,
+    write_tables,
+)
 from drivers._outputs import run_to
-from drivers.engine import GatheredCells, write_final
+from drivers.engine import GatheredCells
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head, gather_measure
-from solvers.diagnostics import (
-    PowerLawFit,
-    binned_wasserstein,
-    fit_power_law,
-    mmd_vmf,
-    quantise,
-    sample_sphere_density,
-)
+from solvers.diagnostics import BinnedDistances, sample_sphere_density
 from solvers.transport import ParticleSystem, TransportSolver, density_function, initial_density
 from solvers.weights import make_weights
 
 comm = MPI.COMM_WORLD
-DISTANCES = ("W1", "W2", "MMD")
+#: The theory the measured rates are set against (summary.json).
+THEORY = "E W_2 <~ N^-1/4 (d < 4, [P2]); on S^2 the sampling error is ~ sqrt(log N/N)"
 
 #: The initial density: 1 + two von Mises-Fisher bumps (smooth, max <= 1 + 2 + 1.5).
 RHO0 = "1.0 + 2.0 * exp(3.0 * (x[2] - 1)) + 1.5 * exp(4.0 * (0.6 * x[0] + 0.8 * x[1] - 1))"
@@ -179,186 +181,35 @@ def particle_run(
     return x0, x1
 
 
-class Distances:
-    """Binned W1/W2 (exact OT, deferred and shared over the ranks) and MMD (collective).
+def parse(argv: list[str] | None) -> tuple[Experiment, argparse.Namespace]:
+    """The command line; the defaults of sizes, seeds, level, bins and t_end (smaller for
+    ``--tiny``) resolved into the arguments.
 
     Args:
-        bin_level: the icosphere level of the bins.
-        kappa: the concentration of the MMD kernel e^{kappa (<x, y> - 1)}.
-    """
-
-    def __init__(self, bin_level: int, kappa: float) -> None:
-        cv = control_volumes(icosphere(MPI.COMM_SELF, bin_level))
-        self.centres = cv.centres[: cv.n_owned].copy()
-        self.tree = cKDTree(self.centres)
-        self.kappa = kappa
-        self.tasks: list[tuple[tuple, np.ndarray, np.ndarray]] = []
-        self.n_bins = len(self.centres)
-        # largest distance of a point of the sphere to its nearest centre (the bias bound / 2)
-        probe = np.random.default_rng(0).standard_normal((200_000, 3))
-        probe /= np.linalg.norm(probe, axis=1)[:, None]
-        self.radius = float(2 * np.arcsin(self.tree.query(probe)[0].max() / 2))
-
-    def add(self, key: tuple, x: np.ndarray, a: np.ndarray, y: np.ndarray, b: np.ndarray) -> float:
-        """Queue the binned W1/W2 of (x, a) against (y, b) and compute their MMD.
-
-        Args:
-            key: the name of the pair in the result of :meth:`solve`.
-            x: the points of the first measure.
-            a: their masses.
-            y: the points of the second measure.
-            b: their masses.
-
-        Returns:
-            The MMD of the two measures (collective).
-        """
-        a_binned = quantise(self.centres, x, a, self.tree)
-        self.tasks.append((key, a_binned, quantise(self.centres, y, b, self.tree)))
-        return mmd_vmf(x, a, y, b, self.kappa, comm=comm)
-
-    def solve(self) -> dict[tuple, tuple[float, float]]:
-        """The queued exact OT problems, task k on rank k % size (collective).
-
-        Returns:
-            key -> (W1, W2) of every queued pair, on every rank.
-        """
-        mine = {
-            key: (
-                binned_wasserstein(self.centres, a, b, 1),
-                binned_wasserstein(self.centres, a, b, 2),
-            )
-            for k, (key, a, b) in enumerate(self.tasks)
-            if k % comm.size == comm.rank
-        }
-        out: dict[tuple, tuple[float, float]] = {}
-        for part in comm.allgather(mine):
-            out.update(part)
-        self.tasks = []
-        return out
-
-
-def select(table: list[dict], distance: str, time: str, n: int) -> list[float]:
-    """The values of one distance at one time for N tokens, one per seed.
-
-    Args:
-        table: the rows of table.csv.
-        distance: "W1", "W2" or "MMD".
-        time: "0" or "T".
-        n: the number of tokens N.
+        argv: the command line (default ``sys.argv[1:]``).
 
     Returns:
-        The values, in the order of the table (by seed).
+        The experiment and its arguments.
     """
-    return [
-        r["value"] for r in table if r["N"] == n and r["time"] == time and r["distance"] == distance
-    ]
-
-
-def plot(
-    path: Path,
-    sizes: list[int],
-    table: list[dict],
-    fits: dict[tuple[str, str], PowerLawFit],
-    floors: dict[str, float],
-    t_end: float,
-) -> None:
-    """Every distance against N, log-log, at t = 0 and t = T, with guides and floors (rank 0).
-
-    Args:
-        path: the PNG file.
-        sizes: the token numbers N.
-        table: the rows of table.csv.
-        fits: (distance, time) -> the power-law fit.
-        floors: distance -> the mesh floor.
-        t_end: the final time T, for the legend.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(DISTANCES), figsize=(5 * len(DISTANCES), 4.2))
-    n = np.asarray(sizes, dtype=float)
-    for ax, name in zip(axes, DISTANCES, strict=True):
-        for t_key, marker, label in (("0", "s", "t = 0"), ("T", "o", f"t = {t_end:g}")):
-            color = "C0" if t_key == "0" else "C1"
-            per = [select(table, name, t_key, N) for N in sizes]
-            mean = np.array([np.mean(v) for v in per])
-            for N, v in zip(n, per, strict=True):
-                ax.plot([N] * len(v), v, marker, alpha=0.25, ms=3, color=color)
-            fit = fits[(name, t_key)]
-            slope = f"slope {fit.slope:.3f} [{fit.ci_low:.3f}, {fit.ci_high:.3f}]"
-            ax.loglog(n, mean, marker + "-", color=color, label=f"{label}: {slope}")
-        ref = np.mean(select(table, name, "T", sizes[0]))
-        ax.loglog(n, ref * (n / n[0]) ** -0.5, "k--", lw=0.8, label="N^-1/2")
-        ax.loglog(n, ref * (n / n[0]) ** -0.25, "k:", lw=0.8, label="N^-1/4 (theory bound)")
-        ax.axhline(floors[name], color="r", lw=0.8, label="mesh floor (coarser level)")
-        ax.set(xlabel="N tokens", ylabel=name, title=f"{name}(mu_N, mu_h)")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def distance_table(sizes: list[int], seeds: int, t_end: float, ot: dict, mmd: dict) -> list[dict]:
-    """The rows of table.csv: N, seed, time ("0" or "T"), t, distance, value.
-
-    Args:
-        sizes: the token numbers N.
-        seeds: the seeds per N.
-        t_end: the final time T.
-        ot: (N, seed, time) -> (W1, W2) of :meth:`Distances.solve`.
-        mmd: (N, seed, time) -> MMD.
-    """
-    table = []
-    for n in sizes:
-        for s in range(seeds):
-            for tk in ("0", "T"):
-                values = {"W1": ot[(n, s, tk)][0], "W2": ot[(n, s, tk)][1], "MMD": mmd[(n, s, tk)]}
-                for name in DISTANCES:
-                    t = 0.0 if tk == "0" else t_end
-                    table.append(
-                        {
-                            "N": n,
-                            "seed": s,
-                            "time": tk,
-                            "t": t,
-                            "distance": name,
-                            "value": values[name],
-                        }
-                    )
-    return table
-
-
-def write_tables(out: Path, table: list[dict], fits: dict, floors: dict[str, float]) -> None:
-    """table.csv (:func:`distance_table`) and fits.csv (the power laws in N, with the floor
-    of each distance); rank 0."""
-    with open(out / "table.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
-    with open(out / "fits.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(
-            [
-                *("distance", "time", "slope", "ci_low", "ci_high"),
-                *("t_low", "t_high", "prefactor", "floor"),
-            ]
-        )
-        for (name, tk), f in fits.items():
-            writer.writerow(
-                [
-                    name,
-                    tk,
-                    f.slope,
-                    f.ci_low,
-                    f.ci_high,
-                    f.t_low,
-                    f.t_high,
-                    f.prefactor,
-                    floors[name],
-                ]
-            )
+    experiment = Experiment(__file__, __doc__)
+    parser = experiment.parser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="token numbers N")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per N (default 6)")
+    parser.add_argument("--level", type=int, default=None, help="FV reference level (default 5)")
+    parser.add_argument("--bins", type=int, default=None, help="binning level (default 3)")
+    parser.add_argument("--t-end", type=float, default=None, help="final time T (default 2)")
+    parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature")
+    parser.add_argument("--kappa", type=float, default=4.0, help="MMD kernel concentration")
+    args = experiment.start(parser, argv)
+    tiny = args.tiny
+    args.sizes = args.sizes or (
+        [100, 300, 1000] if tiny else [100, 316, 1000, 3162, 10000, 31623, 100000]
+    )
+    args.seeds = args.seeds or (3 if tiny else 6)
+    args.level = args.level if args.level is not None else (2 if tiny else 5)
+    args.bins = args.bins if args.bins is not None else (2 if tiny else 3)
+    args.t_end = args.t_end if args.t_end is not None else (0.5 if tiny else 2.0)
+    return experiment, args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,46 +223,31 @@ def main(argv: list[str] | None = None) -> int:
     """
     # %% Parameters
     # -------------
-    experiment = Experiment(__file__, __doc__)
-    parser = experiment.parser()
-    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="token numbers N")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per N (default 6)")
-    parser.add_argument("--level", type=int, default=None, help="FV reference level (default 5)")
-    parser.add_argument("--bins", type=int, default=None, help="binning level (default 3)")
-    parser.add_argument("--t-end", type=float, default=None, help="final time T (default 2)")
-    parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature")
-    parser.add_argument("--kappa", type=float, default=4.0, help="MMD kernel concentration")
-    args = experiment.start(parser, argv)
+    # N = 10^2 ... 10^5, 6 seeds, FV level 5, bins level 3, T = 2 (parse); s = +1, dt = 0.1.
+    experiment, args = parse(argv)
     log = experiment.log
-
-    tiny = args.tiny
-    sizes = args.sizes or (
-        [100, 300, 1000] if tiny else [100, 316, 1000, 3162, 10000, 31623, 100000]
-    )
-    seeds = args.seeds or (3 if tiny else 6)
-    level = args.level if args.level is not None else (2 if tiny else 5)
-    bin_level = args.bins if args.bins is not None else (2 if tiny else 3)
-    t_end = args.t_end if args.t_end is not None else (0.5 if tiny else 2.0)
+    sizes, seeds, t_end = args.sizes, args.seeds, args.t_end
     beta, sign, dt = args.beta, +1, 0.1
-    out = args.out
     wall0 = time.perf_counter()
 
     # %% Mesh
     # -------
     # The reference finite-volume solution (mesh_solution: icosphere, rho_0, one identity head,
     # MUSCL + SSP-RK3) and the solution one level coarser, whose distance to it is the floor.
-    ref_pts, ref_m0, ref_m1, ref_w, ref_info = mesh_solution(level, t_end, beta, sign)
+    ref_pts, ref_m0, ref_m1, ref_w, ref_info = mesh_solution(args.level, t_end, beta, sign)
     log(
-        f"FV reference: level {level}, {ref_info['cells']} cells, h = {ref_info['h']:.3g}, "
+        f"FV reference: level {args.level}, {ref_info['cells']} cells, h = {ref_info['h']:.3g}, "
         f"{ref_info['steps']} steps, {ref_info['wall']:.1f} s"
     )
-    c_pts, c_m0, c_m1, _, c_info = mesh_solution(level - 1, t_end, beta, sign)
+    c_pts, c_m0, c_m1, _, c_info = mesh_solution(args.level - 1, t_end, beta, sign)
 
     # %% Output
     # ---------
-    # The distances: binned W1/W2 (queued, solved at the end) and the MMD.
-    dist = Distances(bin_level, args.kappa)
-    log(f"bins: icosphere level {bin_level}, {dist.n_bins} centres, radius r = {dist.radius:.3g}")
+    # The distances (solvers.diagnostics.BinnedDistances): binned W1/W2 on the centres of an
+    # icosphere (queued, solved at the end) and the MMD.
+    bins = control_volumes(icosphere(MPI.COMM_SELF, args.bins))
+    dist = BinnedDistances(bins.centres[: bins.n_owned].copy(), args.kappa, comm)
+    log(f"bins: icosphere level {args.bins}, {dist.n_bins} centres, radius r = {dist.radius:.3g}")
     floor_mmd = {
         "0": dist.add(("floor", "0"), ref_pts, ref_m0, c_pts, c_m0),
         "T": dist.add(("floor", "T"), ref_pts, ref_m1, c_pts, c_m1),
@@ -443,92 +279,36 @@ def main(argv: list[str] | None = None) -> int:
 
     # %% Summary
     # ----------
-    # The table, power-law fits (all N, and N <= bins), floors and amplification D(T)/D(0).
+    # The table, power-law fits (all N, and N <= bins), floors and amplification D(T)/D(0)
+    # (drivers/_limit_tokens.py).
     table = distance_table(sizes, seeds, t_end, ot, mmd)
-    fits, fits_few = {}, {}
-    for name in DISTANCES:
-        for tk in ("0", "T"):
-            per = [select(table, name, tk, n) for n in sizes]
-            fits[(name, tk)] = fit_power_law(sizes, per)
-            few = [(n, v) for n, v in zip(sizes, per, strict=True) if n <= dist.n_bins]
-            if len(few) >= 3:
-                fits_few[(name, tk)] = fit_power_law([n for n, _ in few], [v for _, v in few])
-    floors = {
-        "W1": max(ot[("floor", "0")][0], ot[("floor", "T")][0]),
-        "W2": max(ot[("floor", "0")][1], ot[("floor", "T")][1]),
-        "MMD": max(floor_mmd.values()),
-    }
-    smallest = {
-        name: min(np.mean(select(table, name, tk, sizes[-1])) for tk in ("0", "T"))
-        for name in DISTANCES
-    }
-    ratio = {
-        name: [
-            float(np.mean(select(table, name, "T", n)) / np.mean(select(table, name, "0", n)))
-            for n in sizes
-        ]
-        for name in DISTANCES
-    }
-    for name in DISTANCES:
-        f0, fT = fits[(name, "0")], fits[(name, "T")]
-        log(
-            f"{name}: slope t=0 {f0.slope:+.3f} [{f0.ci_low:+.3f}, {f0.ci_high:+.3f}], "
-            f"t=T {fT.slope:+.3f} [{fT.ci_low:+.3f}, {fT.ci_high:+.3f}] (t-interval "
-            f"[{fT.t_low:+.3f}, {fT.t_high:+.3f}]); D(T)/D(0) "
-            + " ".join(f"{r:.2f}" for r in ratio[name])
-            + f"; floor {floors[name]:.2e} vs smallest {smallest[name]:.2e}"
-        )
+    fits, fits_few = power_laws(table, sizes, dist.n_bins)
+    floors, smallest, ratio = floors_and_ratios(table, sizes, ot, floor_mmd)
+    log_fits(log, fits, floors, smallest, ratio)
     wall = time.perf_counter() - wall0
-    summary = {
-        "driver": "limit_tokens",
-        "ranks": comm.size,
-        "wall_time": wall,
-        "sizes": sizes,
-        "seeds": seeds,
-        "t_end": t_end,
-        "beta": beta,
-        "sign": sign,
-        "particle_dt": dt,
-        "rho0": RHO0,
-        "fv_reference": ref_info,
-        "fv_coarse": c_info,
-        "bins": {"level": bin_level, "n": dist.n_bins, "radius": dist.radius},
-        "kappa": args.kappa,
-        "fits": {f"{name}_t{tk}": fits[(name, tk)].as_dict() for name, tk in fits},
-        "fits_N_le_bins": {f"{name}_t{tk}": f.as_dict() for (name, tk), f in fits_few.items()},
-        "ratio_T_over_0": ratio,
-        "mesh_floor": floors,
-        "smallest_distance": smallest,
-        "floor_below_smallest": {name: bool(floors[name] < smallest[name]) for name in DISTANCES},
-        "fv_motion": {
-            "W1": ot[("motion", "T")][0],
-            "W2": ot[("motion", "T")][1],
-            "MMD": motion_mmd,
-        },
-        "wall_per_N": {str(n): walls[n] for n in sizes},
-        "theory": "E W_2 <~ N^-1/4 (d < 4, [P2]); on S^2 the sampling error is ~ sqrt(log N/N)",
-    }
+    summary = {"driver": "limit_tokens", "ranks": comm.size, "wall_time": wall}
+    summary |= {"sizes": sizes, "seeds": seeds, "t_end": t_end, "beta": beta, "sign": sign}
+    summary |= {"particle_dt": dt, "rho0": RHO0, "fv_reference": ref_info, "fv_coarse": c_info}
+    summary["bins"] = {"level": args.bins, "n": dist.n_bins, "radius": dist.radius}
+    summary["kappa"] = args.kappa
+    summary["fits"] = {f"{name}_t{tk}": fits[(name, tk)].as_dict() for name, tk in fits}
+    summary["fits_N_le_bins"] = {f"{name}_t{tk}": f.as_dict() for (name, tk), f in fits_few.items()}
+    summary |= {"ratio_T_over_0": ratio, "mesh_floor": floors, "smallest_distance": smallest}
+    below = {name: bool(floors[name] < smallest[name]) for name in DISTANCES}
+    summary["floor_below_smallest"] = below
+    motion = ot[("motion", "T")]
+    summary["fv_motion"] = {"W1": motion[0], "W2": motion[1], "MMD": motion_mmd}
+    summary["wall_per_N"] = {str(n): walls[n] for n in sizes}
+    summary["theory"] = THEORY
 
     # %% Pictures
     # -----------
     if comm.rank == 0:
-        write_tables(out, table, fits, floors)
-        experiment.write_summary(out, summary)
-        plot(out / "limit_tokens.png", sizes, table, fits, floors, t_end)
-        write_final(
-            out / "final.npz",
-            ref_pts,
-            ref_w,
-            ref_m1 / ref_w,
-            t_end,
-            sizes=np.array(sizes),
-            table_N=np.array([r["N"] for r in table]),
-            table_seed=np.array([r["seed"] for r in table]),
-            table_time=np.array([r["t"] for r in table]),
-            table_distance=np.array([r["distance"] for r in table]),
-            table_value=np.array([r["value"] for r in table]),
-        )
-    log(f"wall time {wall:.1f} s; results in {out}")
+        write_tables(args.out, table, fits, floors)
+        experiment.write_summary(args.out, summary)
+        plot(args.out / "limit_tokens.png", sizes, table, fits, floors, t_end)
+        write_final_state(args.out / "final.npz", ref_pts, ref_w, ref_m1, t_end, sizes, table)
+    log(f"wall time {wall:.1f} s; results in {args.out}")
     return 0
 
 

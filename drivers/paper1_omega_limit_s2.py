@@ -85,17 +85,9 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._omega_limit import (
-    Trajectory,
-    full_matrix_check,
-    plot_g2_limit,
-    plot_g2_vs_H,
-    summarise,
-    summarise_full_matrix,
-)
+from drivers._omega_limit import Trajectory, report
 from drivers._outputs import run_to
-from drivers._paper1 import octahedron_tokens, write_csv
-from drivers.engine import write_final, write_json
+from drivers._paper1 import octahedron_tokens
 from meshes.box import box
 from solvers.attention import Attention, gather_measure
 from solvers.diagnostics import metric_diagnostics
@@ -215,17 +207,15 @@ def run(
     return Trajectory(name, H, path, rows, final, time.perf_counter() - wall0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the experiment.
+def parse(argv: list[str] | None) -> tuple[Experiment, argparse.Namespace]:
+    """The command line, its defaults (smaller for ``--tiny``) and its checks.
 
     Args:
         argv: the command line (default ``sys.argv[1:]``).
 
     Returns:
-        0.
+        The experiment and its arguments, with beta, dt and record_every set.
     """
-    # %% Parameters
-    # -------------
     experiment = Experiment(__file__, __doc__)
     parser = experiment.parser()
     parser.add_argument("--heads", type=int, nargs="+", help="H of the sampled runs")
@@ -243,7 +233,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--law-samples", type=int, default=2048, help="heads per Monte Carlo law")
     args = experiment.start(parser, argv)
-    log, comm = experiment.log, experiment.comm
     tiny = args.tiny
     defaults = {
         "heads": [1, 3] if tiny else [1, 3, 10, 30, 100],
@@ -264,6 +253,23 @@ def main(argv: list[str] | None = None) -> int:
     if not (math.isfinite(args.t_end) and args.t_end > 0):
         parser.error(f"--t-end must be finite and > 0, got {args.t_end}")
     args.beta, args.dt, args.record_every = 1.0, 5e-3, 2 if tiny else 20
+    return experiment, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
+    # %% Parameters
+    # -------------
+    # H in {1, 3, 10, 30, 100} x 4 paths, n = 100, T = 10, 20^2 parameter cells (parse).
+    experiment, args = parse(argv)
+    log, comm = experiment.log, experiment.comm
     wall0 = time.perf_counter()
     log(
         f"OU heads D = I + theta_0 B_0 + theta_1 B_1, H = {args.heads} x {args.paths} paths, "
@@ -311,41 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     # %% Summary
     # ----------
     # Late-time means over [T/2, T], bootstrap over paths, fitted exponents in H, the rate of
-    # the limit run (rank 0).
+    # the limit run; omega.csv, summary.csv, summary.json, final.npz and the figures (rank 0;
+    # drivers/_omega_limit.py).
     if comm.rank == 0:
-        table, fits = summarise(runs)
-        write_csv(args.out / "omega.csv", [row for r in runs for row in r.rows])
-        write_csv(args.out / "summary.csv", table)
-        summary = {"setup": {k: v for k, v in vars(args).items() if k != "out"}, **fits}
-        summary["table"] = table
-        if args.ou_study is not None:  # [P1]'s full matrix OU heads (6 parameters)
-            full = full_matrix_check(args.ou_study, args.law_samples)
-            write_csv(args.out / "full_matrix.csv", full)
-            summary["full_matrix"] = summarise_full_matrix(full)
-            for row in summary["full_matrix"]["table"]:
-                log(
-                    f"full-matrix OU study, H = {row['H']:3d} ({row['paths']} paths, t = "
-                    f"{row['t']:g}): G2 under its heads {row['G2_sampled']:.3e}, under the "
-                    f"stationary law {row['G2_limit_a']:.3e} / {row['G2_limit_b']:.3e} "
-                    f"(two {args.law_samples}-head samples)"
-                )
-        write_json(args.out / "summary.json", {**summary, "provenance": experiment.provenance})
-        rate = fits["limit_rate"]
-        log(f"limit run: G2_limit ~ exp(-{rate['rate']:.3f} t) over t in {rate['window']}")
-        for key, fit in fits["exponents"].items():
-            if fit:
-                log(
-                    f"late {key} ~ H^{fit['slope']:.3f}, 95% bootstrap "
-                    f"[{fit['ci_low']:.3f}, {fit['ci_high']:.3f}]"
-                )
-        points = runs[0].final
-        masses = np.full(len(points), 1.0 / len(points))
-        write_final(args.out / "final.npz", points, masses, masses, runs[0].rows[-1]["t"])
-
-        # %% Pictures
-        # -----------
-        plot_g2_limit(args.out / "g2_limit.png", runs)
-        plot_g2_vs_H(args.out / "g2_limit_vs_H.png", table, fits["exponents"])
+        report(args, runs, log, experiment.provenance)
     log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {args.out}")
     return 0
 

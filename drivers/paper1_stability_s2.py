@@ -91,9 +91,15 @@ import numpy as np
 
 from drivers._experiment import Experiment
 from drivers._outputs import Lockstep, run_to
-from drivers._paper1 import caps_expression, octahedron_tokens, write_csv
-from drivers._stability import exponent_rows, plot_input, plot_weights
-from drivers.engine import GatheredCells, write_final
+from drivers._paper1 import caps_expression, octahedron_tokens
+from drivers._stability import (
+    plot_input,
+    plot_weights,
+    rates,
+    write_final_state,
+    write_tables,
+)
+from drivers.engine import GatheredCells
 from meshes import ControlVolumes, control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head, gather_measure, measure_diagnostics
 from solvers.diagnostics import (
@@ -101,7 +107,6 @@ from solvers.diagnostics import (
     decayed_heads,
     dirac_energy,
     distances,
-    fit_rate,
     lipschitz_bound,
     min_dirac_energy,
     perturbed_heads,
@@ -354,20 +359,15 @@ def weight_study(
     return rows, base["points"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the experiment.
+def parse(argv: list[str] | None) -> tuple[Experiment, argparse.Namespace, str]:
+    """The command line; ``--tiny`` shrinks every study to seconds (numpy kernels).
 
     Args:
         argv: the command line (default ``sys.argv[1:]``).
 
     Returns:
-        0.
+        The experiment, its arguments and the kernel backend ("numba", "numpy" for --tiny).
     """
-    # %% Parameters
-    # -------------
-    # n = 200 tokens, beta = 1; (a) H in {1, 3}, s in {-1, +1}, delta in {1e-2, 1e-3, 1e-4},
-    # T = 6, dt = 0.01; mesh level 3, H in {1, 3}, delta in {1e-2, 1e-3}, T = 3, step 0.005;
-    # (b) s = -1, T = 15, eps in {0.1, 0.03, 0.01, 0.003}.
     experiment = Experiment(__file__, __doc__)
     p = experiment.parser()
     p.add_argument("--heads", type=int, nargs="*", default=[1, 3], help="head counts (1 3)")
@@ -397,18 +397,100 @@ def main(argv: list[str] | None = None) -> int:
         args.mesh_level, args.mesh_heads, args.mesh_deltas = 1, [1], [1e-2]
         args.mesh_t_end, args.w1_every, backend = 0.1, 0.05, "numpy"
         experiment.arguments.update({k: v for k, v in vars(args).items() if k != "out"})
-    comm, log, out = experiment.comm, experiment.log, args.out
-    wall0 = time.perf_counter()
+    return experiment, args, backend
 
-    # %% Mesh
-    # -------
-    # The icosphere of [P1]'s mesh runs (level 3: 1,280 cells), only when there are mesh runs.
-    cv = gathered = None
-    if args.mesh_heads:
-        cv = control_volumes(icosphere(comm, args.mesh_level))
-        gathered = GatheredCells(cv)
-        q = mesh_quality(cv)
-        log(f"icosphere level {args.mesh_level}: {q.n_cells} cells, h = {q.h:.3g}")
+
+def lipschitz_checks(
+    args: argparse.Namespace, D: dict[int, np.ndarray], x0: np.ndarray, log: Callable[[str], None]
+) -> tuple[dict[int, LipschitzBound], dict[int, dict]]:
+    """The Lipschitz constants of the heads of every H, and a sampled check of L_x.
+
+    Args:
+        args: the command line (beta, seed).
+        D: H -> the (H, 3, 3) symmetric matrices of the heads (I, D_h, D_h).
+        x0: the (n, 3) initial tokens.
+        log: prints on rank 0.
+
+    Returns:
+        H -> :class:`LipschitzBound`, and H -> the sampled Lip_x / L_x on the initial tokens
+        ("tokens") and on the two-point measure that nearly attains it ("two_point").
+    """
+    bounds = {H: lipschitz_bound(heads_of(DH), args.beta) for H, DH in D.items()}
+    checks = {}
+    for H, DH in D.items():
+        numpy_attention = Attention(args.beta, -1, backend="numpy")
+        m0 = np.full(len(x0), 1.0 / len(x0))
+        sampled = sampled_lipschitz(numpy_attention, heads_of(DH), x0, m0, 2000, args.seed)
+        y2, m2 = two_point_measure(DH[0])
+        worst = sampled_lipschitz(numpy_attention, heads_of(DH), y2, m2, 2000, args.seed)
+        checks[H] = {"tokens": sampled / bounds[H].L_x, "two_point": worst / bounds[H].L_x}
+        b = bounds[H]
+        log(
+            f"H = {H}: a_h = {np.round(b.a, 3).tolist()}, L_x = {b.L_x:.4g}, L = {b.L:.4g}, "
+            f"L_W1 = {b.L_w1:.4g}; sampled Lip_x / L_x: tokens {checks[H]['tokens']:.3f}, "
+            f"two-point measure {checks[H]['two_point']:.3f}"
+        )
+    return bounds, checks
+
+
+def mesh_studies(
+    args: argparse.Namespace,
+    backend: str,
+    D: dict[int, np.ndarray],
+    bounds: dict[int, LipschitzBound],
+    log: Callable[[str], None],
+) -> tuple[list[dict], GatheredCells | None, np.ndarray | None, bool]:
+    """(a) on the mesh for every mesh H (:func:`input_mesh`), on one icosphere.
+
+    Args:
+        args: the command line (mesh_heads, mesh_level, beta and those of input_mesh).
+        backend: the kernel backend.
+        D: H -> the symmetric matrices of the heads.
+        bounds: H -> the Lipschitz constants.
+        log: prints on rank 0.
+
+    Returns:
+        The rows of every mesh run, the gathered cells (None without mesh runs), the
+        unperturbed final density of the first H on rank 0 (None elsewhere or without mesh
+        runs) and whether every run took the same steps.
+    """
+    if not args.mesh_heads:
+        return [], None, None, True
+    # The icosphere of [P1]'s mesh runs (level 3: 1,280 cells).
+    cv = control_volumes(icosphere(MPI.COMM_WORLD, args.mesh_level))
+    gathered = GatheredCells(cv)
+    q = mesh_quality(cv)
+    log(f"icosphere level {args.mesh_level}: {q.n_cells} cells, h = {q.h:.3g}")
+    rows: list[dict] = []
+    finals, same_steps = [], True
+    for H in args.mesh_heads:
+        t1 = time.perf_counter()
+        attention = Attention(args.beta, -1, backend=backend)
+        mine, final, same = input_mesh(args, cv, gathered, attention, heads_of(D[H]), bounds[H])
+        rows += mine
+        finals.append(final)
+        same_steps &= same
+        log(f"(a) mesh H = {H}: same steps in every run: {same}; {time.perf_counter() - t1:.1f} s")
+    return rows, gathered, finals[0], same_steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0.
+    """
+    # %% Parameters
+    # -------------
+    # n = 200 tokens, beta = 1; (a) H in {1, 3}, s in {-1, +1}, delta in {1e-2, 1e-3, 1e-4},
+    # T = 6, dt = 0.01; mesh level 3, H in {1, 3}, delta in {1e-2, 1e-3}, T = 3, step 0.005;
+    # (b) s = -1, T = 15, eps in {0.1, 0.03, 0.01, 0.003} (parse).
+    experiment, args, backend = parse(argv)
+    log = experiment.log
+    wall0 = time.perf_counter()
 
     # %% Initial condition
     # --------------------
@@ -423,25 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     # the initial tokens and on the two-point measure that nearly attains it).
     all_H = sorted(set(args.heads) | set(args.mesh_heads))
     D = {H: random_symmetric(H, 3, [args.seed, H, 0]) for H in all_H}
-    bounds = {H: lipschitz_bound(heads_of(D[H]), args.beta) for H in all_H}
-    checks = {}
-    for H in all_H:
-        numpy_attention = Attention(args.beta, -1, backend="numpy")
-        m0 = np.full(len(x0), 1.0 / len(x0))
-        sampled = sampled_lipschitz(numpy_attention, heads_of(D[H]), x0, m0, 2000, args.seed)
-        y2, m2 = two_point_measure(D[H][0])
-        worst = sampled_lipschitz(numpy_attention, heads_of(D[H]), y2, m2, 2000, args.seed)
-        checks[H] = {"tokens": sampled / bounds[H].L_x, "two_point": worst / bounds[H].L_x}
-        b = bounds[H]
-        log(
-            f"H = {H}: a_h = {np.round(b.a, 3).tolist()}, L_x = {b.L_x:.4g}, L = {b.L:.4g}, "
-            f"L_W1 = {b.L_w1:.4g}; sampled Lip_x / L_x: tokens {checks[H]['tokens']:.3f}, "
-            f"two-point measure {checks[H]['two_point']:.3f}"
-        )
+    bounds, checks = lipschitz_checks(args, D, x0, log)
 
     # %% Main loop
     # ------------
-    # (a) particles for every (H, s), (a) mesh for every mesh H, (b) long runs for every H.
+    # (a) particles for every (H, s), (a) mesh for every mesh H (mesh_studies: the icosphere
+    # of level 3, 1,280 cells), (b) long runs for every H.
     particle_rows: list[dict] = []
     for H in args.heads:
         for sign in args.signs:
@@ -449,17 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             attention = Attention(args.beta, sign, backend=backend)
             particle_rows += input_particles(args, attention, heads_of(D[H]), x0, bounds[H])
             log(f"(a) particles H = {H}, s = {sign:+d}: {time.perf_counter() - t1:.1f} s")
-    mesh_rows: list[dict] = []
-    final_density, mesh_t, same_steps = None, 0.0, True
-    for H in args.mesh_heads:
-        t1 = time.perf_counter()
-        attention = Attention(args.beta, -1, backend=backend)
-        rows, final, same = input_mesh(args, cv, gathered, attention, heads_of(D[H]), bounds[H])
-        mesh_rows += rows
-        same_steps &= same
-        if final_density is None:
-            final_density, mesh_t = final, args.mesh_t_end
-        log(f"(a) mesh H = {H}: same steps in every run: {same}; {time.perf_counter() - t1:.1f} s")
+    mesh_rows, gathered, final_density, same_steps = mesh_studies(args, backend, D, bounds, log)
     weight_rows: list[dict] = []
     base_points = None
     for H in args.heads:
@@ -471,66 +530,27 @@ def main(argv: list[str] | None = None) -> int:
 
     # %% Summary
     # ----------
-    # Exponents of every input run beside L; the rates of (b) in eps; files (rank 0).
+    # Exponents of every input run beside L; the rates of (b) in eps; the tables, summary.json,
+    # final.npz and the two figures (rank 0; drivers/_stability.py).
     wall = time.perf_counter() - wall0
-    if comm.rank == 0:
-        exponents = exponent_rows(particle_rows, ("d_max", "d_mean", "w1"), "sign", bounds)
-        exponents += exponent_rows(mesh_rows, ("l1", "w1"), "kind", bounds)
-        for r in exponents:
-            first = "d_max" if "d_max_max_rate" in r else "l1"
-            log(
-                f"H = {r['H']} {r.get('sign', r.get('kind'))!s:>4} delta = {r['delta']:<6g}: "
-                f"{first} exponent {r[f'{first}_max_exponent']:+.3f}, max rate "
-                f"{r[f'{first}_max_rate']:+.3f}, LS slope {r[f'{first}_ls_slope']:+.3f}, "
-                f"amplification {r[f'{first}_amplification']:.3g}, L = {r['L']:.4g}"
-            )
-        fits = []
-        for H in args.heads:
-            for kind in ("perturb", "decay"):
-                mine = [r for r in weight_rows if r["H"] == H and r["kind"] == kind]
-                for key in ("w1", "dE", "w1_predicted", "dE_predicted"):
-                    fit = fit_rate([r["eps"] for r in mine], [r[key] for r in mine])
-                    fits.append({"H": H, "kind": kind, "quantity": key, **fit})
-                    log(f"(b) H = {H} {kind:7s} {key:12s}: rate {fit['rate']:.3f} {fit['local']}")
-        write_csv(out / "input_particles.csv", particle_rows)
-        write_csv(out / "input_mesh.csv", mesh_rows)
-        write_csv(out / "exponents.csv", exponents)
-        write_csv(out / "weights.csv", weight_rows)
-        write_csv(
-            out / "rates.csv", [{**f, "local": " ".join(map(repr, f["local"]))} for f in fits]
-        )
-        extra = {}
-        if base_points is not None:  # the unperturbed long-time tokens of the last H
-            extra = {"particle_points": base_points, "particle_t": np.float64(args.t_long)}
-            extra["particle_masses"] = np.full(len(x0), 1.0 / len(x0))
-        if final_density is not None:
-            write_final(
-                out / "final.npz", gathered.points, gathered.weights, final_density, mesh_t, **extra
-            )
-        elif base_points is not None:
-            masses = extra["particle_masses"]
-            write_final(out / "final.npz", base_points, masses, masses, args.t_long, **extra)
-        experiment.write_summary(
-            out,
-            {
-                "bounds": {str(H): b.as_dict() for H, b in bounds.items()},
-                "lipschitz_check": {str(H): c for H, c in checks.items()},
-                "exponents": exponents,
-                "mesh_same_steps": same_steps,
-                "weights": [{k: v for k, v in r.items()} for r in weight_rows],
-                "rates": fits,
-                "wall_time_s": wall,
-            },
-        )
+    if experiment.comm.rank == 0:
+        exponents, fits = rates(args, particle_rows, mesh_rows, weight_rows, bounds, log)
+        tables = {"input_particles": particle_rows, "input_mesh": mesh_rows}
+        tables |= {"exponents": exponents, "weights": weight_rows}
+        write_tables(args.out, tables, fits)
+        write_final_state(args, gathered, final_density, base_points)
+        summary = {"bounds": {str(H): b.as_dict() for H, b in bounds.items()}}
+        summary["lipschitz_check"] = {str(H): c for H, c in checks.items()}
+        summary |= {"exponents": exponents, "mesh_same_steps": same_steps}
+        summary |= {"weights": [dict(r) for r in weight_rows], "rates": fits, "wall_time_s": wall}
+        experiment.write_summary(args.out, summary)
 
-    # %% Pictures
-    # -----------
-    if comm.rank == 0:
-        plot_input(out / "input_perturbation.png", particle_rows, mesh_rows, bounds, TITLE)
-        plot_weights(
-            out / "weight_perturbation.png", [r for r in weight_rows if r["eps"] > 0], fits, TITLE
-        )
-    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
+        # %% Pictures
+        # -----------
+        plot_input(args.out / "input_perturbation.png", particle_rows, mesh_rows, bounds, TITLE)
+        moved = [r for r in weight_rows if r["eps"] > 0]
+        plot_weights(args.out / "weight_perturbation.png", moved, fits, TITLE)
+    log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {args.out}")
     return 0
 
 

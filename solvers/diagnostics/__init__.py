@@ -30,7 +30,10 @@ super-level sets of a smoothed density on fixed reference bins, ``_persistence``
 (:class:`ClusterTracker`: identities, merge/split/birth/death events, the rows of
 ``clusters.csv``).
 ``_distances`` holds the distances between measures used by the limit studies (binned
-Wasserstein on the sphere, MMD, power-law fits with confidence intervals), and
+Wasserstein on the sphere, MMD, power-law fits with confidence intervals), ``_limits`` the
+estimators of those studies (:class:`BinnedDistances`: many pairs of measures, their exact
+transport problems shared out over the ranks; :func:`head_limit_errors`: sup and RMS of the
+velocity of H sampled heads against the integrated one), and
 ``_adaptive_w1`` the W1 distance of two weighted point clouds on S^2 by adaptive icosphere bins
 with a computed bound of its binning error (:func:`wasserstein1`, :func:`bin_points`).
 ``_stability`` bounds the flow's sensitivity to its data and its heads
@@ -80,6 +83,7 @@ from solvers.diagnostics._energy import (
     interaction_energy,
     noise_contraction,
 )
+from solvers.diagnostics._limits import BinnedDistances, head_limit_errors
 from solvers.diagnostics._linear_stability import (
     angular_power,
     critical_diffusion,
@@ -169,8 +173,10 @@ __all__ = [
     "MetricDiagnostics",
     "MetricSpeed",
     "PowerLawFit",
+    "BinnedDistances",
     "binned_wasserstein",
     "bootstrap_interval",
+    "head_limit_errors",
     "cluster_columns",
     "cluster_rows",
     "cluster_statistics",
