@@ -259,6 +259,15 @@ def parse(argv: list[str] | None) -> tuple[Experiment, argparse.Namespace]:
     parser.add_argument("--traj-max-heads", type=int, default=128, help="largest H (traj.)")
     parser.add_argument("--traj-seeds", type=int, default=8, help="seeds (trajectories)")
     args = experiment.start(parser, argv)
+    # the rates are fitted over H = 4, 8, ...: three head counts at least
+    if args.max_heads is not None and args.max_heads < 16:
+        parser.error(f"--max-heads must be >= 16 (three head counts to fit), got {args.max_heads}")
+    if args.trajectories and args.traj_max_heads < 16:
+        parser.error(
+            f"--traj-max-heads must be >= 16 (three head counts), got {args.traj_max_heads}"
+        )
+    if args.seeds is not None and args.seeds < 2 or args.trajectories and args.traj_seeds < 2:
+        parser.error("--seeds and --traj-seeds must be >= 2 (the rates' intervals)")
     args.level = args.level if args.level is not None else (2 if args.tiny else 3)
     h_max = args.max_heads or (64 if args.tiny else 1024)
     args.heads = [int(h) for h in 2 ** np.arange(2, int(math.log2(h_max)) + 1)]

@@ -24,6 +24,7 @@ import dolfinx_solver  # noqa: F401
 from mpi4py import MPI
 
 import numpy as np
+import pytest
 
 from drivers._limit_heads import trajectory_study
 from drivers.limit_heads import TOKENS, weight_measure
@@ -58,3 +59,16 @@ def test_head_limit_on_trajectories() -> None:
     f = t["fits"]["w1"]
     assert -0.80 <= f.slope <= -0.30, f
     assert np.all(t["w1"] < t["motion"])
+
+
+@pytest.mark.parametrize(
+    "argv", [["--max-heads", "8"], ["--trajectories", "--traj-max-heads", "8"], ["--seeds", "1"]]
+)
+def test_limit_heads_refuses_too_few_heads_or_seeds(argv, shared_tmp, capsys):
+    """Fewer than three head counts (or one seed) cannot be fitted: exit 2 with one line."""
+    from drivers.limit_heads import parse
+
+    with pytest.raises(SystemExit) as info:
+        parse(["--tiny", "--out", str(shared_tmp / "lh"), *argv])
+    assert info.value.code == 2
+    assert "must be >= " in capsys.readouterr().err.strip().splitlines()[-1]
