@@ -64,16 +64,15 @@ def mass_mean(Y: np.ndarray, w: np.ndarray, comm: Any = None) -> tuple[np.ndarra
     and a radius :math:`\delta \ge |\bar y - v|` (module docstring); None without mass.
     Collective with ``comm``."""
     d = Y.shape[1]
-    top = np.array([float(len(Y)), float(w.max()) if len(w) else 0.0, np.abs(Y).max(initial=0.0)])
+    top = np.array([float(w.max()) if len(w) else 0.0, float(np.abs(Y).max(initial=0.0))])
     parallel = comm is not None and comm.Get_size() > 1
+    n = len(Y)
     if parallel:
         from mpi4py import MPI
 
-        n = comm.allreduce(len(Y), op=MPI.SUM)
-        top[1:] = comm.allreduce(top[1:], op=MPI.MAX)
-    else:
-        n = len(Y)
-    w_max, R = float(top[1]), float(top[2])
+        n = int(comm.allreduce(n, op=MPI.SUM))
+        comm.Allreduce(MPI.IN_PLACE, top, op=MPI.MAX)
+    w_max, R = float(top[0]), float(top[1])
     if n == 0 or not w_max > 0:
         return None
     # every rounded term below 2^50 / n in size: the int64 sums cannot overflow
@@ -83,7 +82,7 @@ def mass_mean(Y: np.ndarray, w: np.ndarray, comm: Any = None) -> tuple[np.ndarra
     terms[:, 1:] = w[:, None] * Y
     Q = np.rint(terms * scale).astype(np.int64).sum(axis=0)
     if parallel:
-        Q = comm.allreduce(Q, op=MPI.SUM)
+        comm.Allreduce(MPI.IN_PLACE, Q, op=MPI.SUM)  # integers: exact in any order
     if Q[0] <= 0:
         return None
     v = Q[1:].astype(np.float64) / float(Q[0])

@@ -58,7 +58,29 @@ estimated :math:`\varepsilon_T \max \hat S` (ducc0; measured, not proved). So ev
     |\tilde S_f - \hat S_f| \le E_f = (\Lambda \tau + \varepsilon_\kappa) \textstyle\sum_j
     |W^{(f)}_j| + \Lambda \varepsilon_T \max \hat S_0,
 
-an *absolute* bound: the relative error of :math:`Z` at a target is
+an *absolute* bound. A-posteriori bound of the interpolation (non-symmetric heads: fewer
+nodes). Per pair the remainder is :math:`\prod_q (\kappa - \kappa_q) / n! \; s^n e^{\xi s}`
+with :math:`\xi \ge lo_b` (the interval's lower end) and :math:`s = \omega \cdot y - 1 \in
+[-2, 0]`; since :math:`\sigma^n e^{-a \sigma} \le g_n(a) := \max_{0 \le \sigma \le 2}
+\sigma^n e^{-a\sigma}`, :math:`|s|^n e^{lo_b s} \le g_n(lo_b - \kappa') e^{\kappa' s}` for any
+reference :math:`0 \le \kappa' \le lo_b`, so at every target
+
+.. math::
+
+    |\hat S_f - p_n| \le \frac{\prod_q |\kappa_i - \kappa_q|}{n!} R_f \min\bigl(g_n(lo_b) M,\;
+    g_n(lo_b - \kappa'_b)\, \hat S_0(\omega_i, \kappa'_b)\bigr)
+
+(:math:`\kappa' = 0` gives the a-priori bound, :math:`\hat S_0(\cdot, 0) = M`). The reference
+sum is one more synthesis of the masses' field at :math:`\kappa'_b = lo_b / (n + 1)` (the
+minimiser of :math:`g_n(lo_b - \kappa') / \kappa'`), bounded above by its value plus its series
+tail and transform error. It is relative to the target's own sum up to the ratio
+:math:`\hat S_0(\kappa') / \hat S_0(\kappa_i)`, about :math:`\kappa_i / \kappa'` for a
+positive density (Laplace), where the a-priori bound is relative to the whole mass: the plan
+asks the modelled bound (ratio :data:`~solvers.attention.spectral._bounds.POSTERIOR_RATIO`
+times :math:`\kappa / \kappa'`) to be below tol/20 and takes it when it needs fewer nodes than the
+a-priori bound. Its value enters :math:`E_0` per target, so the certificate below stays rigorous
+whatever the data (a target the model misjudges falls back to brute force). The relative error
+of :math:`Z` at a target is
 :math:`r = E_0 / (\tilde S_0 - E_0)` and the mean is off by at most :math:`2 r R_y`
 (:math:`R_y = \max |y_j|`; the second moments by :math:`2 r R_y^2`), as for the expansion.
 
