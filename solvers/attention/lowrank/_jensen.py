@@ -27,7 +27,8 @@ stay with the other methods.)
 Identical on every number of ranks. :math:`\bar y` is a sum over the sources, whose floating
 rounding depends on the partition; so the masses and the weighted points are rounded to
 integers on a global scale :math:`s` (a power of two fixed by the global number of sources and
-the largest mass) and summed exactly in int64 (one ``Allreduce``). With
+the largest mass) and summed exactly (integers whose sum stays below :math:`2^{50}`: every
+partial sum is exact in float64, in any order; one ``Allreduce``). With
 :math:`v = Q_y / Q_m` (the same bits on every rank) and the rounding radius :math:`\delta \ge
 |\bar y - v|` (from :math:`n / 2s` per sum and the float products), the tangent inequality
 :math:`e^a \ge e^b (1 + a - b)` gives :math:`Z(x) \ge M e^{x^T A v}(1 - \rho \delta)`, so
@@ -75,23 +76,26 @@ def mass_mean(Y: np.ndarray, w: np.ndarray, comm: Any = None) -> tuple[np.ndarra
     w_max, R = float(top[0]), float(top[1])
     if n == 0 or not w_max > 0:
         return None
-    # every rounded term below 2^50 / n in size: the int64 sums cannot overflow
+    # every rounded term below 2^50 / n in size: sums below 2^50, exact in float64
     scale = 2.0 ** math.floor(math.log2(2.0**50 / (n * w_max * max(1.0, R))))
     terms = np.empty((len(Y), d + 1))
-    terms[:, 0] = w
-    terms[:, 1:] = w[:, None] * Y
-    Q = np.rint(terms * scale).astype(np.int64).sum(axis=0)
+    np.multiply(w, scale, out=terms[:, 0])
+    np.multiply(terms[:, :1], Y, out=terms[:, 1:])  # (m_j s) y_jk: one more rounding, below
+    np.rint(terms, out=terms)
+    # integers whose absolute sum is below 2^50: every partial sum is exact in float64, in any
+    # order (numpy's pairwise sums, the Allreduce over any number of ranks)
+    Q = terms.sum(axis=0)
     if parallel:
-        comm.Allreduce(MPI.IN_PLACE, Q, op=MPI.SUM)  # integers: exact in any order
+        comm.Allreduce(MPI.IN_PLACE, Q, op=MPI.SUM)
     if Q[0] <= 0:
         return None
-    v = Q[1:].astype(np.float64) / float(Q[0])
+    v = Q[1:] / Q[0]
     e = 0.5 * n / scale  # the rounding to integers, per sum
     mass_lo = float(Q[0]) / scale - e
     if not mass_lo > 0:
         return None
     mass_hi = float(Q[0]) / scale + e
-    e_y = e + 2.0 * UNIT_ROUNDOFF * R * mass_hi  # + the float products m_j y_jk
+    e_y = e + 2.0 * UNIT_ROUNDOFF * R * mass_hi  # + the float products (m_j s) y_jk
     err = (e_y + e * np.abs(v)) / mass_lo  # per component: (a_k - b v_k) / M
     delta = float(np.sqrt(np.sum(err * err))) * (1.0 + 1e-12) + 4.0 * UNIT_ROUNDOFF
     return v, delta
