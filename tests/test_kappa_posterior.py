@@ -49,7 +49,7 @@ def test_posterior_bound_holds_per_target_and_is_not_vacuous() -> None:
     e.g. g_n at hi or kappa' above lo, fails one of the two checks)."""
     rng = np.random.default_rng(3)
     worst, sharpest = 0.0, np.inf
-    for case in range(12):
+    for case in range(9):
         kind = ("uniform", "cluster", "mixed")[case % 3]
         Y = _points(kind, 400, rng)
         m = rng.uniform(0.0, 1.0, len(Y)) ** 4
@@ -81,13 +81,13 @@ def test_posterior_bound_holds_per_target_and_is_not_vacuous() -> None:
     assert sharpest < 1e3  # the bound is attained up to a modest factor somewhere
 
 
-@pytest.mark.parametrize(("kind", "beta"), [("cluster", 16.0), ("mixed", 64.0), ("cluster", 256.0)])
+@pytest.mark.parametrize(("kind", "beta"), [("mixed", 32.0), ("cluster", 256.0)])
 def test_nonsymmetric_heads_use_fewer_nodes_and_stay_certified(kind: str, beta: float) -> None:
     """Non-symmetric heads: the plan bounds the interpolation a posteriori with fewer nodes than
     the a-priori bound needs; every error against gathered brute force is inside the reported
     bound; the plan, the fallback and the bound are the same on every rank and equal to those
     of one rank holding all targets."""
-    n = 1000
+    n = 800
     pts, w = _measure(n, 3, kind, seed=int(beta) + 11)
     X = _targets(pts, 3, int(beta) + 1)
     A = beta * _head(3, "nonsymmetric", seed=4)[None]

@@ -108,8 +108,9 @@ def test_jensen_bound_holds_for_the_truncated_series_and_is_attained() -> None:
 
 @pytest.mark.parametrize(("kind", "norm"), [("uniform", 4.0), ("clusters", 4.36), ("one", 4.0)])
 def test_lowered_degree_holds_its_bound_against_brute_force(kind: str, norm: float) -> None:
-    """Spread masses lower the degree; one cluster keeps it; every error is inside the reported bound; the choice is the same on
-    every rank and equal to that of one rank holding all targets and sources."""
+    """Spread masses lower the degree; one cluster keeps it; every error is inside the reported
+    bound; the choice is the same on every rank and equal to that of one rank holding all
+    targets and sources."""
     P, W = _measure(kind, 2500, seed=int(norm) + len(kind))
     Y, w = _share(P, W)
     rng = np.random.default_rng(20 + COMM.rank)
