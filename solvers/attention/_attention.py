@@ -48,7 +48,7 @@ from solvers.attention._checks import as_masses as _as_masses
 from solvers.attention._checks import as_matrix as _as_matrix
 from solvers.attention._checks import check_tolerance as _check_tolerance
 from solvers.attention._checks import normalised_head_weights as _head_weights
-from solvers.attention._choice import choose_methods
+from solvers.attention._choice import choose_methods, tightened_choice
 from solvers.attention._distributed import DistributedSources, spectral_heads
 from solvers.attention._gradient import EnergyGradient, check_velocity_model, heads_energy_gradient
 from solvers.attention._head_choice import HeadChoice
@@ -237,9 +237,10 @@ def kernel_sums_with_choice(
     log_Z = np.empty((H, X.shape[0]))
     mean = np.empty((H, X.shape[0], d))
     if low:
-        log_Z[low], mean[low] = lowrank.lowrank_kernel_sums(
-            X, Y, w, A[low], tolerance, [plans[h] for h in low]
-        )
+        tight = lowrank.tighten_plans([plans[h] for h in low], Y, w, tolerance)
+        log_Z[low], mean[low] = lowrank.lowrank_kernel_sums(X, Y, w, A[low], tolerance, tight)
+        for h, plan in zip(low, tight, strict=True):
+            choices[h] = tightened_choice(choices[h], plan)
     if spec:
         lz, mn, _, done = spectral_heads(
             None,

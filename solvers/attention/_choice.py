@@ -21,6 +21,7 @@ choice cost 0.1-0.2 s a call on 2 ranks, three calls a step). A hit is agreed by
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import OrderedDict
@@ -31,7 +32,7 @@ import numpy as np
 from solvers.attention import lowrank, spectral
 from solvers.attention._head_choice import HeadChoice
 
-__all__ = ["choose_methods", "clear_choices", "spectral_plans"]
+__all__ = ["choose_methods", "clear_choices", "spectral_plans", "tightened_choice"]
 
 #: the last choices of :func:`choose_methods` (digest of its inputs -> its result)
 _CHOICES: OrderedDict[bytes, Any] = OrderedDict()
@@ -214,6 +215,20 @@ def _choose_methods(
         options.append((float(m) * float(n), brute_choice))
         choices.append(min(options, key=lambda item: item[0])[1])
     return choices, lr_plans, sp_plans
+
+
+def tightened_choice(chosen: HeadChoice, plan: lowrank.LowRankPlan) -> HeadChoice:
+    """A low-rank head's choice with the degree, rank and bound of its evaluated plan (lowered
+    from the masses by :func:`solvers.attention.lowrank.tighten_plans`)."""
+    if plan.degree == chosen.degree:
+        return chosen
+    return dataclasses.replace(
+        chosen,
+        degree=plan.degree,
+        rank=plan.rank,
+        bound=plan.bound,
+        reason="bound meets tol (degree lowered by the masses' mean)",
+    )
 
 
 def _spectral_choice(plan: spectral.SpectralPlan) -> HeadChoice:

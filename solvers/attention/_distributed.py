@@ -444,10 +444,14 @@ def distributed_kernel_sums(
     rest = [h for h in range(H) if choices[h].method not in ("lowrank", "spectral")]
     name = "numpy" if backend == "numpy" or not kernels.HAVE_NUMBA else "numba"
     if low:
-        lz, mn, s2 = _lowrank_heads(comm, X, Yp, wp, A[low], [plans[h] for h in low], second)
+        tight = lowrank.tighten_plans([plans[h] for h in low], Yp, wp, tolerance, comm)
+        lz, mn, s2 = _lowrank_heads(comm, X, Yp, wp, A[low], tight, second)
         log_Z[low], mean[low] = lz, mn
         if second:
             S2[low] = s2
+        choices = list(choices)
+        for h, plan in zip(low, tight, strict=True):
+            choices[h] = choice.tightened_choice(choices[h], plan)
     if spec:
         lz, mn, s2, done = spectral_heads(
             comm,

@@ -10,7 +10,8 @@ relative to the smallest kernel value; :func:`lowrank_kernel_sums` and
 Modules: ``_expansion`` (evaluation, plans of all heads, the choice), ``_plan``
 (:class:`LowRankPlan`), ``_bounds`` (truncation and rounding bounds, the degree),
 ``_cost`` (the cost model), ``_geometry`` (bounding boxes and radii), ``_monomial``
-(monomial features), ``_sphere`` (the sphere basis and its coupling matrix).
+(monomial features), ``_sphere`` (the sphere basis and its coupling matrix), ``_jensen``
+(:func:`tighten_plans`: a lower sphere-basis degree from the masses' mean, per evaluation).
 """
 
 from solvers.attention.lowrank._bounds import (
@@ -39,6 +40,7 @@ from solvers.attention.lowrank._expansion import (
     make_plans,
     sphere_groups,
 )
+from solvers.attention.lowrank._jensen import tighten_plans
 from solvers.attention.lowrank._monomial import target_eval
 from solvers.attention.lowrank._plan import LowRankPlan, plan_head, plan_sphere_head
 from solvers.attention.lowrank._sphere import sphere_group_targets, sphere_head_sums
@@ -69,5 +71,6 @@ __all__ = [
     "sphere_head_sums",
     "sphere_setup_cost",
     "target_eval",
+    "tighten_plans",
     "truncation_bound",
 ]

@@ -38,6 +38,7 @@ class LowRankPlan:
     kind: str = "chebyshev"
     basis: str = "monomial"
     A: np.ndarray | None = None
+    eta: float = 0.0  # relative kernel perturbation of the sphere basis's projection
 
     @property
     def rho(self) -> float:
@@ -54,10 +55,10 @@ def plan_sphere_head(
     zero = np.zeros(d)
     p = choose_degree(rho, tol, d, kind, "sphere", eta)
     if p is None:
-        return LowRankPlan(zero, zero, 1.0, rho, None, None, math.inf, kind, "sphere", A_h)
+        return LowRankPlan(zero, zero, 1.0, rho, None, None, math.inf, kind, "sphere", A_h, eta)
     bound = plan_bound(rho, p, kind, eta)
     rank = sphere_basis.basis_size(d, p)
-    return LowRankPlan(zero, zero, 1.0, rho, p, rank, bound, kind, "sphere", A_h)
+    return LowRankPlan(zero, zero, 1.0, rho, p, rank, bound, kind, "sphere", A_h, eta)
 
 
 def plan_head(

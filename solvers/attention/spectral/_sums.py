@@ -58,7 +58,29 @@ estimated :math:`\varepsilon_T \max \hat S` (ducc0; measured, not proved). So ev
     |\tilde S_f - \hat S_f| \le E_f = (\Lambda \tau + \varepsilon_\kappa) \textstyle\sum_j
     |W^{(f)}_j| + \Lambda \varepsilon_T \max \hat S_0,
 
-an *absolute* bound: the relative error of :math:`Z` at a target is
+an *absolute* bound. A-posteriori bound of the interpolation (non-symmetric heads: fewer
+nodes). Per pair the remainder is :math:`\prod_q (\kappa - \kappa_q) / n! \; s^n e^{\xi s}`
+with :math:`\xi \ge lo_b` (the interval's lower end) and :math:`s = \omega \cdot y - 1 \in
+[-2, 0]`; since :math:`\sigma^n e^{-a \sigma} \le g_n(a) := \max_{0 \le \sigma \le 2}
+\sigma^n e^{-a\sigma}`, :math:`|s|^n e^{lo_b s} \le g_n(lo_b - \kappa') e^{\kappa' s}` for any
+reference :math:`0 \le \kappa' \le lo_b`, so at every target
+
+.. math::
+
+    |\hat S_f - p_n| \le \frac{\prod_q |\kappa_i - \kappa_q|}{n!} R_f \min\bigl(g_n(lo_b) M,\;
+    g_n(lo_b - \kappa'_b)\, \hat S_0(\omega_i, \kappa'_b)\bigr)
+
+(:math:`\kappa' = 0` gives the a-priori bound, :math:`\hat S_0(\cdot, 0) = M`). The reference
+sum is one more synthesis of the masses' field at :math:`\kappa'_b = lo_b / (n + 1)` (the
+minimiser of :math:`g_n(lo_b - \kappa') / \kappa'`), bounded above by its value plus its series
+tail and transform error. It is relative to the target's own sum up to the ratio
+:math:`\hat S_0(\kappa') / \hat S_0(\kappa_i)`, about :math:`\kappa_i / \kappa'` for a
+positive density (Laplace), where the a-priori bound is relative to the whole mass: the plan
+asks the modelled bound (ratio :data:`~solvers.attention.spectral._bounds.POSTERIOR_RATIO`
+times :math:`\kappa / \kappa'`) to be below tol/20 and takes it when it needs fewer nodes than the
+a-priori bound. Its value enters :math:`E_0` per target, so the certificate below stays rigorous
+whatever the data (a target the model misjudges falls back to brute force). The relative error
+of :math:`Z` at a target is
 :math:`r = E_0 / (\tilde S_0 - E_0)` and the mean is off by at most :math:`2 r R_y`
 (:math:`R_y = \max |y_j|`; the second moments by :math:`2 r R_y^2`), as for the expansion.
 
@@ -155,6 +177,10 @@ class SpectralPlan:
         eta: relative perturbation of every kernel value: sources off the unit sphere, and the
             interpolation in kappa when its relative bound is the smaller (nearly zonal heads).
         rank: coefficients per field: :math:`(L + 1)^2` or :math:`2K + 1`.
+        references: S^2 with the a-posteriori interpolation bound: per interval the
+            reference :math:`\kappa'_b` (module docstring), else empty; ``series`` then
+            leaves the interpolation out (it is bounded per target).
+        reference_tail: the series tail at the references, per unit mass.
     """
 
     d: int
@@ -166,6 +192,8 @@ class SpectralPlan:
     transform: float
     eta: float
     rank: int
+    references: tuple[float, ...] = ()
+    reference_tail: float = 0.0
 
     @property
     def n_nodes(self) -> int:
@@ -219,6 +247,9 @@ def _plan_bins(
     """The S^2 plan with the kappa range cut into B equal intervals."""
     edges = np.linspace(lo, hi, B + 1)
     chosen = bounds.choose_nodes(float(edges[0]), float(edges[1]), eps / 2.0, tol / 20.0)
+    post = bounds.posterior_nodes(edges, tol / 20.0)
+    if post is not None and (chosen is None or post < chosen[0]):
+        return _plan_posterior(lo, hi, edges, post, eps, eta)
     if chosen is None:
         return None
     n, relative = chosen
@@ -242,6 +273,28 @@ def _plan_bins(
     return SpectralPlan(3, L, lo, hi, bins, series, transform, eta, (L + 1) ** 2)
 
 
+def _plan_posterior(
+    lo: float, hi: float, edges: np.ndarray, n: int, eps: float, eta: float
+) -> SpectralPlan | None:
+    """The S^2 plan with n nodes per interval whose interpolation error is bounded per target
+    a posteriori (module docstring), from the normalised sum at each interval's reference."""
+    lam = bounds.lebesgue_constant(n)
+    bins, refs = [], []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        bins.append((float(a), float(b), tuple(float(k) for k in bounds.chebyshev_points(a, b, n))))
+        refs.append(bounds.posterior_model(float(a), float(b), n)[0])
+    nodes = np.array([k for b in bins for k in b[2]])
+    L = bounds.choose_degree(nodes, eps / (2.0 * lam), 3)
+    if L is None:
+        return None
+    series = lam * max(bounds.tail(float(k), L, 3) for k in nodes)
+    ref_tail = max(bounds.tail(float(k), L, 3) for k in refs)
+    transform = lam * bounds.transform_estimate(3)
+    return SpectralPlan(
+        3, L, lo, hi, tuple(bins), series, transform, eta, (L + 1) ** 2, tuple(refs), ref_tail
+    )
+
+
 def spectral_cost(plan: SpectralPlan, m: float, n: float, fields: int = 1 + 3) -> float:
     """Modelled cost of one head (moments of ``n`` sources shared by heads are counted here in
     full), in brute-force kernel pairs (targets spread evenly over the kappa intervals)."""
@@ -253,6 +306,8 @@ def spectral_cost(plan: SpectralPlan, m: float, n: float, fields: int = 1 + 3) -
     B = max(1, len(plan.bins))
     syntheses = plan.n_nodes * (COST_POINT * m + B * call)
     per_point = COST_LOCATE * (m + n) + COST_TARGET * m
+    if plan.references:  # one more synthesis (the mass field) per target, at the reference
+        per_point += COST_POINT * m + B * call
     return fields * (syntheses + COST_POINT * n + call) + per_point + SPECTRAL_OVERHEAD
 
 
@@ -336,22 +391,29 @@ def spectral_fields(
     values = []
     for h in range(H):
         values.append(_head_values(X, moments, Lmax, A[h], plans[h]))
-    # the transforms' error scales with the largest normalised sum over all targets
-    peaks = np.array([float(v[1][0].max()) if m else 0.0 for v in values])
+    # the transforms' error scales with the largest normalised sum over all targets (and over
+    # the references' sums)
+    peaks = np.zeros(2 * H)
+    for h, (_, S, post) in enumerate(values):
+        if m:
+            peaks[h] = float(S[0].max())
+            peaks[H + h] = float(post[2].max()) if post is not None else 0.0
     if comm is not None and comm.Get_size() > 1:
         from mpi4py import MPI
 
         comm.Allreduce(MPI.IN_PLACE, peaks, op=MPI.MAX)
     uncertified, bound = [], []
     for h in range(H):
-        kappa, S = values[h]
+        kappa, S, post = values[h]
         plan = plans[h]
         E0 = plan.series * mass[0] + plan.transform * peaks[h]
+        if post is not None:
+            E0 = E0 + _posterior_bound(post, plan, mass[0], peaks[H + h])
         S0 = S[0]
         margin = S0 - E0
         ok = margin > 0
         r = np.full(m, np.inf)
-        r[ok] = E0 / margin[ok]
+        r[ok] = np.broadcast_to(E0, (m,))[ok] / margin[ok]
         r = (1.0 + r) * (1.0 + plan.eta) - 1.0  # sources off the sphere
         certified = 2.0 * r <= tol
         uncertified.append(np.flatnonzero(~certified))
@@ -367,13 +429,27 @@ def spectral_fields(
     return SpectralResult(log_Z, mean, S2, uncertified, bound)
 
 
+def _posterior_bound(
+    post: tuple[np.ndarray, np.ndarray, np.ndarray], plan: SpectralPlan, mass: float, peak: float
+) -> np.ndarray:
+    """Per target, the a-posteriori bound of the interpolation in kappa per unit R_f (module
+    docstring): the smaller of the mass bound and the bound through the reference's sum (its
+    computed value plus its series tail and transform error)."""
+    by_mass, by_ref, ref = post
+    ref_bound = np.maximum(ref, 0.0) + plan.reference_tail * mass
+    ref_bound += bounds.transform_estimate(3) * peak
+    return np.minimum(by_mass * mass, by_ref * ref_bound)
+
+
 def _head_values(
     X: np.ndarray, moments: np.ndarray, Lmax: int, A_h: np.ndarray, plan: SpectralPlan
-) -> tuple[np.ndarray, np.ndarray]:
-    """kappa (m,) and the normalised sums (F, m) of one head at the targets."""
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+    """kappa (m,), the normalised sums (F, m) of one head at the targets and, for plans with
+    references, per target the factors of the a-posteriori interpolation bound (of the mass
+    and of the reference's sum) and the reference's normalised sum of the masses (m,)."""
     Wt = X @ A_h  # rows w_i = A^T x_i
     if plan.d == 2:
-        return transforms.circle_values(Wt, moments, plan.degree)
+        return (*transforms.circle_values(Wt, moments, plan.degree), None)
     kappa = np.linalg.norm(Wt, axis=1)
     omega = np.divide(Wt, kappa[:, None], out=np.zeros_like(Wt), where=kappa[:, None] > 0)
     omega[kappa == 0] = (0.0, 0.0, 1.0)  # kappa = 0: the kernel is 1, any direction will do
@@ -384,7 +460,10 @@ def _head_values(
     which = np.zeros(len(X), dtype=np.int64)
     if B > 1 and width > 0:
         which = np.clip(((kappa - plan.kappa_lo) / width).astype(np.int64), 0, B - 1)
-    for b, (_, _, nodes) in enumerate(plan.bins):
+    post = None
+    if plan.references:
+        post = (np.zeros(len(X)), np.zeros(len(X)), np.zeros(len(X)))
+    for b, (lo, _, nodes) in enumerate(plan.bins):
         idx = np.flatnonzero(which == b)
         if len(idx) == 0:
             continue
@@ -393,7 +472,15 @@ def _head_values(
         loc = transforms.sphere_locations(at)  # once per interval, not per node
         values = [transforms.sphere_values(at, mom, c, plan.degree, loc=loc) for c in coeffs]
         out[:, idx] = values[0] if len(nodes) == 1 else _interpolate(kappa[idx], nodes, values)
-    return kappa, out
+        if post is not None:
+            ref = plan.references[b]
+            c = bounds.node_coefficients((ref,), plan.degree, 3)[0]
+            post[2][idx] = transforms.sphere_values(at, mom[:1], c, plan.degree, loc=loc)[0]
+            prod = bounds.node_products(kappa[idx], nodes)
+            n, low = len(nodes), min(lo, float(kappa[idx].min()))  # below lo: rounding
+            post[0][idx] = prod * bounds.derivative_peak(n, low)
+            post[1][idx] = prod * bounds.derivative_peak(n, low - ref)
+    return kappa, out, post
 
 
 def _interpolate(

@@ -18,6 +18,7 @@ Angles come from ``atan2`` (accurate near the poles, unlike ``arccos``).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -63,9 +64,13 @@ def sphere_locations(points: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.stack([theta, phi], axis=1))
 
 
+@lru_cache(maxsize=64)
 def l_index(L: int) -> np.ndarray:
-    """The degree l of every entry of a healpy-layout coefficient array (m-major)."""
-    return np.concatenate([np.arange(m, L + 1) for m in range(L + 1)])
+    """The degree l of every entry of a healpy-layout coefficient array (m-major; cached, read
+    only: every synthesis asks for it)."""
+    out = np.concatenate([np.arange(m, L + 1) for m in range(L + 1)])
+    out.setflags(write=False)
+    return out
 
 
 def sphere_moments(points: np.ndarray, weights: np.ndarray, L: int) -> np.ndarray:
