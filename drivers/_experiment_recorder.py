@@ -61,7 +61,6 @@ class ExperimentRecorder(OutputTimes):
             nothing.
 
     Attributes:
-        rows: the rows of metrics.csv so far (every rank).
         t: the time of the last output.
         density: the scheme's density at the last output (this rank's cells).
         dt: the step that reached the last output (0 at t = 0).
@@ -90,6 +89,7 @@ class ExperimentRecorder(OutputTimes):
 
     @property
     def rows(self) -> list[dict[str, Any]]:
+        """The rows of metrics.csv so far, on every rank (none before :meth:`start`)."""
         return self.metrics.rows if self.metrics is not None else []
 
     def add_columns(self, names: Sequence[str], fn: Columns) -> None:
