@@ -72,8 +72,14 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from drivers._experiment import Experiment
-from drivers._experiment_recorder import ExperimentRecorder
-from drivers.engine import GatheredCells, advance, plot_metrics, render_density, write_final
+from drivers.engine import (
+    GatheredCells,
+    Recorder,
+    advance,
+    plot_metrics,
+    render_density,
+    write_final,
+)
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head
 from solvers.transport import TransportSolver, initial_density
@@ -179,7 +185,7 @@ class ClusterCount:
 
 def recorder(out: Path, cv, times: list[float], count: ClusterCount, wall0: float, log):
     """density.xdmf and metrics.csv (:data:`COLUMNS`) at t = 0 and the output ``times``, a
-    log line after each step's row (an :class:`ExperimentRecorder`)."""
+    log line after each step's row (:meth:`drivers.engine.Recorder.experiment`)."""
 
     def line(row: dict) -> None:
         log(
@@ -188,7 +194,7 @@ def recorder(out: Path, cv, times: list[float], count: ClusterCount, wall0: floa
             f"max rho = {row['max_density']:.3g}  clusters {row['n_clusters']}"
         )
 
-    rec = ExperimentRecorder(comm, out, cv, times, on_row=line)
+    rec = Recorder.experiment(out, cv, times, on_row=line)
     rec.add_token_columns()
     rec.add_column("n_clusters", count)
     rec.add_column("wall", lambda _: time.perf_counter() - wall0)
@@ -268,7 +274,7 @@ def plot_clusters(
     plt.close(fig)
 
 
-def pictures(out: Path, rec: ExperimentRecorder, count: ClusterCount, final: np.ndarray) -> None:
+def pictures(out: Path, rec: Recorder, count: ClusterCount, final: np.ndarray) -> None:
     """final.npz, density.png, clusters.png and metrics.png of the last output (rank 0;
     ``final``: its gathered densities)."""
     g, t = count.gathered, rec.t
@@ -282,7 +288,7 @@ def pictures(out: Path, rec: ExperimentRecorder, count: ClusterCount, final: np.
 
 
 def summary(
-    outcome, rec: ExperimentRecorder, count: ClusterCount, steps: int, energy: tuple, wall0: float
+    outcome, rec: Recorder, count: ClusterCount, steps: int, energy: tuple, wall0: float
 ) -> dict:
     """summary.json: the outcome, the last output (time, metrics row, clusters), the steps,
     the energy gain against int G2 dt (``energy``, of :func:`report`) and the wall time."""

@@ -84,8 +84,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._experiment_recorder import ExperimentRecorder
-from drivers.engine import GatheredCells, advance, render_density, write_final
+from drivers.engine import GatheredCells, Recorder, advance, render_density, write_final
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head
 from solvers.transport import TransportSolver, initial_density
@@ -179,7 +178,7 @@ def run_dynamics(
                 f"max rho = {row['max_density']:.3g}  |D| = {row['D_norm']:.2f}"
             )
 
-    rec = ExperimentRecorder(comm, folder, solver.cv, times, on_row=line)
+    rec = Recorder.experiment(folder, solver.cv, times, on_row=line)
     rec.add_token_columns()
     rec.add_column("D_norm", lambda s: mean_weight_norm(s.weights, s.t))
     rec.add_column("wall", lambda _: time.perf_counter() - wall0)

@@ -73,9 +73,8 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._experiment_recorder import ExperimentRecorder
 from drivers._outputs import Lockstep
-from drivers.engine import GatheredCells, advance, render_density, write_final
+from drivers.engine import GatheredCells, Recorder, advance, render_density, write_final
 from meshes import control_volumes, icosphere
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
@@ -470,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     # density.xdmf (tokens, collective), theta.xdmf (rank 0), metrics.csv (rank 0), written
     # after the step of the last run that reaches an output time.
     times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
-    rec = ExperimentRecorder(comm, out, cv, times, on_row=progress(run_heads, log))
+    rec = Recorder.experiment(out, cv, times, on_row=progress(run_heads, log))
     rec.add_columns(
         metric_columns(p, run_heads), lambda _: metrics_row(solver, measure, exact, sampled, wall0)
     )
