@@ -8,6 +8,7 @@ W1 between two weighted point clouds on S^2 by adaptive bins is
 from __future__ import annotations
 
 import csv
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,12 +24,14 @@ import numpy.typing as npt
 from drivers._outputs import run_to
 from drivers.engine import GatheredCells, build_model, read_series
 from meshes import arc_length, control_volumes, icosphere, spherical_triangle_area
+from solvers.diagnostics import wasserstein1
 from solvers.transport import MeshParticles, initial_density
 
 __all__ = [
     "Reference",
     "particle_reference",
     "series_measure",
+    "add_w1",
     "mesh_level",
     "cell_steps",
     "write_table",
@@ -119,6 +122,41 @@ def series_measure(folder: Path, t: float) -> tuple[float, Array, Array] | None:
     centres = _unit(vertices.sum(axis=1))
     areas = spherical_triangle_area(vertices[:, 0], vertices[:, 1], vertices[:, 2])
     return float(series.times[k]), centres, values * areas
+
+
+def add_w1(
+    rows: Sequence[dict[str, Any]],
+    out: Path,
+    ref: Reference,
+    mids: dict[str, float],
+    w1_kw: dict[str, Any],
+) -> None:
+    """W1 of every run to the reference, at t_end (its final.npz) and at its output time
+    nearest t_mid (its density.xdmf): the columns ``w1``, ``w1_bound``, ``w1_detail``,
+    ``t_mid``, ``w1_mid``, ``w1_mid_bound`` of each row (NaN where the run stopped early or
+    the step's mesh is unreadable). Rank 0.
+
+    Args:
+        rows: the table rows (``label``, ``t_final``), updated in place.
+        out: the study's folder (one results folder per run label).
+        ref: the particle reference (states at the stops).
+        mids: the output time nearest t_mid of each run.
+        w1_kw: the binning of :func:`solvers.diagnostics.wasserstein1` (tol, max_bins).
+    """
+    for r in rows:
+        folder = out / r["label"]
+        final = np.load(folder / "final.npz")
+        masses = final["weights"] * final["density"]
+        r.update(w1=math.nan, w1_bound=math.nan)
+        if r["t_final"] in ref.states:  # else the run stopped early
+            w = wasserstein1(final["points"], masses, ref.states[r["t_final"]], ref.masses, **w1_kw)
+            r.update(w1=w.value, w1_bound=w.bound, w1_detail=w.as_dict())
+        state = series_measure(folder, mids[r["label"]])
+        r.update(t_mid=mids[r["label"]], w1_mid=math.nan, w1_mid_bound=math.nan)
+        if state is not None and state[0] in ref.states:  # else: the mesh is unreadable
+            t, points, m = state
+            w = wasserstein1(points, m, ref.states[t], ref.masses, **w1_kw)
+            r.update(w1_mid=w.value, w1_mid_bound=w.bound)
 
 
 def mesh_level(vertices: Array) -> npt.NDArray[np.int64]:

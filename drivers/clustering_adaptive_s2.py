@@ -106,9 +106,9 @@ Things to try:
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -119,12 +119,12 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._adaptive_study import (
+    add_w1,
     cell_steps,
     particle_reference,
     plot_edi,
     plot_meshes,
     plot_w1,
-    series_measure,
     write_table,
 )
 from drivers._experiment import Experiment
@@ -285,20 +285,8 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the experiment.
-
-    Args:
-        argv: the command line (default ``sys.argv[1:]``).
-
-    Returns:
-        0; 3 if a run stopped early (NaN or blow-up), like the CLI; 128 + the signal if a run
-        was interrupted (SIGINT, SIGTERM: the study stops there).
-    """
-    # %% Parameters
-    # -------------
-    experiment = Experiment(__file__, __doc__)
-    parser = experiment.parser()
+def arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The experiment's options on the common parser (``--tiny``, ``--out``, ...)."""
     parser.add_argument("--big", action="store_true", help="add uniform 6, adaptive 7, ref 7")
     parser.add_argument("--uniform", type=int, nargs="*", default=None, help="uniform levels")
     parser.add_argument("--adaptive", type=int, nargs="*", default=None, help="max levels")
@@ -322,6 +310,162 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--w1-tol", type=float, default=1e-7, help="bin mass x radius")
     parser.add_argument("--w1-bins", type=int, default=8000, help="most bins per measure")
+    return parser
+
+
+def study_runs(
+    uniform: list[int],
+    adaptive: list[int],
+    base: int,
+    t_end: float,
+    factor: float | None,
+    every: int,
+    args: argparse.Namespace,
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """The runs of the study: (label, kind, validated config) of each.
+
+    Args:
+        uniform: the levels of the uniform runs.
+        adaptive: the max levels of the adaptive runs (from ``base``).
+        base: their base level.
+        t_end: the final time.
+        factor: experts' fixed thresholds: refine = factor h_max (:func:`diameter` of the
+            max level), coarsen = refine / 4; None: the engine's accuracy target.
+        every: the steps between adaptations.
+        args: the command line (``indicator``, ``tolerance``, ``no_conserve_energy``,
+            ``lts``: also each adaptive run with local time steps, label suffix ``_lts``).
+    """
+    runs = [(f"uniform_L{L}", "uniform", run_config(L, t_end, None)) for L in uniform]
+    for top in adaptive:
+        table = {"max_level": top, "every": every, "indicator": args.indicator}
+        if factor is not None:  # experts: fixed thresholds
+            refine = factor * diameter(top)
+            table.update(refine=refine, coarsen=refine / 4)
+        elif args.tolerance is not None:
+            table.update(tolerance=args.tolerance)
+        if args.no_conserve_energy:
+            table.update(conserve_energy=False)
+        runs.append((f"adaptive_L{base}_{top}", "adaptive", run_config(base, t_end, table)))
+        if args.lts:  # the same with local time steps (adapting as often in time)
+            table = {**table, "local_time_stepping": True}
+            label = f"adaptive_L{base}_{top}_lts"
+            runs.append((label, "adaptive", run_config(base, t_end, table)))
+    return runs
+
+
+def fv_runs(
+    runs: list[tuple[str, str, dict[str, Any]]], out: Path, t_mid: float, experiment: Experiment
+) -> tuple[list[dict[str, Any]], dict[str, float], int, int]:
+    """Every finite-volume run through the engine (:func:`drivers.engine.run`), each in its
+    own results folder ``out/<label>`` (replaced: the study owns its folders). Collective.
+
+    Returns:
+        The table rows (rank 0; :func:`table_row`), the output time nearest ``t_mid`` of each
+        run, the exit status (3 if a run failed, else 0) and the exit code of a run that a
+        signal interrupted (the study stops there; 0: none).
+    """
+    log = experiment.log
+    rows: list[dict[str, Any]] = []
+    mids: dict[str, float] = {}
+    status = 0
+    for label, kind, cfg in runs:
+        top = cfg["adapt"]["max_level"]
+        log(f"{label}: level {cfg['mesh']['refinement']}" + (f"..{top}" if top else ""))
+        result = run(cfg, out / label, comm=comm, argv=experiment.argv, overwrite=True)
+        if result.status == "interrupted":  # SIGINT/SIGTERM stops the whole study
+            return rows, mids, status, result.exit_code
+        if result.status != "ok":
+            log(f"{label}: {result.status}: {result.message}")
+            status = 3
+        times = np.array([r["t"] for r in result.metrics])
+        mids[label] = float(times[np.argmin(np.abs(times - t_mid))])
+        if comm.rank == 0:
+            rows.append(table_row(label, kind, cfg, out / label, result))
+            r = rows[-1]
+            log(
+                f"{label}: {r['steps']} steps, {r['cells_final']} cells at the end "
+                f"({r['cells_max']} at most), wall {r['wall_s']:.1f} s"
+            )
+    return rows, mids, status, 0
+
+
+def log_table(rows: list[dict[str, Any]], found: dict[str, Any], log) -> None:
+    """Log the table of runs and the two targets (rank 0)."""
+    header = f"{'run':<16} {'cells':>7} {'max':>7} {'mean':>8} {'steps':>6} {'wall':>7} "
+    log(header + f"{'W1(mid)':>9} {'W1':>9} {'+-':>8} {'EDI rel':>9} {'own':>9}")
+    for r in rows:
+        log(
+            f"{r['label']:<16} {r['cells_final']:7d} {r['cells_max']:7d} "
+            f"{r['cells_mean']:8.0f} {r['steps']:6d} {r['wall_s']:7.1f} {r['w1_mid']:9.2e} "
+            f"{r['w1']:9.2e} {r['w1_bound']:8.1e} {r['edi_rel']:9.2e} {r['edi_own_rel']:9.2e}"
+        )
+    if not found:
+        return
+    fine = found["finest_uniform"]
+    for label, c in found["adaptive"].items():
+        log(
+            f"{label} against {fine}: W1 x{c['w1_ratio']:.2f}, cells x{c['cell_ratio']:.3f}"
+            f", wall x{c['wall_ratio']:.3f} (cell-steps x{c['work_ratio']:.3f}): "
+            f"{'meets' if c['meets'] else 'misses'} "
+            f"target 1 (W1 <=, cells <= 1/5, wall <= 1/3)"
+        )
+    log(
+        f"target 1 (W1 of {fine} with <= 1/5 of its cells and <= 1/3 of its wall time): "
+        f"{'met' if found['target_w1_cells_wall'] else 'NOT met'}"
+    )
+    log(
+        f"target 2 (best adaptive run {found['best_adaptive']}: budget residual "
+        f"{found['best_edi_rel']:.2e} of the energy change < {EDI_TARGET:g}): "
+        f"{'met' if found['target_edi'] else 'NOT met'}"
+    )
+
+
+def summary(
+    status: int,
+    rows: list[dict[str, Any]],
+    found: dict[str, Any],
+    ref: Any,
+    ref_error: dict[float, Any],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """summary.json: the status, the runs (without their metrics), the targets, the
+    reference and its error estimate, the W1 method (rank 0)."""
+    return {
+        "status": "ok" if status == 0 else "failed",
+        "runs": [{k: v for k, v in r.items() if k != "metrics"} for r in rows],
+        "targets": found,
+        "reference": {
+            "level": ref.level,
+            "particles": len(ref.masses),
+            "dt": args.dt,
+            "steps": ref.steps,
+            "wall_s": ref.wall,
+            "error_estimate": {str(t): w.as_dict() for t, w in ref_error.items()},
+        },
+        "w1_method": {
+            "binning": "adaptive icosphere bins, split while mass x radius > tol",
+            "tol": args.w1_tol,
+            "max_bins": args.w1_bins,
+            "solver": "POT ot.emd2 (network simplex), geodesic cost",
+            "bound": "sum_i a_i d(x_i, Q x_i) + sum_j b_j d(y_j, Q y_j), per pair",
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment.
+
+    Args:
+        argv: the command line (default ``sys.argv[1:]``).
+
+    Returns:
+        0; 3 if a run stopped early (NaN or blow-up), like the CLI; 128 + the signal if a run
+        was interrupted (SIGINT, SIGTERM: the study stops there).
+    """
+    # %% Parameters
+    # -------------
+    experiment = Experiment(__file__, __doc__)
+    parser = arguments(experiment.parser())
     args = experiment.start(parser, argv)
     log = experiment.log
 
@@ -347,50 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     # ----------
     # One config per run: the demo's problem on a uniform or an adaptive mesh. refine is a
     # fixed share (--refine-factor) of the W1 bound h_max of the uniform max-level mesh.
-    runs: list[tuple[str, str, dict[str, Any]]] = [
-        (f"uniform_L{L}", "uniform", run_config(L, t_end, None)) for L in uniform
-    ]
-    for top in adaptive:
-        table = {"max_level": top, "every": every, "indicator": args.indicator}
-        if factor is not None:  # experts: fixed thresholds
-            refine = factor * diameter(top)
-            table.update(refine=refine, coarsen=refine / 4)
-        elif args.tolerance is not None:
-            table.update(tolerance=args.tolerance)
-        if args.no_conserve_energy:
-            table.update(conserve_energy=False)
-        runs.append((f"adaptive_L{base}_{top}", "adaptive", run_config(base, t_end, table)))
-        if args.lts:  # the same with local time steps (adapting as often in time)
-            table = {**table, "local_time_stepping": True}
-            label = f"adaptive_L{base}_{top}_lts"
-            runs.append((label, "adaptive", run_config(base, t_end, table)))
+    runs = study_runs(uniform, adaptive, base, t_end, factor, every, args)
 
     # %% Main loop
     # ------------
     # The finite-volume runs (each writes its own results folder), then the particle
     # references, stopped exactly at the runs' output times nearest t_mid and at t_end.
-    rows: list[dict[str, Any]] = []
-    status = 0
-    mids: dict[str, float] = {}
-    for label, kind, cfg in runs:
-        top = cfg["adapt"]["max_level"]
-        log(f"{label}: level {cfg['mesh']['refinement']}" + (f"..{top}" if top else ""))
-        # the study owns its folders: a rerun replaces the runs of the previous one
-        result = run(cfg, out / label, comm=comm, argv=experiment.argv, overwrite=True)
-        if result.status == "interrupted":  # SIGINT/SIGTERM stops the whole study
-            return result.exit_code
-        if result.status != "ok":
-            log(f"{label}: {result.status}: {result.message}")
-            status = 3
-        times = np.array([r["t"] for r in result.metrics])
-        mids[label] = float(times[np.argmin(np.abs(times - t_mid))])
-        if comm.rank == 0:
-            rows.append(table_row(label, kind, cfg, out / label, result))
-            r = rows[-1]
-            log(
-                f"{label}: {r['steps']} steps, {r['cells_final']} cells at the end "
-                f"({r['cells_max']} at most), wall {r['wall_s']:.1f} s"
-            )
+    rows, mids, status, interrupted = fv_runs(runs, out, t_mid, experiment)
+    if interrupted:
+        return interrupted
     stops = sorted(set(mids.values()) | {t_end})
     references = {}
     for level in (ref_level - 1, ref_level):
@@ -409,22 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             t: wasserstein1(coarse.states[t], coarse.masses, ref.states[t], ref.masses, **w1_kw)
             for t in (mids[runs[0][0]], t_end)
         }
-        for r in rows:
-            folder = out / r["label"]
-            final = np.load(folder / "final.npz")
-            masses = final["weights"] * final["density"]
-            r.update(w1=math.nan, w1_bound=math.nan)
-            if r["t_final"] in ref.states:  # else the run stopped early
-                w = wasserstein1(
-                    final["points"], masses, ref.states[r["t_final"]], ref.masses, **w1_kw
-                )
-                r.update(w1=w.value, w1_bound=w.bound, w1_detail=w.as_dict())
-            state = series_measure(folder, mids[r["label"]])
-            r.update(t_mid=mids[r["label"]], w1_mid=math.nan, w1_mid_bound=math.nan)
-            if state is not None and state[0] in ref.states:  # else: the mesh is unreadable
-                t, points, m = state
-                w = wasserstein1(points, m, ref.states[t], ref.masses, **w1_kw)
-                r.update(w1_mid=w.value, w1_mid_bound=w.bound)
+        add_w1(rows, out, ref, mids, w1_kw)
         found = targets(rows)
         final_error = ref_error[t_end]
         floor = final_error.value + final_error.bound
@@ -432,59 +526,12 @@ def main(argv: list[str] | None = None) -> int:
             f"reference error (levels {ref_level - 1} and {ref_level}): W1 = "
             f"{final_error.value:.2e} +- {final_error.bound:.1e} at t = {t_end:g}"
         )
-        header = f"{'run':<16} {'cells':>7} {'max':>7} {'mean':>8} {'steps':>6} {'wall':>7} "
-        log(header + f"{'W1(mid)':>9} {'W1':>9} {'+-':>8} {'EDI rel':>9} {'own':>9}")
-        for r in rows:
-            log(
-                f"{r['label']:<16} {r['cells_final']:7d} {r['cells_max']:7d} "
-                f"{r['cells_mean']:8.0f} {r['steps']:6d} {r['wall_s']:7.1f} {r['w1_mid']:9.2e} "
-                f"{r['w1']:9.2e} {r['w1_bound']:8.1e} {r['edi_rel']:9.2e} {r['edi_own_rel']:9.2e}"
-            )
-        if found:
-            fine = found["finest_uniform"]
-            for label, c in found["adaptive"].items():
-                log(
-                    f"{label} against {fine}: W1 x{c['w1_ratio']:.2f}, cells x{c['cell_ratio']:.3f}"
-                    f", wall x{c['wall_ratio']:.3f} (cell-steps x{c['work_ratio']:.3f}): "
-                    f"{'meets' if c['meets'] else 'misses'} "
-                    f"target 1 (W1 <=, cells <= 1/5, wall <= 1/3)"
-                )
-            log(
-                f"target 1 (W1 of {fine} with <= 1/5 of its cells and <= 1/3 of its wall time): "
-                f"{'met' if found['target_w1_cells_wall'] else 'NOT met'}"
-            )
-            log(
-                f"target 2 (best adaptive run {found['best_adaptive']}: budget residual "
-                f"{found['best_edi_rel']:.2e} of the energy change < {EDI_TARGET:g}): "
-                f"{'met' if found['target_edi'] else 'NOT met'}"
-            )
+        log_table(rows, found, log)
         write_table(out / "table.csv", rows, COLUMNS)
         write_final(
             out / "final.npz", ref.states[t_end], ref.masses, np.ones(len(ref.masses)), t_end
         )
-        experiment.write_summary(
-            out,
-            {
-                "status": "ok" if status == 0 else "failed",
-                "runs": [{k: v for k, v in r.items() if k != "metrics"} for r in rows],
-                "targets": found,
-                "reference": {
-                    "level": ref_level,
-                    "particles": len(ref.masses),
-                    "dt": args.dt,
-                    "steps": ref.steps,
-                    "wall_s": ref.wall,
-                    "error_estimate": {str(t): w.as_dict() for t, w in ref_error.items()},
-                },
-                "w1_method": {
-                    "binning": "adaptive icosphere bins, split while mass x radius > tol",
-                    "tol": args.w1_tol,
-                    "max_bins": args.w1_bins,
-                    "solver": "POT ot.emd2 (network simplex), geodesic cost",
-                    "bound": "sum_i a_i d(x_i, Q x_i) + sum_j b_j d(y_j, Q y_j), per pair",
-                },
-            },
-        )
+        experiment.write_summary(out, summary(status, rows, found, ref, ref_error, args))
 
     # %% Pictures
     # -----------

@@ -72,11 +72,9 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from drivers._experiment import Experiment
-from drivers._outputs import OutputTimes
 from drivers.engine import (
-    DensityWriter,
     GatheredCells,
-    MetricsWriter,
+    Recorder,
     advance,
     plot_metrics,
     render_density,
@@ -84,7 +82,6 @@ from drivers.engine import (
 )
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head
-from solvers.stepping import StepResult
 from solvers.transport import TransportSolver, initial_density
 from solvers.weights import make_weights
 
@@ -158,78 +155,57 @@ def find_clusters(
     return [(float(masses[i]), sums[i]) for i in order]
 
 
-class Outputs:
-    """density.xdmf, metrics.csv and the clusters at the output times (collective).
+class ClusterCount:
+    """The clusters of the density at every output: the column ``n_clusters`` (collective;
+    :func:`find_clusters` on the cells gathered on rank 0).
 
     Args:
         cv: the control volumes of the mesh.
-        out: the output folder.
         factor: the cluster threshold of :func:`find_clusters`.
-        wall0: the start of the wall clock.
-        log: prints on rank 0.
 
     Attributes:
         gathered: the cells of the mesh on rank 0.
-        metrics: the metrics table (columns :data:`COLUMNS`).
         clusters: the clusters of the last output, on every rank.
-        t, rho: the time and the owned densities of the last output (the last good state if
-            the run stopped early).
     """
 
-    def __init__(self, cv, out: Path, factor: float, wall0: float, log) -> None:
+    def __init__(self, cv, factor: float) -> None:
         self.gathered = GatheredCells(cv)
-        self.writer = DensityWriter(cv, out / "density.xdmf")
-        self.metrics = MetricsWriter(comm, out / "metrics.csv", COLUMNS)
-        self.factor, self.wall0, self.log = factor, wall0, log
+        self.factor = factor
         self.clusters: Clusters = []
-        self.t, self.rho = 0.0, np.zeros(0)
 
-    def write(self, solver: TransportSolver, result: StepResult | None = None) -> None:
-        """The density step and one metrics row of the solver's state after the step
-        ``result`` (None: the initial state, dt = 0); a log line after a step."""
-        rho, dt = solver.density, result.dt if result is not None else 0.0
-        diag = solver.diagnostics()
-        rho_all = self.gathered.gather(rho)
+    def __call__(self, solver: TransportSolver) -> int:
+        rho_all = self.gathered.gather(solver.density)
         clusters = None
         if comm.rank == 0:
             g = self.gathered
             clusters = find_clusters(g.vertices, g.points, g.weights, rho_all, self.factor)
         self.clusters = comm.bcast(clusters, root=0)
-        self.writer.write(solver.t, rho)
-        self.metrics.write(
-            {
-                "t": solver.t,
-                "step": solver.steps,
-                "dt": dt,
-                "mass": diag.mass,
-                "energy": diag.energy,
-                "min_density": comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
-                "max_density": comm.allreduce(float(rho.max(initial=-np.inf)), op=MPI.MAX),
-                "G2": diag.G2,
-                "dissipation": diag.dissipation,
-                "n_clusters": len(self.clusters),
-                "wall": time.perf_counter() - self.wall0,
-            }
+        return len(self.clusters)
+
+
+def recorder(out: Path, cv, times: list[float], count: ClusterCount, wall0: float, log):
+    """density.xdmf and metrics.csv (:data:`COLUMNS`) at t = 0 and the output ``times``, a
+    log line after each step's row (:meth:`drivers.engine.Recorder.experiment`)."""
+
+    def line(row: dict) -> None:
+        log(
+            f"t = {row['t']:6.3f}  step {row['step']:5d}  dt = {row['dt']:.2e}  "
+            f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  "
+            f"max rho = {row['max_density']:.3g}  clusters {row['n_clusters']}"
         )
-        self.t, self.rho = solver.t, rho
-        if result is not None:
-            row = self.metrics.rows[-1]
-            self.log(
-                f"t = {row['t']:6.3f}  step {solver.steps:5d}  dt = {dt:.2e}  "
-                f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  "
-                f"max rho = {row['max_density']:.3g}  clusters {row['n_clusters']}"
-            )
 
-    def close(self) -> None:
-        self.writer.close()
-        self.metrics.close()
+    rec = Recorder.experiment(out, cv, times, on_row=line)
+    rec.add_token_columns()
+    rec.add_column("n_clusters", count)
+    rec.add_column("wall", lambda _: time.perf_counter() - wall0)
+    return rec
 
 
-def report(outputs: Outputs, log) -> tuple[float, float]:
+def report(rows: list[dict], count: ClusterCount, t_final: float, log) -> tuple[float, float]:
     """Log the growth of the maximum density, the energy gain against the time integral of
     G^2 (equal for the exact flow, dE/dt = G^2; trapezoidal rule on the output times) and the
-    clusters of the last output; returns (gain, integral)."""
-    rows, clusters = outputs.metrics.rows, outputs.clusters
+    clusters of the last output (at ``t_final``); returns (gain, integral)."""
+    clusters = count.clusters
     t = np.array([r["t"] for r in rows])
     G2 = np.array([r["G2"] for r in rows])
     gain = rows[-1]["energy"] - rows[0]["energy"]
@@ -243,8 +219,8 @@ def report(outputs: Outputs, log) -> tuple[float, float]:
         f"int G2 dt = {integral:.3e}"
     )
     log(
-        f"{len(clusters)} cluster(s) with rho > {outputs.factor:g} / (4 pi) at "
-        f"t = {outputs.t:.3g}, holding {sum(m for m, _ in clusters):.1%} of the mass:"
+        f"{len(clusters)} cluster(s) with rho > {count.factor:g} / (4 pi) at "
+        f"t = {t_final:.3g}, holding {sum(m for m, _ in clusters):.1%} of the mass:"
     )
     for i, (m, c) in enumerate(clusters):
         lat, lon = np.degrees(np.arcsin(np.clip(c[2], -1, 1))), np.degrees(np.arctan2(c[1], c[0]))
@@ -298,19 +274,35 @@ def plot_clusters(
     plt.close(fig)
 
 
-def pictures(out: Path, outputs: Outputs, final: np.ndarray) -> None:
+def pictures(out: Path, rec: Recorder, count: ClusterCount, final: np.ndarray) -> None:
     """final.npz, density.png, clusters.png and metrics.png of the last output (rank 0;
     ``final``: its gathered densities)."""
-    g, t = outputs.gathered, outputs.t
+    g, t = count.gathered, rec.t
     write_final(out / "final.npz", g.points, g.weights, final, t)
     # Clusters are a few cells wide and the rest is almost empty: show log10 rho, cut at 1e-4
     # of the maximum.
     log_rho = np.log10(np.maximum(final, 1e-4 * final.max()))
     render_density(out / "density.png", g.vertices, log_rho, title=f"log10 rho t={t:.3g}")
-    plot_clusters(out / "clusters.png", g.points, log_rho, outputs.clusters, t)
-    plot_metrics(
-        out / "metrics.png", outputs.metrics.rows, ["energy", "G2", "max_density", "n_clusters"]
-    )
+    plot_clusters(out / "clusters.png", g.points, log_rho, count.clusters, t)
+    plot_metrics(out / "metrics.png", rec.rows, ["energy", "G2", "max_density", "n_clusters"])
+
+
+def summary(
+    outcome, rec: Recorder, count: ClusterCount, steps: int, energy: tuple, wall0: float
+) -> dict:
+    """summary.json: the outcome, the last output (time, metrics row, clusters), the steps,
+    the energy gain against int G2 dt (``energy``, of :func:`report`) and the wall time."""
+    gain, integral = energy
+    return {
+        "status": outcome.status,
+        "t_final": rec.t,
+        "steps": steps,
+        "final_metrics": rec.rows[-1],
+        "energy_gain": gain,
+        "int_G2_dt": integral,
+        "clusters": [{"mass": m, "centre": c} for m, c in count.clusters],
+        "wall_time_s": time.perf_counter() - wall0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,8 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     # ---------
     # density.xdmf: DG0 time series (collective); metrics.csv: one row per output time (rank 0);
     # the clusters of each output. First the initial state.
-    outputs = Outputs(cv, out, cluster_factor, wall0, log)
-    outputs.write(solver)
+    times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
+    count = ClusterCount(cv, cluster_factor)
+    rec = recorder(out, cv, times, count, wall0, log)
+    rec.start(solver)
 
     # %% Main loop
     # ------------
@@ -390,34 +384,21 @@ def main(argv: list[str] | None = None) -> int:
     # loop with what was computed kept (exit 3 like the CLI), a signal after the same step on
     # every rank.
     log(f"beta = {beta:g}, sign = {sign:+d}, t_end = {t_end:g}, {n_outputs} outputs -> {out}")
-    times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
-    outcome = advance(solver, OutputTimes(comm, times, outputs.write), t_end, log=log)
+    outcome = advance(solver, rec, t_end, log=log)
 
     # %% Summary
     # ----------
-    gain, integral = report(outputs, log)
+    gain, integral = report(rec.rows, count, rec.t, log)
 
     # %% Pictures
     # -----------
     # The last output state (the last good one if the run stopped early), gathered on rank 0.
-    final = outputs.gathered.gather(outputs.rho)
-    rows, clusters = outputs.metrics.rows, outputs.clusters
+    final = count.gathered.gather(rec.density)
     if comm.rank == 0:
-        pictures(out, outputs, final)
-        experiment.write_summary(
-            out,
-            {
-                "status": outcome.status,
-                "t_final": outputs.t,
-                "steps": solver.steps,
-                "final_metrics": rows[-1],
-                "energy_gain": gain,
-                "int_G2_dt": integral,
-                "clusters": [{"mass": m, "centre": c} for m, c in clusters],
-                "wall_time_s": time.perf_counter() - wall0,
-            },
-        )
-    outputs.close()
+        pictures(out, rec, count, final)
+        record = summary(outcome, rec, count, solver.steps, (gain, integral), wall0)
+        experiment.write_summary(out, record)
+    rec.close()
     log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
     return outcome.exit_code
 

@@ -84,18 +84,9 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._outputs import OutputTimes
-from drivers.engine import (
-    DensityWriter,
-    GatheredCells,
-    MetricsWriter,
-    advance,
-    render_density,
-    write_final,
-)
+from drivers.engine import GatheredCells, Recorder, advance, render_density, write_final
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head
-from solvers.stepping import StepResult
 from solvers.transport import TransportSolver, initial_density
 from solvers.weights import WeightDynamics, make_weights
 
@@ -119,34 +110,6 @@ def mean_weight_norm(weights: WeightDynamics, t: float) -> float:
         The mean Frobenius norm of the value matrices V = D_h(t).
     """
     return float(np.mean([np.linalg.norm(h.V) for h in weights.heads_at(t)]))
-
-
-def metrics_row(solver: TransportSolver, rho: np.ndarray, dt: float, wall0: float) -> dict:
-    """Diagnostics of the current state (collective; identical on every rank).
-
-    Args:
-        solver: the transport solver.
-        rho: its owned cell densities.
-        dt: the last time step.
-        wall0: the start of the wall clock.
-
-    Returns:
-        One row of metrics.csv (:data:`COLUMNS`).
-    """
-    diag = solver.diagnostics()
-    return {
-        "t": solver.t,
-        "step": solver.steps,
-        "dt": dt,
-        "mass": diag.mass,
-        "energy": diag.energy,
-        "min_density": comm.allreduce(float(rho.min(initial=np.inf)), op=MPI.MIN),
-        "max_density": comm.allreduce(float(rho.max(initial=-np.inf)), op=MPI.MAX),
-        "G2": diag.G2,
-        "dissipation": diag.dissipation,
-        "D_norm": mean_weight_norm(solver.weights, solver.t),
-        "wall": time.perf_counter() - wall0,
-    }
 
 
 def plot_g2(path: Path, histories: dict[str, list[dict[str, float]]], title: str) -> None:
@@ -188,8 +151,9 @@ def run_dynamics(
     wall0: float,
     log,
 ) -> tuple[list[dict], Any]:
-    """One dynamics to the last of ``times``: density.xdmf and metrics.csv at t = 0 and the
-    output times, then final.npz and density.png of the final state (collective).
+    """One dynamics to the last of ``times``: density.xdmf and metrics.csv (:data:`COLUMNS`)
+    at t = 0 and the output times, then final.npz and density.png of the final state
+    (collective).
 
     Args:
         name: the dynamics, for the log and the picture.
@@ -204,26 +168,24 @@ def run_dynamics(
         The rows of metrics.csv and how the loop ended (a NaN or blow-up: "failed", the
         rows up to there kept).
     """
-    writer = DensityWriter(solver.cv, folder / "density.xdmf")
-    metrics = MetricsWriter(comm, folder / "metrics.csv", COLUMNS)
     every = max(1, len(times) // 10)
 
-    def write(s: TransportSolver, result: StepResult | None = None) -> None:
-        rho = s.density
-        writer.write(s.t, rho)
-        metrics.write(metrics_row(s, rho, result.dt if result is not None else 0.0, wall0))
-        row = metrics.rows[-1]
-        if result is not None and (len(metrics.rows) - 1) % every == 0:
+    def line(row: dict) -> None:  # every tenth output
+        if (len(rec.rows) - 1) % every == 0:
             log(
                 f"{name:>11s}  t = {row['t']:6.3f}  step {row['step']:5d}  "
                 f"E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  "
                 f"max rho = {row['max_density']:.3g}  |D| = {row['D_norm']:.2f}"
             )
 
-    write(solver)
-    outcome = advance(solver, OutputTimes(comm, times, write), times[-1], log=log)
+    rec = Recorder.experiment(folder, solver.cv, times, on_row=line)
+    rec.add_token_columns()
+    rec.add_column("D_norm", lambda s: mean_weight_norm(s.weights, s.t))
+    rec.add_column("wall", lambda _: time.perf_counter() - wall0)
+    rec.start(solver)
+    outcome = advance(solver, rec, times[-1], log=log)
     final = gathered.gather(solver.density)
-    t_final = metrics.rows[-1]["t"]
+    t_final = rec.rows[-1]["t"]
     if comm.rank == 0:
         write_final(folder / "final.npz", gathered.points, gathered.weights, final, t_final)
         render_density(
@@ -232,9 +194,48 @@ def run_dynamics(
             final,
             title=f"density ({name}) t={t_final:.3g}",
         )
-    writer.close()
-    metrics.close()
-    return metrics.rows, outcome
+    rec.close()
+    return rec.rows, outcome
+
+
+def run_all(
+    solvers: dict[str, TransportSolver],
+    gathered: GatheredCells,
+    folders: dict[str, Path],
+    times: list[float],
+    wall0: float,
+    log,
+) -> tuple[dict[str, list[dict]], list[Any]]:
+    """Each dynamics in turn (:func:`run_dynamics`); a signal stops the experiment there.
+
+    Returns:
+        The metrics rows of each dynamics run, and the outcomes of the runs.
+    """
+    histories: dict[str, list[dict]] = {}
+    outcomes: list[Any] = []
+    for dynamics, solver in solvers.items():
+        rows, outcome = run_dynamics(
+            dynamics, solver, gathered, folders[dynamics], times, wall0, log
+        )
+        histories[dynamics] = rows
+        outcomes.append(outcome)
+        if outcome.status == "interrupted":
+            break
+    return histories, outcomes
+
+
+def summary(
+    histories: dict[str, list[dict]], outcomes: list[Any], cells: int, wall0: float
+) -> dict[str, Any]:
+    """summary.json: the status (of the worst outcome), the cells, each dynamics' last
+    metrics row and the wall time."""
+    status = max(o.exit_code for o in outcomes)
+    return {
+        "status": next((o.status for o in outcomes if o.exit_code == status), "ok"),
+        "cells": cells,
+        "final_metrics": {dynamics: rows[-1] for dynamics, rows in histories.items()},
+        "wall_time_s": time.perf_counter() - wall0,
+    }
 
 
 def report(histories: dict[str, list[dict[str, float]]], log) -> None:
@@ -313,17 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     # %% Solver
     # ---------
     # One solver per dynamics, each with its attention (beta, s = -1), from the same rho0.
+    muscl = {"reconstruction": "muscl", "rk": "ssp3", "cfl": cfl}
     solvers = {
-        dynamics: TransportSolver(
-            cv,
-            Attention(beta, sign, manifold=True),
-            weights[dynamics],
-            rho0,
-            reconstruction="muscl",
-            rk="ssp3",
-            cfl=cfl,
-        )
-        for dynamics in dynamics_list
+        d: TransportSolver(cv, Attention(beta, sign, manifold=True), weights[d], rho0, **muscl)
+        for d in dynamics_list
     }
 
     # %% Output
@@ -342,16 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(random D_h(0), seed {args.seed}), t_end = {t_end:g} -> {out}"
     )
     times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
-    histories: dict[str, list[dict[str, float]]] = {}
-    outcomes: list[Any] = []
-    for dynamics, solver in solvers.items():
-        rows, outcome = run_dynamics(
-            dynamics, solver, gathered, folders[dynamics], times, wall0, log
-        )
-        histories[dynamics] = rows
-        outcomes.append(outcome)
-        if outcome.status == "interrupted":
-            break
+    histories, outcomes = run_all(solvers, gathered, folders, times, wall0, log)
     status = max(o.exit_code for o in outcomes)
 
     # %% Summary
@@ -364,15 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if comm.rank == 0:
         title = f"H = {n_heads} heads, beta = {beta:g}, s = {sign:+d}, {quality.n_cells} cells"
         plot_g2(out / "g2.png", histories, title)
-        experiment.write_summary(
-            out,
-            {
-                "status": next((o.status for o in outcomes if o.exit_code == status), "ok"),
-                "cells": quality.n_cells,
-                "final_metrics": {dynamics: rows[-1] for dynamics, rows in histories.items()},
-                "wall_time_s": time.perf_counter() - wall0,
-            },
-        )
+        experiment.write_summary(out, summary(histories, outcomes, quality.n_cells, wall0))
     log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out} (g2.png, */density.xdmf)")
     return status
 

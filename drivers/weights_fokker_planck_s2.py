@@ -61,6 +61,7 @@ Things to try:
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -72,15 +73,8 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._outputs import Lockstep, OutputTimes
-from drivers.engine import (
-    DensityWriter,
-    GatheredCells,
-    MetricsWriter,
-    advance,
-    render_density,
-    write_final,
-)
+from drivers._outputs import Lockstep
+from drivers.engine import GatheredCells, Recorder, advance, render_density, write_final
 from meshes import control_volumes, icosphere
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
@@ -281,35 +275,69 @@ def plot_theta(path: Path, rows: list[dict[str, float]], p: int) -> None:
     plt.close(fig)
 
 
-class Outputs:
-    """density.xdmf (tokens, collective), theta.xdmf (rank 0) and metrics.csv (rank 0).
+def progress(run_heads: list[int], log) -> Callable[[dict[str, float]], None]:
+    """The log line of a metrics row after a step: energy, G^2, the mean of theta against
+    the exact one, W2 and the L1 distance of each sampled run (``run_heads``)."""
+
+    def line(r: dict[str, float]) -> None:
+        log(
+            f"t = {r['t']:.3f}  E = {r['energy']:.5f}  G2 = {r['G2']:.3e}  theta "
+            f"mean {r['theta_mean_0']:+.4f} (exact {r['exact_mean_0']:+.4f})  "
+            f"W2 {r['theta_w2']:.2e}"
+            + "".join(f"  L1(H={H}) {r[f'l1_H{H}']:.2e}" for H in run_heads)
+        )
+
+    return line
+
+
+def ou_measure(
+    theta_mesh, B: np.ndarray, sigma: float, m_inf: np.ndarray, law0: tuple, dt: float
+) -> tuple[FokkerPlanckWeights, ExactLaw]:
+    """The weight measure Theta_t: the OU Fokker-Planck equation on ``theta_mesh`` from the
+    Gaussian ``law0``, heads D(theta) = I + sum_k theta_k B_k.
 
     Args:
-        cv: the control volumes of the tokens' mesh.
-        theta_mesh: the parameter mesh (on COMM_SELF).
-        out: the output folder.
-        columns: the columns of metrics.csv.
+        theta_mesh: the parameter mesh (a box on COMM_SELF).
+        B: the (p, 3, 3) head directions B_k.
+        sigma: the noise of the OU process.
+        m_inf: its mean in the long run.
+        law0: the mean m_0 and standard deviation s_0 of Theta_0 (covariance s_0^2 I).
+        dt: the step of the Fokker-Planck solver.
+
+    Returns:
+        The weight measure (its solver: ``measure.solver``) and the exact law of theta.
     """
+    m0, s0 = law0
+    drift = ou_drift(1.0, m_inf)
+    cov0 = s0**2 * np.eye(len(m0))
+    fp = FokkerPlanckSolver(
+        theta_mesh, drift, sigma, petsc_options_prefix="theta_", density=lambda c: np.ones(len(c))
+    )
+    fp.set_density(gaussian_density(fp.cv, m0, cov0))
+    measure = FokkerPlanckWeights(fp, ParameterisedHeads(np.eye(3), B), dt=dt)
 
-    def __init__(self, cv, theta_mesh, out: Path, columns: list[str]) -> None:
-        self.writer = DensityWriter(cv, out / "density.xdmf")
-        self.theta_writer = None
-        if comm.rank == 0:
-            theta_cv = flat_control_volumes(theta_mesh)
-            self.theta_writer = DensityWriter(theta_cv, out / "theta.xdmf", name="theta")
-        self.metrics = MetricsWriter(comm, out / "metrics.csv", columns)
+    def exact(t: float) -> tuple[np.ndarray, np.ndarray]:
+        return drift.gaussian_law(sigma, m0, cov0, t)
 
-    def write(self, solver: TransportSolver, measure: FokkerPlanckWeights, row: dict) -> None:
-        """The tokens' density, the parameters' density and ``row`` at solver.t."""
-        self.writer.write(solver.t, solver.density)
-        if self.theta_writer is not None:
-            self.theta_writer.write(solver.t, measure.density_owned_at(solver.t))
-        self.metrics.write(row)
+    return measure, exact
 
-    def close(self) -> None:
-        for writer in (self.writer, self.theta_writer, self.metrics):
-            if writer is not None:
-                writer.close()
+
+def report_velocity(
+    solver: TransportSolver,
+    attention: Attention,
+    measure: FokkerPlanckWeights,
+    probe_heads: np.ndarray,
+    probe_seeds: int,
+    log,
+) -> tuple[np.ndarray, float]:
+    """:func:`velocity_vs_H` at the solver's time, logged (collective)."""
+    err, slope = velocity_vs_H(solver, attention, measure, probe_heads, probe_seeds)
+    log(
+        f"|X_H - X_Theta| at t = {solver.t:.3g} over {probe_seeds} seeds: "
+        + ", ".join(f"H={H}: {e:.3e}" for H, e in zip(probe_heads, err, strict=True))
+        + f"; slope {slope:.3f}"
+    )
+    return err, slope
 
 
 def pictures(
@@ -351,6 +379,32 @@ def pictures(
     plot_theta(out / "theta.png", rows, p)
 
 
+def summary(
+    outcome, rows: list[dict[str, float]], velocity: tuple, wall0: float
+) -> dict[str, object]:
+    """summary.json: the outcome, the last metrics row, the velocity of H sampled heads
+    against the quadrature (``velocity``: H, errors, slope) and the wall time."""
+    probe_heads, err, slope = velocity
+    return {
+        "status": outcome.status,
+        "t_final": rows[-1]["t"],
+        "final_metrics": rows[-1],
+        "velocity_vs_H": {"H": probe_heads, "error": err, "slope": slope},
+        "wall_time_s": time.perf_counter() - wall0,
+    }
+
+
+def arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The experiment's options on the common parser (``--tiny``, ``--out``, ...)."""
+    parser.add_argument("--p", type=int, choices=(1, 2), default=1, help="parameter dimension")
+    parser.add_argument("--refinement", type=int, default=None, help="icosphere level (default 3)")
+    parser.add_argument("--t-end", type=float, default=None, help="final time (default 2)")
+    parser.add_argument("--heads", type=int, nargs="+", default=None, help="H of the sampled runs")
+    parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled heads")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment.
 
@@ -364,14 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     # %% Parameters
     # -------------
     experiment = Experiment(__file__, __doc__)
-    parser = experiment.parser()
-    parser.add_argument("--p", type=int, choices=(1, 2), default=1, help="parameter dimension")
-    parser.add_argument("--refinement", type=int, default=None, help="icosphere level (default 3)")
-    parser.add_argument("--t-end", type=float, default=None, help="final time (default 2)")
-    parser.add_argument("--heads", type=int, nargs="+", default=None, help="H of the sampled runs")
-    parser.add_argument("--beta", type=float, default=1.0, help="inverse temperature (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled heads")
-    args = experiment.start(parser, argv)
+    args = experiment.start(arguments(experiment.parser()), argv)
     log = experiment.log
 
     p = args.p
@@ -386,7 +433,6 @@ def main(argv: list[str] | None = None) -> int:
     n_outputs = 4 if args.tiny else 20
     probe_heads = 2 ** np.arange(2, 7 if args.tiny else 9)  # H = 4 ... 64 (tiny) or 256
     probe_seeds = 4 if args.tiny else 32
-    B = B_ALL[:p]
     out = args.out
 
     # %% Mesh
@@ -402,25 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     # %% Initial condition
     # --------------------
     rho0 = initial_density(cv, "exp(3 * x[2]) + 0.5 * exp(3 * x[0])")
-    cov0 = s0**2 * np.eye(p)
 
     # %% Problem
     # ----------
     # The OU Fokker-Planck equation of Theta_t and the heads D(theta) = I + sum_k theta_k B_k.
-    drift = ou_drift(1.0, m_inf)
-    fp = FokkerPlanckSolver(
-        theta_mesh,
-        drift,
-        sigma,
-        petsc_options_prefix="theta_",
-        density=lambda c: np.ones(len(c)),
-    )
-    fp.set_density(gaussian_density(fp.cv, m0, cov0))
-    measure = FokkerPlanckWeights(fp, ParameterisedHeads(np.eye(3), B), dt=dt_weights)
+    measure, exact = ou_measure(theta_mesh, B_ALL[:p], sigma, m_inf, (m0, s0), dt_weights)
     attention = Attention(beta, sign, manifold=True)
-
-    def exact(t: float) -> tuple[np.ndarray, np.ndarray]:
-        return drift.gaussian_law(sigma, m0, cov0, t)
 
     # %% Solver
     # ---------
@@ -433,19 +466,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # %% Output
     # ---------
-    # density.xdmf (tokens, collective), theta.xdmf (rank 0), metrics.csv (rank 0).
-    outputs = Outputs(cv, theta_mesh, out, metric_columns(p, run_heads))
-
-    def write(*_: object) -> None:  # after the step of the last run that reaches an output time
-        outputs.write(solver, measure, metrics_row(solver, measure, exact, sampled, wall0))
-        if solver.steps:
-            row = outputs.metrics.rows[-1]
-            log(
-                f"t = {row['t']:.3f}  E = {row['energy']:.5f}  G2 = {row['G2']:.3e}  theta "
-                f"mean {row['theta_mean_0']:+.4f} (exact {row['exact_mean_0']:+.4f})  "
-                f"W2 {row['theta_w2']:.2e}"
-                + "".join(f"  L1(H={H}) {row[f'l1_H{H}']:.2e}" for H in run_heads)
-            )
+    # density.xdmf (tokens, collective), theta.xdmf (rank 0), metrics.csv (rank 0), written
+    # after the step of the last run that reaches an output time.
+    times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
+    rec = Recorder.experiment(out, cv, times, on_row=progress(run_heads, log))
+    rec.add_columns(
+        metric_columns(p, run_heads), lambda _: metrics_row(solver, measure, exact, sampled, wall0)
+    )
+    theta_cv = flat_control_volumes(theta_mesh)
+    rec.add_series("theta", theta_cv, lambda _: measure.density_owned_at(solver.t))
 
     # %% Main loop
     # ------------
@@ -453,45 +482,29 @@ def main(argv: list[str] | None = None) -> int:
     # output time in turn); a NaN or blow-up stops the loop with what was computed kept (exit
     # 3 like the CLI), a signal after the same step on every rank.
     log(f"OU weights, p = {p}, sigma = {sigma}, beta = {beta:g}, sampled runs H = {run_heads}")
-    write()
-    times = [t_end * k / n_outputs for k in range(1, n_outputs + 1)]
     runs = Lockstep([solver, *sampled.values()])
-    outcome = advance(runs, OutputTimes(comm, times, write), t_end, log=log)
+    rec.start(runs)
+    outcome = advance(runs, rec, t_end, log=log)
 
     # %% Summary
     # ----------
     # The velocity of H sampled heads against the quadrature at the final time.
-    err, slope = velocity_vs_H(solver, attention, measure, probe_heads, probe_seeds)
-    log(
-        f"|X_H - X_Theta| at t = {solver.t:.3g} over {probe_seeds} seeds: "
-        + ", ".join(f"H={H}: {e:.3e}" for H, e in zip(probe_heads, err, strict=True))
-        + f"; slope {slope:.3f}"
-    )
+    err, slope = report_velocity(solver, attention, measure, probe_heads, probe_seeds, log)
 
     # %% Pictures
     # -----------
     final = gathered.gather(solver.density)
-    rows = outputs.metrics.rows
+    rows = rec.rows
     t_final = rows[-1]["t"]
     if comm.rank == 0:
         pictures(out, gathered, final, t_final, measure, (probe_heads, err, slope), rows, p)
-        experiment.write_summary(
-            out,
-            {
-                "status": outcome.status,
-                "t_final": t_final,
-                "final_metrics": rows[-1],
-                "velocity_vs_H": {"H": probe_heads, "error": err, "slope": slope},
-                "wall_time_s": time.perf_counter() - wall0,
-            },
-        )
-    outputs.close()
-    last = rows[-1]
+        experiment.write_summary(out, summary(outcome, rows, (probe_heads, err, slope), wall0))
+    rec.close()
     log(
-        f"theta at t = {t_final:.3g}: W2 to the exact Gaussian {last['theta_w2']:.3e}; "
+        f"theta at t = {t_final:.3g}: W2 to the exact Gaussian {rows[-1]['theta_w2']:.3e}; "
         f"wall {time.perf_counter() - wall0:.1f} s; results in {out}"
     )
-    fp.destroy()
+    measure.solver.destroy()
     return outcome.exit_code
 
 

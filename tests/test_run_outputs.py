@@ -126,8 +126,19 @@ def test_library_api_columns_and_snapshots(shared_tmp):
     recorder = Recorder.from_problem(problem, out, lambda message: None)
     recorder.add_column("mass_again", lambda s: COMM.allreduce(float(s.measure()[1].sum())))
     recorder.add_snapshot("tail", ["t", "steps"], lambda s: [{"t": s.t, "steps": s.steps}])
+    calls = []  # add_columns: several columns from one evaluation per row, written as floats
+
+    def pair(s):
+        calls.append(s.t)
+        return {"steps_twice": 2 * s.steps, "steps_again": s.steps}
+
+    recorder.add_columns(["steps_again", "steps_twice"], pair)
     with pytest.raises(ValueError):
         recorder.add_column("energy", lambda s: 0.0)
+    with pytest.raises(ValueError, match="already has a column 'mass'"):
+        recorder.add_columns(["spare", "mass"], pair)
+    with pytest.raises(ValueError, match="experiment"):
+        recorder.add_series("theta", problem.cv, lambda s: s.density)
     recorder.start(problem.scheme)
     outcome = advance(problem.scheme, recorder, 0.5)
     result = recorder.finish(problem.scheme, outcome, 0.0)
@@ -136,6 +147,9 @@ def test_library_api_columns_and_snapshots(shared_tmp):
         rows = _rows(out / "metrics.csv")
         assert all(float(r["mass_again"]) == pytest.approx(1.0, abs=1e-12) for r in rows)
         assert [r["t"] for r in _rows(out / "tail.csv")] == [r["t"] for r in rows]
+        assert recorder.columns[-3:] == ["mass_again", "steps_again", "steps_twice"]
+        assert [r["steps_twice"] for r in rows] == [repr(2.0 * float(r["step"])) for r in rows]
+    assert calls == [r["t"] for r in recorder.rows]
 
 
 @pytest.mark.parametrize(

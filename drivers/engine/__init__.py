@@ -62,6 +62,7 @@ _HOME = {
     "velocity_record": "_problem",
     "METRIC_COLUMNS": "_recorder",
     "Recorder": "_recorder",
+    "TOKEN_COLUMNS": "_recorder",
     "RunResult": "_run",
     "Outcome": "_summary",
     "FinalState": "_result",

@@ -2,7 +2,8 @@
 
 :meth:`drivers.engine.Recorder.add_column` registers ``name -> fn(scheme)`` (a collective
 function returning one number, identical on every rank): a column of ``metrics.csv`` evaluated
-at every output row. :meth:`drivers.engine.Recorder.add_snapshot` registers
+at every output row (:meth:`~drivers.engine.Recorder.add_columns`: several columns from one
+evaluation, a dict). :meth:`drivers.engine.Recorder.add_snapshot` registers
 ``name -> fn(scheme)`` (collective, returning a list of rows, dicts of numbers or strings):
 appended to ``<name>.csv`` at every output, in the spirit of Dedalus' file handlers. Both are
 registered before the run starts, written by rank 0, flushed with the metrics, counted in
@@ -37,6 +38,7 @@ from solvers.diagnostics import (
 __all__ = ["ClusterOutput", "Extras"]
 
 Column = Callable[[Any], float]
+Columns = Callable[[Any], dict[str, Any]]
 Snapshot = Callable[[Any], list[dict[str, Any]]]
 
 
@@ -45,15 +47,28 @@ class Extras:
 
     def __init__(self, comm: Any, out: Path) -> None:
         self.comm, self.out = comm, Path(out)
-        self.columns: dict[str, Column] = {}
+        self.groups: list[tuple[list[str], Columns]] = []  # names and one evaluation each
         self.snapshots: dict[str, tuple[list[str], Snapshot]] = {}
         self.writers: dict[str, MetricsWriter] = {}
         self.state_hooks: list[Any] = []  # objects with checkpoint_state() / restore(saved)
 
+    @property
+    def columns(self) -> list[str]:
+        """The extra columns of metrics.csv, in the order added."""
+        return [name for names, _ in self.groups for name in names]
+
     def add_column(self, name: str, fn: Column) -> None:
-        if not name or name in self.columns:
-            raise ValueError(f"column {name!r} is empty or added twice")
-        self.columns[name] = fn
+        self.add_columns([name], lambda scheme: {name: fn(scheme)})
+
+    def add_columns(self, names: list[str], fn: Columns) -> None:
+        """Columns ``names`` from one evaluation: ``fn(scheme)`` returns a dict with exactly
+        these keys."""
+        taken = set(self.columns)
+        for name in names:
+            if not name or name in taken:
+                raise ValueError(f"column {name!r} is empty or added twice")
+            taken.add(name)
+        self.groups.append((list(names), fn))
 
     def add_snapshot(self, name: str, columns: list[str], fn: Snapshot) -> None:
         if not name.replace("_", "").isalnum() or name in self.snapshots:
@@ -69,9 +84,20 @@ class Extras:
                 self.comm, self.out / f"{name}.csv", columns, keep=keep
             )
 
-    def row(self, scheme: Any) -> dict[str, float]:
-        """The extra columns of a metrics row (collective)."""
-        return {name: float(fn(scheme)) for name, fn in self.columns.items()}
+    def row(self, scheme: Any, as_float: bool = True) -> dict[str, Any]:
+        """The extra columns of a metrics row (collective): floats in the order added, or
+        (``as_float`` False) each evaluation's values as returned, in its own order.
+
+        Raises:
+            ValueError: an evaluation returned other columns than its names.
+        """
+        row: dict[str, Any] = {}
+        for names, fn in self.groups:
+            values = fn(scheme)
+            if set(values) != set(names):
+                raise ValueError(f"columns {sorted(values)} returned for {names}")
+            row.update({name: float(values[name]) for name in names} if as_float else values)
+        return row
 
     def write(self, scheme: Any, guard: Any) -> None:
         """Append every snapshot's rows (collective evaluation, rank-0 writes)."""

@@ -15,7 +15,9 @@ A recorder is made of pieces: the mesh (control volumes), the model (attention a
 a :class:`~drivers.engine.Cadence` and :class:`~drivers.engine.OutputOptions`, so that an
 experiment can record a scheme it built itself; :meth:`Recorder.from_problem` makes the
 recorder of a configured run (what :func:`drivers.engine.run` does), with the config stored in
-summary.json and the checkpoints.
+summary.json and the checkpoints. :meth:`Recorder.experiment` makes the recorder of an
+experiment that keeps its own table, summary and pictures (only its own columns, unscaled, at
+given output times; no run files; module :mod:`~drivers.engine._experiment_outputs`).
 
 Cadence, after step k: the metrics row and the density are written at the output times and
 steps of :class:`~drivers.engine.Cadence` (``[output] every``, or ``dt`` / ``log_start``;
@@ -76,6 +78,7 @@ from drivers.engine._checkpoint import (
     write_run_checkpoint,
 )
 from drivers.engine._config import ConfigError
+from drivers.engine._experiment_outputs import TOKEN_COLUMNS, ExperimentOutputs
 from drivers.engine._extras import ClusterOutput, Extras
 from drivers.engine._finish import finish_run
 from drivers.engine._folder import OutputGuard, ResultsFolder, config_hash
@@ -105,14 +108,20 @@ __all__ = [
     "Recorder",
     "RunFailure",
     "RunResult",
+    "TOKEN_COLUMNS",
     "energy_log_scale",
 ]
 
 Array = npt.NDArray[np.float64]
 
 
-class Recorder:
+class Recorder(ExperimentOutputs):
     """The outputs of one run in the folder ``out`` (module docstring). Collective.
+
+    :meth:`experiment` makes instead the recorder of an experiment's own table
+    (:mod:`~drivers.engine._experiment_outputs`): the methods below, where they say so, and
+    :meth:`add_columns`, :meth:`add_token_columns`, :meth:`add_series`, :attr:`rows`,
+    :meth:`close`.
 
     Args:
         out: the results folder (created on rank 0 if missing; ``transformer-pde run``
@@ -242,7 +251,10 @@ class Recorder:
 
     @property
     def columns(self) -> list[str]:
-        """The columns of metrics.csv: the run's, then those added by :meth:`add_column`."""
+        """The columns of metrics.csv: the run's, then those added by :meth:`add_column`
+        (an experiment recorder's: those added only)."""
+        if self.times is not None:
+            return list(self.extras.columns)
         return self._base_columns(self.adaptive) + list(self.extras.columns)
 
     def _base_columns(self, adaptive: bool) -> list[str]:
@@ -260,10 +272,9 @@ class Recorder:
 
     def add_column(self, name: str, fn: Any) -> None:
         """Add a column ``name`` to metrics.csv: ``fn(scheme) -> float``, collective, the same
-        on every rank, evaluated at every output row. Before :meth:`start`/:meth:`resume`."""
-        if name in self._base_columns(adaptive=True):
-            raise ValueError(f"metrics.csv already has a column {name!r}")
-        self.extras.add_column(name, fn)
+        on every rank, evaluated at every output row. Before :meth:`start`/:meth:`resume`
+        (:meth:`add_columns`: several from one evaluation)."""
+        self.add_columns([name], lambda scheme: {name: fn(scheme)})
 
     def add_snapshot(self, name: str, columns: list[str], fn: Any) -> None:
         """Add the table ``<name>.csv`` with ``columns``: ``fn(scheme)`` (collective) returns
@@ -271,7 +282,10 @@ class Recorder:
         self.extras.add_snapshot(name, columns, fn)
 
     def next_stop(self, t: float) -> float:
-        """Where the next step must stop: the next output time of the cadence, or t_end."""
+        """Where the next step must stop: the next output time of the cadence, or t_end (of an
+        experiment recorder: the next output time, inf after the last)."""
+        if self.times is not None:
+            return self._next_output(t)
         return self.cadence.next_time(t)
 
     def _make_budget(self) -> None:
@@ -325,7 +339,12 @@ class Recorder:
 
         Raises:
             OutputError: a write failed. RunFailure: a non-finite value at t = 0.
+
+        An experiment recorder (:meth:`experiment`) opens its files and writes its row at
+        t = 0 only.
         """
+        if self.times is not None:
+            return self._start_experiment(scheme)
         self._bind(scheme)
         self._make_budget()
         self._open(self._cv(scheme), None, None)
@@ -383,7 +402,11 @@ class Recorder:
 
         Raises:
             OutputError: a write failed. RunFailure: a non-finite value in the row.
+
+        An experiment recorder writes its outputs when the step reached its next output time.
         """
+        if self.times is not None:
+            return self._record_experiment(scheme, result)
         self.last = result
         self.follow(scheme)
         k = scheme.steps
@@ -411,7 +434,10 @@ class Recorder:
 
     def checkpoint_due(self) -> bool:
         """Whether ``checkpoint_minutes`` of wall time have passed since the last checkpoint
-        (or the start) on this rank; the run loop makes the ranks agree."""
+        (or the start) on this rank; the run loop makes the ranks agree. Never for an
+        experiment recorder (it keeps no checkpoints)."""
+        if self.times is not None:
+            return False
         elapsed = time.perf_counter() - self._checkpoint_wall
         return self.checkpoint_seconds > 0 and elapsed >= self.checkpoint_seconds
 
@@ -457,7 +483,11 @@ class Recorder:
 
         Raises:
             OutputError: the checkpoint could not be written.
+
+        An experiment recorder writes no checkpoint: it only returns the outcome.
         """
+        if self.times is not None:
+            return self._interrupt_experiment(scheme, signum)
         name = signal.Signals(signum).name
         if self.last_checkpoint != scheme.steps:
             self._checkpoint(scheme)
@@ -479,7 +509,13 @@ class Recorder:
         the result, with the final state and metrics.csv read back on every rank
         (:func:`~drivers.engine._finish.finish_run`). Collective. A write that fails here
         turns an ok or interrupted outcome into a failed one (exit 3); after a failure, what
-        can still be written is."""
+        can still be written is. Not for an experiment recorder (:meth:`close`).
+
+        Raises:
+            ValueError: an experiment recorder.
+        """
+        if self.times is not None:
+            raise ValueError("an experiment recorder writes no run files: close() it")
         return finish_run(self, scheme, outcome, wall)
 
     def _write_summary(self, scheme: TokenScheme) -> None:
