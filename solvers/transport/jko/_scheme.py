@@ -122,7 +122,13 @@ import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
 from solvers import _petsc
-from solvers.attention import Attention, GlobalSources, MeasureDiagnostics, measure_diagnostics
+from solvers.attention import (
+    Attention,
+    GlobalSources,
+    Measure,
+    MeasureDiagnostics,
+    measure_diagnostics,
+)
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
 from solvers.transport.jko._adaptive import StepControl, StepController
@@ -360,13 +366,10 @@ class JKOSolver:
     def diagnostics(self) -> MeasureDiagnostics:
         """Energy, G^2, token dissipation and mass of mu_k at the cell centres (collective;
         the velocity of the attention model, as the other schemes report it)."""
-        points, masses = self.measure()
         return measure_diagnostics(
             self.attention,
             self.weights.heads_at(self.t),
-            points,
-            masses,
-            self._comm,
+            Measure(*self.measure(), self._comm),
             head_weights=head_weights_at(self.weights, self.t),
         )
 
