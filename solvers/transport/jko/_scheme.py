@@ -366,12 +366,9 @@ class JKOSolver:
     def diagnostics(self) -> MeasureDiagnostics:
         """Energy, G^2, token dissipation and mass of mu_k at the cell centres (collective;
         the velocity of the attention model, as the other schemes report it)."""
-        return measure_diagnostics(
-            self.attention,
-            self.weights.heads_at(self.t),
-            Measure(*self.measure(), self._comm),
-            head_weights=head_weights_at(self.weights, self.t),
-        )
+        measure = Measure(*self.measure(), self._comm)
+        heads, weights = self.weights.heads_at(self.t), head_weights_at(self.weights, self.t)
+        return measure_diagnostics(self.attention, heads, measure, head_weights=weights)
 
     def state(self) -> SchemeState:
         """Time, steps, the owned densities, the last potential (the next Newton guess) and
