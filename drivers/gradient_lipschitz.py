@@ -80,6 +80,7 @@ from drivers._gradient_lipschitz_report import EPS, depth_line, write_report
 from drivers.engine import GatheredCells
 from meshes import circle, control_volumes
 from solvers.attention import Attention
+from solvers.diagnostics import wasserstein1_grid
 from solvers.training import Drift, DriftModel, MMDLoss, PotentialLoss, SmoothedTransportModel
 from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads
@@ -104,11 +105,6 @@ def random_law(centres: np.ndarray, h: float, rng: np.random.Generator) -> np.nd
     rho = np.sum(a * np.exp(-0.5 * ((centres[:, None] - mu) / sd) ** 2), axis=1) + 1e-3
     w = rho * h
     return w / w.sum()
-
-
-def w1_line(w1: np.ndarray, w2: np.ndarray, h: float) -> float:
-    """W1 between two probability vectors on equispaced points h apart (exact: int |F1 - F2|)."""
-    return float(h * np.sum(np.abs(np.cumsum(w1 - w2))[:-1]))
 
 
 def centred(g: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -149,7 +145,7 @@ def pair_rows(
             w2 = w1 + eps * (w3 - w1)
             d2 = evaluate(m, w2, loss)
             g2 = d2.gradient
-            dist = w1_line(w1, w2, h)
+            dist = wasserstein1_grid(w1, w2, h)
             raw = g1.gradient - g2
             cen = centred(g1.gradient, w1) - centred(g2, w2)
             row = {"T": T, "pair": p, "eps": eps, "W1": dist}

@@ -66,6 +66,7 @@ from solvers.diagnostics._distances import (
     mmd_vmf,
     quantise,
     sample_sphere_density,
+    wasserstein1_grid,
 )
 from solvers.diagnostics._edi import (
     EDI_COLUMNS,
@@ -216,4 +217,5 @@ __all__ = [
     "noise_contraction",
     "quantise",
     "sample_sphere_density",
+    "wasserstein1_grid",
 ]
