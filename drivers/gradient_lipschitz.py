@@ -68,6 +68,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import Any
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
@@ -75,10 +76,11 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._paper1 import write_csv
-from drivers.engine import GatheredCells, write_final, write_json
+from drivers._gradient_lipschitz_report import EPS, depth_line, write_report
+from drivers.engine import GatheredCells
 from meshes import circle, control_volumes
 from solvers.attention import Attention
+from solvers.diagnostics import wasserstein1_grid
 from solvers.training import Drift, DriftModel, MMDLoss, PotentialLoss, SmoothedTransportModel
 from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads
@@ -86,8 +88,6 @@ from solvers.weights import ParameterisedHeads
 #: the heads D(theta) = D0 + theta B on S^1
 D0 = ((1.0, 0.2), (0.2, 0.5))
 B = ((1.0, 0.3), (0.3, -0.5))
-#: the relative distances eps of the pairs rho_2 = rho_1 + eps (rho_3 - rho_1)
-EPS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
 def random_law(centres: np.ndarray, h: float, rng: np.random.Generator) -> np.ndarray:
@@ -107,14 +107,64 @@ def random_law(centres: np.ndarray, h: float, rng: np.random.Generator) -> np.nd
     return w / w.sum()
 
 
-def w1_line(w1: np.ndarray, w2: np.ndarray, h: float) -> float:
-    """W1 between two probability vectors on equispaced points h apart (exact: int |F1 - F2|)."""
-    return float(h * np.sum(np.abs(np.cumsum(w1 - w2))[:-1]))
-
-
 def centred(g: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The gradient minus its w-mean (the part that acts on probability measures)."""
     return g - float(w @ g)
+
+
+def evaluate(m: DriftModel | SmoothedTransportModel, w: np.ndarray, loss: Any) -> Drift:
+    """The gradient dL/drho (and, with a :class:`DriftModel`, the drift) at the head law w;
+    without the drift's heads the drift is reported as the gradient itself, its first
+    variation as zeros."""
+    if isinstance(m, DriftModel):
+        return m.drift(w, loss)
+    g = m.gradient(w, loss)
+    return Drift(g.loss, g.gradient, g.gradient, np.zeros((len(w), 1)), g.masses)
+
+
+def pair_rows(
+    m: DriftModel | SmoothedTransportModel,
+    loss: Any,
+    laws: list[tuple[np.ndarray, np.ndarray]],
+    T: float,
+    h: float,
+) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """The rows of table.csv at depth T: for each pair (rho_1, rho_3) of head laws and each
+    eps of EPS, rho_2 = rho_1 + eps (rho_3 - rho_1), the W1 distance and the differences of
+    the gradients (raw and centred, sup and L2) and of the drifts, and their ratios.
+
+    Returns:
+        The rows, and the final token masses of rho_1 of the first pair.
+    """
+    rows, final = [], None
+    for p, (w1, w3) in enumerate(laws):
+        g1 = evaluate(m, w1, loss)
+        if p == 0:
+            final = g1.masses
+        for eps in EPS:
+            w2 = w1 + eps * (w3 - w1)
+            d2 = evaluate(m, w2, loss)
+            g2 = d2.gradient
+            dist = wasserstein1_grid(w1, w2, h)
+            raw = g1.gradient - g2
+            cen = centred(g1.gradient, w1) - centred(g2, w2)
+            row = {"T": T, "pair": p, "eps": eps, "W1": dist}
+            row["sup_diff"], row["sup_diff_centred"] = (
+                float(np.abs(raw).max()),
+                float(np.abs(cen).max()),
+            )
+            row["L2_diff"] = float(math.sqrt(h * np.sum(raw**2)))
+            row["ratio_sup"], row["ratio_sup_centred"] = (
+                row["sup_diff"] / dist,
+                row["sup_diff_centred"] / dist,
+            )
+            row["ratio_L2"] = row["L2_diff"] / dist
+            row["grad_sup"] = float(np.abs(g1.gradient).max())
+            row["drift_sup"] = float(np.abs(g1.drift).max())
+            row["drift_sup_diff"] = float(np.abs(g1.drift - d2.drift).max())
+            row["ratio_drift"] = row["drift_sup_diff"] / dist
+            rows.append(row)
+    return rows, final
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,171 +237,35 @@ def main(argv: list[str] | None = None) -> int:
     with_drift = args.drift or not args.tiny
 
     def model(T: float) -> DriftModel | SmoothedTransportModel:
-        n_steps = max(1, round(8 * 2**refinement * T))
-        kw = dict(t_end=T, n_steps=n_steps, smoothing=args.smoothing)
+        kw = dict(t_end=T, n_steps=max(1, round(8 * 2**refinement * T)), smoothing=args.smoothing)
         if with_drift:
             return DriftModel(cv, attention, parameterisation, theta, None, rho0, **kw)
-        return SmoothedTransportModel(
-            cv, attention, parameterisation.heads(theta[:, None]), rho0, **kw
-        )
-
-    def evaluate(m: DriftModel | SmoothedTransportModel, w: np.ndarray) -> Drift:
-        if isinstance(m, DriftModel):
-            return m.drift(w, loss)
-        g = m.gradient(w, loss)
-        return Drift(g.loss, g.gradient, g.gradient, np.zeros((len(w), 1)), g.masses)
+        heads = parameterisation.heads(theta[:, None])
+        return SmoothedTransportModel(cv, attention, heads, rho0, **kw)
 
     # %% Main loop
     # ------------
     rows, final = [], None
     for T in depths:
-        m = model(T)
-        for p, (w1, w3) in enumerate(laws):
-            g1 = evaluate(m, w1)
-            if T == max(depths) and p == 0:
-                final = g1.masses
-            for eps in EPS:
-                w2 = w1 + eps * (w3 - w1)
-                d2 = evaluate(m, w2)
-                g2 = d2.gradient
-                dist = w1_line(w1, w2, h)
-                raw = g1.gradient - g2
-                cen = centred(g1.gradient, w1) - centred(g2, w2)
-                row = {"T": T, "pair": p, "eps": eps, "W1": dist}
-                row["sup_diff"], row["sup_diff_centred"] = (
-                    float(np.abs(raw).max()),
-                    float(np.abs(cen).max()),
-                )
-                row["L2_diff"] = float(math.sqrt(h * np.sum(raw**2)))
-                row["ratio_sup"], row["ratio_sup_centred"] = (
-                    row["sup_diff"] / dist,
-                    row["sup_diff_centred"] / dist,
-                )
-                row["ratio_L2"] = row["L2_diff"] / dist
-                row["grad_sup"] = float(np.abs(g1.gradient).max())
-                row["drift_sup"] = float(np.abs(g1.drift).max())
-                row["drift_sup_diff"] = float(np.abs(g1.drift - d2.drift).max())
-                row["ratio_drift"] = row["drift_sup_diff"] / dist
-                rows.append(row)
-        mine = [r for r in rows if r["T"] == T]
-        log(
-            f"T = {T:g}: largest ratio sup|dg|/W1 {max(r['ratio_sup'] for r in mine):.3f} "
-            f"(centred {max(r['ratio_sup_centred'] for r in mine):.3f}), L2 "
-            f"{max(r['ratio_L2'] for r in mine):.3f}; |dL/drho| up to {max(r['grad_sup'] for r in mine):.3f}"
-            + (f"; drift ratio {max(r['ratio_drift'] for r in mine):.3f}" if with_drift else "")
-        )
+        mine, masses = pair_rows(model(T), loss, laws, T, h)
+        final = masses if T == max(depths) else final
+        rows += mine
+        log(depth_line(T, mine, with_drift))
 
     # %% Summary
     # ----------
     # Per depth: the largest ratio, and the slope of log(ratio) against log(W1) over the two
-    # smallest eps (0 for a Lipschitz map); the growth of the largest ratio in T.
+    # smallest eps (0 for a Lipschitz map); the growth of the largest ratio in T. Files and
+    # the figure on rank 0 (drivers/_gradient_lipschitz_report.py).
     gathered = GatheredCells(cv)
     final_density = gathered.gather(final / cv.measures[: cv.n_owned])
     if comm.rank == 0:
-        summary = {
-            "depths": [],
-            "loss": args.loss,
-            "cells": cells,
-            "token_cells": cv.n_global,
-            "smoothing": args.smoothing,
-        }
-        for T in depths:
-            mine = [r for r in rows if r["T"] == T]
-            small = [
-                math.log(r2["ratio_sup"] / r1["ratio_sup"]) / math.log(r2["W1"] / r1["W1"])
-                for r1 in mine
-                if r1["eps"] == EPS[0]
-                for r2 in mine
-                if r2["eps"] == EPS[1] and r2["pair"] == r1["pair"]
-            ]
-            summary["depths"].append(
-                {
-                    "T": T,
-                    "max_ratio_sup": max(r["ratio_sup"] for r in mine),
-                    "max_ratio_sup_centred": max(r["ratio_sup_centred"] for r in mine),
-                    "max_ratio_L2": max(r["ratio_L2"] for r in mine),
-                    "min_ratio_sup": min(r["ratio_sup"] for r in mine),
-                    "small_W1_slope_max_abs": max(abs(s) for s in small),
-                }
-            )
-            if with_drift:
-                drift_slopes = [
-                    math.log(r2["ratio_drift"] / r1["ratio_drift"]) / math.log(r2["W1"] / r1["W1"])
-                    for r1 in mine
-                    if r1["eps"] == EPS[0]
-                    for r2 in mine
-                    if r2["eps"] == EPS[1] and r2["pair"] == r1["pair"]
-                ]
-                by_pair = [  # the three smallest distances, where a smooth map's ratio is constant
-                    [r["ratio_drift"] for r in mine if r["pair"] == q and r["eps"] <= EPS[2]]
-                    for q in range(pairs)
-                ]
-                summary["depths"][-1].update(
-                    {
-                        "max_ratio_drift": max(r["ratio_drift"] for r in mine),
-                        "median_ratio_drift": float(np.median([r["ratio_drift"] for r in mine])),
-                        "drift_small_W1_slope_max_abs": max(abs(s) for s in drift_slopes),
-                        # pairs whose drift ratio varies by more than 5 % over W1 ~ 1e-4..1e-2
-                        # (a kink of the upwind scheme between two of them)
-                        "drift_kinked_pairs": sum(max(q) > 1.05 * min(q) for q in by_pair),
-                    }
-                )
-        big = np.array([d["max_ratio_sup"] for d in summary["depths"]])
-        if len(depths) >= 2:
-            rate = float(np.polyfit(depths, np.log(big), 1)[0])
-            summary["growth_rate_in_T"] = rate
-            log(f"largest ratio ~ exp({rate:.3f} T) over T in {depths}")
-        write_csv(args.out / "table.csv", rows)
-        write_json(args.out / "summary.json", {**summary, "provenance": experiment.provenance})
-        write_final(
-            args.out / "final.npz", gathered.points, gathered.weights, final_density, max(depths)
-        )
-
-        # %% Pictures
-        # -----------
-        plot(args.out / "lipschitz.png", rows, depths)
+        meta = {"loss": args.loss, "cells": cells, "token_cells": cv.n_global}
+        meta["smoothing"] = args.smoothing
+        final_state = (gathered.points, gathered.weights, final_density, max(depths))
+        write_report(args.out, rows, depths, pairs, with_drift, meta, experiment, final_state)
     log(f"wall time {time.perf_counter() - wall0:.1f} s; results in {args.out}")
     return 0
-
-
-def plot(path, rows: list[dict], depths: list[float]) -> None:
-    """The ratio against W1 per depth (left) and the largest ratio against T (right).
-
-    Args:
-        path: the PNG file.
-        rows: the rows of table.csv.
-        depths: the depths T.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for c, T in enumerate(depths):
-        mine = [r for r in rows if r["T"] == T]
-        axes[0].loglog(
-            [r["W1"] for r in mine],
-            [r["ratio_sup"] for r in mine],
-            "o",
-            color=f"C{c}",
-            ms=4,
-            label=f"T = {T:g}",
-        )
-    axes[0].set_xlabel("W1(rho_1, rho_2)")
-    axes[0].set_ylabel("sup |dL/drho_1 - dL/drho_2| / W1")
-    axes[0].set_title("bounded as W1 -> 0: Lipschitz")
-    axes[0].legend(fontsize=8)
-    big = [max(r["ratio_sup"] for r in rows if r["T"] == T) for T in depths]
-    axes[1].semilogy(depths, big, "ko-")
-    axes[1].set_xlabel("depth T")
-    axes[1].set_ylabel("largest ratio")
-    axes[1].set_title("the Lipschitz constant against the depth")
-    for ax in axes:
-        ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

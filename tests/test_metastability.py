@@ -201,3 +201,72 @@ def test_formed_count_is_the_first_long_plateau_after_the_linear_end() -> None:
     # a plateau that began before the linear end counts (S^1: prominent at once)
     assert formed_count(t, [5] * 20, 6.0, 2.0).count == 5
     assert formed_count(t, k, 2.2, 5.0) is None
+
+
+def test_linear_end_is_the_density_that_linear_prediction_counts() -> None:
+    """The evolved density of :func:`linear_end` is the initial perturbation grown mode by
+    mode (synthesised here independently) at the time its relative size is one; counted, it
+    gives :func:`linear_prediction`'s answer, in one bisection for several counts."""
+    from solvers.diagnostics import linear_end
+
+    K = 20
+    sigma = dispersion_relation(np.arange(K + 1), 16.0, "S1")
+    rng = np.random.default_rng(3)
+    c = 1e-4 * (rng.normal(size=K + 1) + 1j * rng.normal(size=K + 1))
+    c[0] = 1.0
+    end = linear_end(c, sigma, "S1")
+    theta = np.arctan2(end.points[:, 1], end.points[:, 0])
+    k = np.arange(1, K + 1)
+    f = 1.0 + 2 * np.real(np.exp(1j * np.outer(theta, k)) @ (c[1:] * np.exp(sigma[1:] * end.t)))
+    size = np.sqrt(np.sum((f - 1.0) ** 2 * end.weights) / np.sum(end.weights))
+    assert size == pytest.approx(1.0, rel=1e-9)
+    np.testing.assert_allclose(end.density, np.maximum(f, 0.0), rtol=0, atol=1e-12)
+    assert linear_prediction(c, sigma, "S1", _circle_maxima) == (end.t, end.count(_circle_maxima))
+
+
+def _split(*arrays):
+    """This rank's share of each array (contiguous blocks in rank order)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    return [np.array_split(a, comm.size)[comm.rank] for a in arrays]
+
+
+def test_perturbation_coefficients_and_mesh_seed_on_a_non_uniform_circle() -> None:
+    """Points at equal angles with volumes (2 pi / N)(1 + b cos 2 theta) and masses
+    v (1 + a cos 3 theta) / sum v, split over the ranks. The raw moments see the volumes'
+    mode k = 2 (b / 2); the perturbation removes it and keeps a / 2 at k = 3 and a b / 4 at
+    k = 1, 5 (exact trigonometric sums), with the total mass as the uniform mode. The mesh's
+    seed is the relative L2 size of 1 + b cos 2 theta, b / sqrt 2 (0 for equal volumes)."""
+    from mpi4py import MPI
+
+    from solvers.diagnostics import mesh_seed, perturbation_coefficients
+
+    comm, N, a, b, L = MPI.COMM_WORLD, 64, 0.3, 0.2, 8
+    theta = 2 * np.pi * np.arange(N) / N
+    x = np.column_stack([np.cos(theta), np.sin(theta)])
+    v = 2 * np.pi / N * (1 + b * np.cos(2 * theta))
+    m = v * (1 + a * np.cos(3 * theta)) / v.sum()
+    xs, vs, ms = _split(x, v, m)
+    raw = perturbation_coefficients(xs, ms, "S1", L, comm)
+    pert = perturbation_coefficients(xs, ms, "S1", L, comm, volumes=vs)
+    want = np.zeros(L + 1)
+    want[[0, 1, 3, 5]] = [1.0, a * b / 4, a / 2, a * b / 4]
+    np.testing.assert_allclose(pert, want, rtol=0, atol=1e-14)
+    assert abs(raw[2] - b / 2) < 1e-14 and abs(raw[0] - 1.0) < 1e-14
+    seed = mesh_seed(xs, vs, "S1", L, comm)
+    uniform = mesh_seed(xs, np.full(len(xs), 2 * np.pi / N), "S1", L, comm)
+    assert abs(seed - b / np.sqrt(2)) < 1e-13 and uniform < 1e-14
+
+
+@pytest.mark.parametrize("attractors", [False, True])
+def test_prediction_counter_counts_the_maxima_of_a_mode(attractors: bool) -> None:
+    """1 + 0.9 cos 5 theta sampled at 256 cell centres of the circle: five clusters, as
+    prominent maxima and as attractors."""
+    from solvers.diagnostics import prediction_counter
+
+    n = 256
+    theta = 2 * np.pi * (np.arange(n) + 0.5) / n
+    x = np.column_stack([np.cos(theta), np.sin(theta)])
+    count = prediction_counter("S1", 2 * np.pi / n, attractors)
+    assert count(x, 1 + 0.9 * np.cos(5 * theta), np.full(n, 2 * np.pi / n)) == 5

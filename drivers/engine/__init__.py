@@ -16,8 +16,9 @@ Names are imported on first use: the command line must parse its arguments and h
 PETSc options to ``petsc4py.init`` before anything imports DOLFINx or PETSc.
 
 Modules: ``_cli``, ``_schema`` (every config key: type, default, allowed values, meaning),
-``_config`` (TOML reading, ``--set``, validation; the ``[adapt]`` and ``[particles]`` tables
-and a law of weights in ``_adapt_config``, ``_particles_config``, ``_weights_config``),
+``_config`` (TOML reading, ``--set``, validation; the ``[attention]`` and ``[weights]`` tables,
+the ``[adapt]`` and ``[particles]`` tables and a law of weights in ``_heads_config``,
+``_adapt_config``, ``_particles_config``, ``_weights_config``),
 ``_problem``, ``_run``, ``_result`` (what ``run`` returns), ``_recorder`` and ``_row`` (the
 metrics row of a state), ``_cadence`` (when outputs are due), ``_finish`` (the end of a run),
 ``_extras`` (columns and tables added by experiments), ``_sweep`` and ``_sweep_table``

@@ -181,7 +181,34 @@ def restart_config(stored: dict[str, Any], overrides: list[str] | None = None) -
 
 
 def validate(raw: dict[str, Any]) -> dict[str, Any]:
-    """Merge with defaults and check every key; returns the resolved configuration."""
+    """Merge with defaults and check every key; returns the resolved configuration.
+
+    The tables are checked in this order (the first error found is raised): the sections
+    and keys and the allowed values, ``[particles]``, ``[mesh]`` and ``[feedforward]``,
+    ``[attention]``, ``[weights]``, ``[initial]``, ``[time]``, ``[output]``, ``[adapt]``,
+    the diffusion's manifolds and meshes, the rules of mesh-free particles.
+    """
+    from drivers.engine._adapt_config import check_adapt
+    from drivers.engine._heads_config import check_attention, check_weights
+    from drivers.engine._particles_config import check_mesh_free_rules, check_particle_table
+
+    cfg = _merged(raw)
+    check_particle_table(cfg)
+    d = _check_mesh(cfg)
+    check_attention(cfg, d)
+    check_weights(cfg, d)
+    _check_initial(cfg)
+    _check_time(cfg)
+    _check_output(cfg)
+    check_adapt(cfg)
+    _diffusion(cfg)
+    check_mesh_free_rules(cfg)
+    return cfg
+
+
+def _merged(raw: dict[str, Any]) -> dict[str, Any]:
+    """The defaults with the tables of ``raw`` over them (unknown sections and keys refused),
+    every value of a fixed set among its allowed values."""
     cfg = copy.deepcopy(_defaults())
     if "gaussian" in raw:
         raise ConfigError(
@@ -205,10 +232,11 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         value = cfg[section][key]
         if value not in allowed:
             raise ConfigError(f"{section}.{key}", f"must be one of {list(allowed)}, got {value!r}")
+    return cfg
 
-    from drivers.engine._particles_config import check_particle_table
 
-    check_particle_table(cfg)
+def _check_mesh(cfg: dict[str, Any]) -> int:
+    """Check ``[mesh]`` and ``[feedforward]`` (in place); returns the ambient dimension d."""
     m = cfg["mesh"]
     m["refinement"] = as_int(m["refinement"], "mesh.refinement")
     limit = {"S2": MAX_S2_LEVEL, "S1": 16, "R1": 14, "R2": 6}[m["manifold"]]
@@ -236,84 +264,11 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             "feedforward", "the affine feed-forward term (docs/model.md, M3) is for R1/R2 meshes"
         )
+    return d
 
-    a = cfg["attention"]
-    a["beta"] = as_float(a["beta"], "attention.beta")
-    if not a["beta"] > 0:
-        raise ConfigError("attention.beta", f"must be > 0, got {a['beta']}")
-    a["tolerance"] = as_float(a["tolerance"], "attention.tolerance")
-    if not 0 < a["tolerance"] < 1:
-        raise ConfigError("attention.tolerance", f"must be in (0, 1), got {a['tolerance']}")
-    a["diffusion"] = as_float(a["diffusion"], "attention.diffusion")
-    if not a["diffusion"] >= 0:
-        raise ConfigError(
-            "attention.diffusion", f"must be >= 0 (0: no noise), got {a['diffusion']}"
-        )
-    if isinstance(a["sign"], bool) or a["sign"] not in (1, -1):
-        raise ConfigError("attention.sign", f"must be +1 or -1, got {a['sign']!r}")
-    a["sign"] = int(a["sign"])
-    if not isinstance(a["heads"], list) or not a["heads"]:
-        raise ConfigError("attention.heads", "must be a non-empty list of tables {Q, K, V}")
-    for h, head in enumerate(a["heads"]):
-        if not isinstance(head, dict):
-            raise ConfigError(f"attention.heads[{h}]", "must be a table {Q, K, V}")
-        for k in head:
-            if k not in ("Q", "K", "V", "seed"):
-                raise ConfigError(
-                    f"attention.heads[{h}].{k}", "unknown key (expected Q, K, V, seed)"
-                )
-        if "seed" in head and as_int(head["seed"], f"attention.heads[{h}].seed") < 0:
-            raise ConfigError(f"attention.heads[{h}].seed", f"must be >= 0, got {head['seed']}")
-        Q, K, V = (head_matrix(head, h, k, d) for k in ("Q", "K", "V"))
-        with np.errstate(all="ignore"):  # overflow is the finding, reported below
-            products = [a["beta"] * (Q.T @ K)]
-            if cfg["weights"]["dynamics"] != "frozen":  # evolving weights symmetrise D
-                products += [V + V.T, Q.T @ K + (Q.T @ K).T]
-        if not all(np.all(np.isfinite(x)) for x in products):
-            raise ConfigError(
-                f"attention.heads[{h}]",
-                "beta Q^T K (or, for evolving weights, Q^T K + K^T Q or V + V^T) overflows "
-                "float64: scale the matrices or beta down",
-            )
 
-    w = cfg["weights"]
-    w["seed"] = as_int(w["seed"], "weights.seed")
-    if w["seed"] < 0:
-        raise ConfigError("weights.seed", "must be >= 0")
-    w["sigma"] = as_float(w["sigma"], "weights.sigma")
-    if not 0 <= w["sigma"] <= MAX_SIGMA:
-        raise ConfigError(
-            "weights.sigma",
-            f"must be in [0, {MAX_SIGMA:g}] (a larger noise overflows the kernel "
-            f"exp(beta x^T D y) within one weight step), got {w['sigma']}",
-        )
-    w["dt"] = as_float(w["dt"], "weights.dt")
-    if not w["dt"] > 0:
-        raise ConfigError("weights.dt", f"must be > 0, got {w['dt']}")
-    if w["phases"] == "random" and w["dynamics"] != "oscillating":
-        raise ConfigError(
-            "weights.phases",
-            f'random phases are for dynamics = "oscillating", not {w["dynamics"]!r}',
-        )
-    if w["dynamics"] == "fokker-planck":
-        from drivers.engine._weights_config import check_weight_law
-
-        check_weight_law(w, cfg, d)
-    if w["dynamics"] not in ("frozen", "fokker-planck") and w["init"] == "config":
-        from solvers.attention import Head
-        from solvers.weights import config_matrices
-
-        for h, head in enumerate(a["heads"]):
-            Q, K, V = (head_matrix(head, h, k, d) for k in ("Q", "K", "V"))
-            try:  # the solver's own check (same tolerances)
-                config_matrices([Head(Q, K, V)])
-            except ValueError:
-                raise ConfigError(
-                    f"attention.heads[{h}]",
-                    f"weights.dynamics = {w['dynamics']!r} evolves D = V = Q^T K: needs V symmetric "
-                    'and Q^T K = V (or set weights.init = "random")',
-                ) from None
-
+def _check_initial(cfg: dict[str, Any]) -> None:
+    """Check ``[initial]`` (in place)."""
     ini = cfg["initial"]
     ini["noise"] = as_float(ini["noise"], "initial.noise")
     if not (math.isfinite(ini["noise"]) and ini["noise"] >= 0):
@@ -329,6 +284,11 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(cfg["initial"]["density"], str) or not cfg["initial"]["density"].strip():
         raise ConfigError("initial.density", "must be a non-empty numpy expression string")
 
+
+def _check_time(cfg: dict[str, Any]) -> None:
+    """Check ``[time]`` (in place): the step, the integrator, the CFL number, the number of
+    steps (of the tokens and of OU weights) and the schemes that apply a feed-forward layer."""
+    w = cfg["weights"]
     t = cfg["time"]
     t["t_end"] = as_float(t["t_end"], "time.t_end")
     if not t["t_end"] > 0:
@@ -370,6 +330,9 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
             f"table or set time.scheme = {_names('background')}",
         )
 
+
+def _check_output(cfg: dict[str, Any]) -> None:
+    """Check ``[output]`` (in place): cadence, adaptive step, progress, checkpoints, EDI."""
     o = cfg["output"]
     o["every"] = as_int(o["every"], "output.every")
     if o["every"] < 1:
@@ -395,14 +358,6 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
             "output.edi_every", f"must be >= 0 (0: with the outputs), got {o['edi_every']}"
         )
     o["edi_every"] = o["edi_every"] or o["every"]
-    from drivers.engine._adapt_config import check_adapt
-
-    check_adapt(cfg)
-    _diffusion(cfg)
-    from drivers.engine._particles_config import check_mesh_free_rules
-
-    check_mesh_free_rules(cfg)
-    return cfg
 
 
 def _names(flag: str) -> str:

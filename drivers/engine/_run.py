@@ -122,6 +122,33 @@ def run(
         cfg = {**cfg, "output": {**cfg["output"], "pictures": bool(pictures)}}
     log = Log(comm, verbose and not quiet)
     run_id = comm.bcast(uuid.uuid4().hex if comm.rank == 0 else None, root=0)
+    out, folder = _claim(cfg, out, comm, run_id, restart, overwrite)
+    started = [False]  # set once the outputs are started (a failure before leaves no folder)
+    try:
+        problem = build_problem(cfg, comm)
+        later = check_start_up(cfg, comm, strict=strict_petsc)
+        log(_describe(cfg, problem))
+        recorder = Recorder.from_problem(
+            problem, Path(out), log, argv=argv, restart=restart, folder=folder, run_id=run_id
+        )
+        recorder.keep_final = bool(keep_final)
+        return _loop(problem.scheme, recorder, cfg, comm, log, restart, later, started, wall0)
+    except BaseException:
+        folder.release(failed_before_output=not started[0])
+        raise
+    finally:
+        folder.release()
+
+
+def _claim(
+    cfg: dict[str, Any],
+    out: str | Path | None,
+    comm: MPI.Comm,
+    run_id: str,
+    restart: bool,
+    overwrite: bool,
+) -> tuple[str | Path, Any]:
+    """The results folder (a new temporary one when ``out`` is None), claimed for the run."""
     temporary = out is None
     if temporary:
         if restart:
@@ -137,64 +164,71 @@ def run(
         option="--restart" if restart else "--out",
     )
     folder.created = folder.created or temporary  # removed again if nothing is written
-    started = False
-    try:
-        problem = build_problem(cfg, comm)
-        later = check_start_up(cfg, comm, strict=strict_petsc)
-        q = problem.quality
-        adapt = cfg["adapt"]["max_level"]
-        if mesh_free(cfg):
-            p = cfg["particles"]
-            log(
-                f"mesh-free particles: n = {p['n']} on S^{p['d'] - 1} (d = {p['d']}, initial "
-                f"{p['initial']}), {problem.weights.n_heads} head(s), weights "
-                f"{cfg['weights']['dynamics']}, dt = {cfg['time']['dt']:g}, t_end = "
-                f"{cfg['time']['t_end']}"
-            )
-        else:
-            log(
-                f"{cfg['mesh']['manifold']} mesh: {q.n_cells} cells"
-                + (f" (adaptive, levels {cfg['mesh']['refinement']}..{adapt})" if adapt else "")
-                + f", h = {q.h:.4g}, area ratio {q.area_ratio:.3f}; scheme "
-                f"{cfg['time']['scheme']}, {problem.weights.n_heads} head(s), weights "
-                f"{cfg['weights']['dynamics']}, t_end = {cfg['time']['t_end']}"
-            )
-        recorder = Recorder.from_problem(
-            problem, Path(out), log, argv=argv, restart=restart, folder=folder, run_id=run_id
+    return out, folder
+
+
+def _describe(cfg: dict[str, Any], problem: Any) -> str:
+    """The progress line that describes the problem (mesh or particles, scheme, heads)."""
+    if mesh_free(cfg):
+        p = cfg["particles"]
+        return (
+            f"mesh-free particles: n = {p['n']} on S^{p['d'] - 1} (d = {p['d']}, initial "
+            f"{p['initial']}), {problem.weights.n_heads} head(s), weights "
+            f"{cfg['weights']['dynamics']}, dt = {cfg['time']['dt']:g}, t_end = "
+            f"{cfg['time']['t_end']}"
         )
-        recorder.keep_final = bool(keep_final)
-        scheme = problem.scheme
-        with Interrupts(comm) as interrupts:
-            try:
-                if restart:
-                    recorder.resume(scheme)
-                else:
-                    recorder.start(scheme)
-                started = True
-                outcome = advance(
-                    scheme,
-                    recorder,
-                    cfg["time"]["t_end"],
-                    log=log,
-                    progress=cfg["output"]["progress"],
-                    interrupts=interrupts,
-                    after_first_step=lambda: check_after_first_step(later, cfg, comm),
-                )
-            except OutputError as exc:
-                started = True
-                outcome = _stopped(
-                    f"{exc} (t = {scheme.t:.6g}, step {scheme.steps}); the run stopped, the "
-                    "outputs written so far are kept",
-                    log,
-                )
-            except RunFailure as exc:
-                outcome = _stopped(f"{exc}; the outputs up to there are written", log)
-            return recorder.finish(scheme, outcome, time.perf_counter() - wall0)
-    except BaseException:
-        folder.release(failed_before_output=not started)
-        raise
-    finally:
-        folder.release()
+    q = problem.quality
+    adapt = cfg["adapt"]["max_level"]
+    return (
+        f"{cfg['mesh']['manifold']} mesh: {q.n_cells} cells"
+        + (f" (adaptive, levels {cfg['mesh']['refinement']}..{adapt})" if adapt else "")
+        + f", h = {q.h:.4g}, area ratio {q.area_ratio:.3f}; scheme "
+        f"{cfg['time']['scheme']}, {problem.weights.n_heads} head(s), weights "
+        f"{cfg['weights']['dynamics']}, t_end = {cfg['time']['t_end']}"
+    )
+
+
+def _loop(
+    scheme: Any,
+    recorder: Recorder,
+    cfg: dict[str, Any],
+    comm: MPI.Comm,
+    log: Log,
+    restart: bool,
+    later: Any,
+    started: list[bool],
+    wall0: float,
+) -> RunResult:
+    """Start (or resume) the outputs, advance the scheme to t_end and finish the run, with
+    SIGINT and SIGTERM only noted (module docstring); a failed write or a failed run is the
+    outcome "failed" (exit code 3), not an exception. ``started[0]`` is set once the outputs
+    are started; ``wall0``: when the run started (its wall time in summary.json)."""
+    with Interrupts(comm) as interrupts:
+        try:
+            if restart:
+                recorder.resume(scheme)
+            else:
+                recorder.start(scheme)
+            started[0] = True
+            outcome = advance(
+                scheme,
+                recorder,
+                cfg["time"]["t_end"],
+                log=log,
+                progress=cfg["output"]["progress"],
+                interrupts=interrupts,
+                after_first_step=lambda: check_after_first_step(later, cfg, comm),
+            )
+        except OutputError as exc:
+            started[0] = True
+            outcome = _stopped(
+                f"{exc} (t = {scheme.t:.6g}, step {scheme.steps}); the run stopped, the "
+                "outputs written so far are kept",
+                log,
+            )
+        except RunFailure as exc:
+            outcome = _stopped(f"{exc}; the outputs up to there are written", log)
+        return recorder.finish(scheme, outcome, time.perf_counter() - wall0)
 
 
 def _stopped(message: str, log: Log) -> Outcome:

@@ -1,7 +1,8 @@
 r"""Distances between measures on the sphere :math:`S^2`, and power-law fits with intervals.
 
 Used by the limit studies (``drivers/limit_tokens.py``, ``drivers/limit_heads.py``; docs/model.md, M2,
-propagation of chaos and head limit). Measures are weighted point clouds
+propagation of chaos and head limit); :func:`wasserstein1_grid` is the exact W1 of two laws on
+an equispaced grid of a line (the head laws of ``drivers/gradient_lipschitz.py``). Measures are weighted point clouds
 :math:`\mu = \sum_i a_i \delta_{x_i}` on the unit sphere (an empirical measure of particles, or
 the cell masses of a finite-volume density placed at the cell centres).
 
@@ -75,6 +76,7 @@ __all__ = [
     "mmd_vmf",
     "quantise",
     "sample_sphere_density",
+    "wasserstein1_grid",
 ]
 
 Array = npt.NDArray[np.float64]
@@ -83,6 +85,13 @@ Array = npt.NDArray[np.float64]
 def geodesic_cost(x: Array, y: Array, p: float = 1.0) -> Array:
     r"""Cost matrix :math:`\arccos(\langle x_i, y_j\rangle)^p` of unit vectors x (n, 3), y (m, 3)."""
     return np.arccos(np.clip(x @ y.T, -1.0, 1.0)) ** p
+
+
+def wasserstein1_grid(w1: Array, w2: Array, h: float) -> float:
+    r"""W1 between two probability vectors on equispaced points of a line, ``h`` apart:
+    exactly :math:`\int |F_1 - F_2| = h \sum_{k < n-1} |F_1(k) - F_2(k)|` with the cumulative
+    sums :math:`F_i` (the last vanishes for equal total masses)."""
+    return float(h * np.sum(np.abs(np.cumsum(w1 - w2))[:-1]))
 
 
 def quantise(centres: Array, points: Array, masses: Array, tree: Any = None) -> Array:

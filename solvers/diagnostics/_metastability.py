@@ -11,7 +11,8 @@ The questions of docs/model.md, M1a, asked of a computed trajectory:
 * **The linear prediction of the clusters.** Evolving the initial perturbation by the
   linearised equation, :math:`\hat\mu_{lm}(t) = \hat\mu_{lm}(0) e^{\sigma_l t}`, until its
   relative amplitude reaches one, and counting the local maxima of that density
-  (:func:`linear_prediction`, sampled on a deterministic quadrature or the run's own cells),
+  (:func:`linear_prediction`, sampled on a deterministic quadrature or the run's own cells;
+  :func:`linear_end` the evolved density itself, to count it in several ways),
   predicts how many clusters the nonlinear phase starts from; the fastest mode alone
   predicts :math:`l^*` clusters on :math:`S^1`. On :math:`S^2` the count that fits the
   runs is that of the *attractors* (:func:`basin_maxima`): the local maxima of the smoothed
@@ -51,16 +52,21 @@ import numpy as np
 __all__ = [
     "LINEAR_AMPLITUDE",
     "ExponentialLaw",
+    "LinearEnd",
     "Plateau",
     "basin_maxima",
     "fit_exponential_law",
     "formed_count",
     "fit_growth_rates",
+    "linear_end",
     "linear_prediction",
     "linear_window",
+    "mesh_seed",
     "pair_merge_rate",
     "pair_merge_time",
+    "perturbation_coefficients",
     "plateaus",
+    "prediction_counter",
 ]
 
 #: Relative L^2 size of the density perturbation below which the dynamics counts as linear.
@@ -105,6 +111,28 @@ def fit_growth_rates(
     return ls, rates, max(0, n - skip)
 
 
+@dataclass(frozen=True)
+class LinearEnd:
+    """The linearly evolved initial perturbation at the end of the linear phase
+    (:func:`linear_end`), sampled at ``points``.
+
+    Attributes:
+        t: the end time of the linear phase.
+        points: (n, d) the sample points.
+        density: (n,) the evolved density there, clipped at 0.
+        weights: (n,) the points' areas (lengths on S^1).
+    """
+
+    t: float
+    points: np.ndarray
+    density: np.ndarray
+    weights: np.ndarray
+
+    def count(self, count: Any) -> int:
+        """The clusters of the evolved density: ``count(points, density, weights)``."""
+        return int(count(self.points, self.density, self.weights))
+
+
 def linear_prediction(
     power_coeffs: np.ndarray,
     sigma: np.ndarray,
@@ -115,7 +143,8 @@ def linear_prediction(
     points: np.ndarray | None = None,
     weights: np.ndarray | None = None,
 ) -> tuple[float, int]:
-    r"""The linear prediction of the cluster count (module docstring).
+    r"""The linear prediction of the cluster count (module docstring): :func:`linear_end`
+    and its density counted by ``count``.
 
     Args:
         power_coeffs: the initial perturbation's coefficients: S^1 the complex Fourier
@@ -136,6 +165,26 @@ def linear_prediction(
             up to 3, 12 against 9 at the cell centres).
 
     Returns (the end time of the linear phase, the predicted number of clusters)."""
+    end = linear_end(power_coeffs, sigma, manifold, amplitude, t_max, points, weights)
+    return end.t, end.count(count)
+
+
+def linear_end(
+    power_coeffs: np.ndarray,
+    sigma: np.ndarray,
+    manifold: str,
+    amplitude: float = 1.0,
+    t_max: float = 1e4,
+    points: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+) -> LinearEnd:
+    r"""The initial perturbation evolved by the linearised equation until its relative
+    :math:`L^2` size reaches ``amplitude`` (found by bisection), sampled at ``points``: what
+    :func:`linear_prediction` counts, for a caller that counts it in several ways (the
+    arguments are those of :func:`linear_prediction`, without ``count``).
+
+    Raises:
+        ValueError: only one of ``points`` and ``weights``, or their shapes do not fit."""
     c = np.asarray(power_coeffs)
     s = np.asarray(sigma, dtype=np.float64)
     d = 2 if manifold == "S1" else 3
@@ -200,8 +249,80 @@ def linear_prediction(
             mid = 0.5 * (lo + hi)
             lo, hi = (mid, hi) if size(mid) < amplitude else (lo, mid)
         t_end = hi
-    f = np.maximum(density(t_end), 0.0)
-    return t_end, int(count(points, f, weights))
+    return LinearEnd(t_end, points, np.maximum(density(t_end), 0.0), weights)
+
+
+def perturbation_coefficients(
+    points: np.ndarray,
+    masses: np.ndarray,
+    manifold: str,
+    L: int,
+    comm: Any = None,
+    volumes: np.ndarray | None = None,
+) -> np.ndarray:
+    r"""The coefficients (degree <= L) of an initial measure, for :func:`linear_end`.
+
+    The measure :math:`\sum_j m_j \delta_{x_j}` (this rank's points and masses; summed over
+    ``comm``, None: serial). On a mesh (``volumes``: the (n,) volumes of the cells whose
+    centres are ``points``) those of the perturbation :math:`m_j - M |K_j| / |S|` plus the
+    uniform mode :math:`M / \sqrt{4\pi}` (S^2, :math:`Y_{00}`) or :math:`M` (S^1), M the
+    total mass: the centres and volumes of the uniform density alone have coefficients at
+    :math:`l \ge 1` (the icosphere's aliasing, 1e-2 of the mean at level 3), which are no
+    perturbation of the density and do not grow in a mesh run, but grew in a prediction
+    made from the raw moments (S^2: 1 cluster predicted at t = 6.6 on level 3, t = 532 on
+    level 4, where the fv runs had 20-30 clusters by t = 10).
+
+    Returns:
+        S^1 the complex Fourier coefficients :math:`c_k = \sum_j w_j e^{-ik\theta_j}`
+        (k = 0..L); S^2 the healpy-layout :math:`a_{lm}` (l <= L); the same on every rank.
+    """
+    from solvers.attention.spectral import circle_moments, sphere_moments
+
+    total_of = (lambda x: x) if comm is None else comm.allreduce
+    weights = np.array(masses, dtype=np.float64)
+    total = total_of(float(weights.sum()))
+    if volumes is not None:
+        weights -= total * volumes / total_of(float(volumes.sum()))
+    moments = (sphere_moments if manifold == "S2" else circle_moments)(points, weights[None], L)
+    coeffs = total_of(moments[0])
+    if volumes is not None:  # the uniform mode: Y_00 = 1 / sqrt(4 pi) on S^2, e^{0} on S^1
+        coeffs[0] = total / np.sqrt(4.0 * np.pi) if manifold == "S2" else total
+    return coeffs
+
+
+def mesh_seed(centres: np.ndarray, volumes: np.ndarray, manifold: str, L: int, comm: Any) -> float:
+    r"""Relative :math:`L^2` size, in the degrees 1..L, of the uniform density on a mesh as
+    the solvers see it (the cell masses at the cell centres; this rank's owned cells, summed
+    over ``comm``): the discrete uniform state is not at rest (the quadrature's error makes a
+    velocity of that pattern) and seeds the instability by itself. Measured on S^2 at beta =
+    64: 9.3e-3 at level 3, 2.1e-3 at level 4, 5.1e-4 at level 5; at level 4 the runs from
+    eps = 0 and eps = 1e-4 were the same (32 clusters, the icosahedron's 12 + 20, by t = 8.5).
+    On the uniform circle it is at rounding level."""
+    from solvers.diagnostics._linear_stability import angular_power
+
+    masses = volumes / comm.allreduce(float(volumes.sum()))
+    C = angular_power(centres, masses, L, manifold, comm)
+    degrees = np.arange(L + 1)
+    g = 2.0 * degrees + 1.0 if manifold == "S2" else np.where(degrees > 0, 2.0, 1.0)
+    return float(np.sqrt(np.sum(g[1:] * C[1:]) / C[0]))
+
+
+def prediction_counter(manifold: str, h: float, attractors: bool | None = None) -> Any:
+    """The count of :func:`linear_prediction` on a density sampled on a mesh of size ``h``:
+    ``count(points, density, weights) -> int``. Its attractors (:func:`basin_maxima`: maxima
+    of relative prominence :data:`ATTRACTOR_PROMINENCE` whose basins hold the clusters' share
+    of the mass), or the clusters of the runs' statistics (prominence 1/2). Default (None):
+    the attractors on S^2, where the prominent maxima at the linear end are 2-4 times fewer
+    than the clusters formed, and the prominent maxima on S^1, where they were the clusters
+    formed in 28/28 runs and the shallow ones merge (drivers/README.md)."""
+    from solvers.diagnostics._clusters import ClusterAnalysis
+
+    if attractors is None:
+        attractors = manifold == "S2"
+    analysis = ClusterAnalysis.for_mesh(2 if manifold == "S1" else 3, h)
+    if attractors:
+        return lambda points, f, w: basin_maxima(analysis, points, f * w)
+    return lambda points, f, w: analysis.statistics(points, f * w).n_clusters
 
 
 def basin_maxima(analysis: Any, points: np.ndarray, masses: np.ndarray, comm: Any = None) -> int:

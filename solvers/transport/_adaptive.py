@@ -57,7 +57,7 @@ from meshes.adaptive import (
 )
 from meshes.control_volumes import ControlVolumes, control_volumes
 from solvers import stepping
-from solvers.attention import Attention, GlobalSources, measure_diagnostics
+from solvers.attention import Attention, GlobalSources, Measure, measure_diagnostics
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState, StepResult, TokenScheme
 from solvers.weights import WeightDynamics, head_weights_at
@@ -163,13 +163,12 @@ class AttentionEnergy:
 
     def energy(self, cv: ControlVolumes, masses: Array, t: float) -> float:
         n = cv.n_owned
+        masses = np.asarray(masses, dtype=np.float64)
+        measure = Measure(cv.centres[:n], masses, cv.comm, self._sources(cv))
         return measure_diagnostics(
             self.attention,
             self.weights.heads_at(t),
-            cv.centres[:n],
-            np.asarray(masses, dtype=np.float64),
-            cv.comm,
-            sources=self._sources(cv),
+            measure,
             head_weights=head_weights_at(self.weights, t),
         ).energy
 

@@ -102,7 +102,13 @@ import numpy as np
 import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
-from solvers.attention import Attention, GlobalSources, MeasureDiagnostics, measure_diagnostics
+from solvers.attention import (
+    Attention,
+    GlobalSources,
+    Measure,
+    MeasureDiagnostics,
+    measure_diagnostics,
+)
 from solvers.errors import BlowUpError, SolverError
 from solvers.stepping import SchemeState, StepResult, step_towards
 from solvers.transport._diffusion import SUBSTEP_COURANT, DiffusionSplit, TwoPointDiffusion
@@ -557,12 +563,10 @@ class TransportSolver:
     def diagnostics(self) -> MeasureDiagnostics:
         """Energy, G^2, token dissipation and mass of the current measure (collective)."""
         n = self.cv.n_owned
+        measure = Measure(self.cv.centres[:n], self.masses.copy(), self._comm, self._sources)
         return measure_diagnostics(
             self.attention,
             self.weights.heads_at(self.t),
-            self.cv.centres[:n],
-            self.masses.copy(),
-            self._comm,
-            sources=self._sources,
+            measure,
             head_weights=head_weights_at(self.weights, self.t),
         )

@@ -70,6 +70,7 @@ from meshes import ControlVolumes, mesh_quality
 from solvers.attention import (
     Attention,
     DistributedSources,
+    Measure,
     MeasureDiagnostics,
     measure_diagnostics,
 )
@@ -468,9 +469,7 @@ class ParticleSystem:
         return measure_diagnostics(
             self.attention,
             self.weights.heads_at(t),
-            self._points,
-            self._masses,
-            self.comm,
+            Measure(self._points, self._masses, self.comm),
             head_weights=head_weights_at(self.weights, t),
         )
 

@@ -122,7 +122,13 @@ import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
 from solvers import _petsc
-from solvers.attention import Attention, GlobalSources, MeasureDiagnostics, measure_diagnostics
+from solvers.attention import (
+    Attention,
+    GlobalSources,
+    Measure,
+    MeasureDiagnostics,
+    measure_diagnostics,
+)
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState
 from solvers.transport.jko._adaptive import StepControl, StepController
@@ -360,15 +366,9 @@ class JKOSolver:
     def diagnostics(self) -> MeasureDiagnostics:
         """Energy, G^2, token dissipation and mass of mu_k at the cell centres (collective;
         the velocity of the attention model, as the other schemes report it)."""
-        points, masses = self.measure()
-        return measure_diagnostics(
-            self.attention,
-            self.weights.heads_at(self.t),
-            points,
-            masses,
-            self._comm,
-            head_weights=head_weights_at(self.weights, self.t),
-        )
+        measure = Measure(*self.measure(), self._comm)
+        heads, weights = self.weights.heads_at(self.t), head_weights_at(self.weights, self.t)
+        return measure_diagnostics(self.attention, heads, measure, head_weights=weights)
 
     def state(self) -> SchemeState:
         """Time, steps, the owned densities, the last potential (the next Newton guess) and
