@@ -68,6 +68,23 @@ def test_modules_are_short():
     assert not long, f"modules above {MAX_LINES} lines: {long}"
 
 
+#: an experiment function (a driver's ``main`` and its steps) reads as Parameters -> Build ->
+#: Run -> Report in at most about a hundred lines (issue 27)
+MAX_EXPERIMENT_FUNCTION = 105
+
+
+def test_experiment_functions_are_short():
+    import ast
+
+    long = {}
+    for path in sorted((ROOT / "drivers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if (n := node.end_lineno - node.lineno + 1) > MAX_EXPERIMENT_FUNCTION:
+                    long[f"{path.name}:{node.name}"] = n
+    assert not long, f"experiment functions above {MAX_EXPERIMENT_FUNCTION} lines: {long}"
+
+
 def _within(here: str, package: str) -> bool:
     return here == package or here.startswith(package + ".")
 
