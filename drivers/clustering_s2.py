@@ -59,7 +59,6 @@ Things to try:
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
@@ -68,8 +67,6 @@ import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from drivers._experiment import Experiment
 from drivers.engine import (
@@ -82,18 +79,20 @@ from drivers.engine import (
 )
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head
+from solvers.diagnostics import threshold_clusters
 from solvers.transport import TransportSolver, initial_density
 from solvers.weights import make_weights
 
 comm = MPI.COMM_WORLD
+
+#: (mass, unit centre) of each cluster, largest first (:func:`solvers.diagnostics.threshold_clusters`)
+Clusters = list[tuple[float, np.ndarray]]
 
 #: Columns of metrics.csv, one row per output time.
 COLUMNS = [
     *("t", "step", "dt", "mass", "energy", "min_density", "max_density", "G2"),
     *("dissipation", "n_clusters", "wall"),
 ]
-
-Clusters = list[tuple[float, np.ndarray]]
 
 
 def bumps_expression(rng: np.random.Generator, n_bumps: int, kappa: float) -> str:
@@ -116,52 +115,13 @@ def bumps_expression(rng: np.random.Generator, n_bumps: int, kappa: float) -> st
     )
 
 
-def find_clusters(
-    vertices: np.ndarray, points: np.ndarray, areas: np.ndarray, rho: np.ndarray, factor: float
-) -> Clusters:
-    """Clusters of a cell density on S^2 (rank 0, gathered arrays).
-
-    A cluster is a connected component (cells sharing a vertex) of the cells where
-    rho > factor / (4 pi), the uniform density times ``factor``.
-
-    Args:
-        vertices: the (n, 3, 3) triangle vertices of the cells.
-        points: the (n, 3) cell centres.
-        areas: the n cell areas.
-        rho: the n cell densities.
-        factor: the threshold, in units of the uniform density 1 / (4 pi).
-
-    Returns:
-        (mass, centre) of each cluster, largest first; centre is the normalised mass-weighted
-        mean of its cell centres.
-    """
-    hot = np.flatnonzero(rho > factor / (4.0 * math.pi))
-    if len(hot) == 0:
-        return []
-    _, vertex_id = np.unique(np.round(vertices[hot].reshape(-1, 3), 9), axis=0, return_inverse=True)
-    n_hot, n_vertices = len(hot), int(vertex_id.max()) + 1
-    cells = np.repeat(np.arange(n_hot), 3)
-    graph = coo_matrix(
-        (np.ones(3 * n_hot), (cells, n_hot + vertex_id.ravel())),
-        shape=(n_hot + n_vertices, n_hot + n_vertices),
-    )
-    _, labels = connected_components(graph, directed=False)
-    labels = np.unique(labels[:n_hot], return_inverse=True)[1]
-    m = rho[hot] * areas[hot]
-    masses = np.bincount(labels, weights=m)
-    sums = np.stack([np.bincount(labels, weights=m * points[hot, k]) for k in range(3)], axis=1)
-    sums /= np.linalg.norm(sums, axis=1)[:, None]
-    order = np.argsort(-masses)
-    return [(float(masses[i]), sums[i]) for i in order]
-
-
 class ClusterCount:
     """The clusters of the density at every output: the column ``n_clusters`` (collective;
-    :func:`find_clusters` on the cells gathered on rank 0).
+    :func:`solvers.diagnostics.threshold_clusters` on the cells gathered on rank 0).
 
     Args:
         cv: the control volumes of the mesh.
-        factor: the cluster threshold of :func:`find_clusters`.
+        factor: the cluster level of :func:`~solvers.diagnostics.threshold_clusters`.
 
     Attributes:
         gathered: the cells of the mesh on rank 0.
@@ -178,7 +138,7 @@ class ClusterCount:
         clusters = None
         if comm.rank == 0:
             g = self.gathered
-            clusters = find_clusters(g.vertices, g.points, g.weights, rho_all, self.factor)
+            clusters = threshold_clusters(g.vertices, g.points, g.weights, rho_all, self.factor)
         self.clusters = comm.bcast(clusters, root=0)
         return len(self.clusters)
 
@@ -237,7 +197,8 @@ def plot_clusters(
         path: the PNG file.
         points: the (n, 3) cell centres.
         log_rho: log10 of the cell densities.
-        clusters: the clusters of :func:`find_clusters`, labelled with their masses.
+        clusters: the clusters (:func:`~solvers.diagnostics.threshold_clusters`), labelled with
+            their masses.
         t: the time, for the title.
     """
     import matplotlib

@@ -138,6 +138,7 @@ from solvers.diagnostics._stability import (
     transport_w1,
     two_point_measure,
 )
+from solvers.diagnostics._threshold_clusters import threshold_clusters
 from solvers.diagnostics._wasserstein_b import WassersteinB, wasserstein_b
 
 __all__ = [
@@ -224,4 +225,5 @@ __all__ = [
     "quantise",
     "sample_sphere_density",
     "wasserstein1_grid",
+    "threshold_clusters",
 ]
