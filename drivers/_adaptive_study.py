@@ -21,8 +21,7 @@ from mpi4py import MPI
 import numpy as np
 import numpy.typing as npt
 
-from drivers._outputs import run_to
-from drivers.engine import GatheredCells, build_model, read_series
+from drivers.engine import GatheredCells, build_model, read_series, run_to
 from meshes import arc_length, control_volumes, icosphere, spherical_triangle_area
 from solvers.diagnostics import wasserstein1
 from solvers.transport import MeshParticles, initial_density

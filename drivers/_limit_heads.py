@@ -29,8 +29,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._outputs import run_to
-from drivers.engine import GatheredCells, write_final
+from drivers.engine import GatheredCells, run_to, write_final
 from meshes import control_volumes, icosphere
 from solvers.attention import Attention
 from solvers.diagnostics import PowerLawFit, binned_wasserstein, fit_power_law

@@ -36,7 +36,6 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._outputs import run_to
 from drivers._paper1_report import (
     PAPER_SLOPE,
     fit_exponent,
@@ -47,7 +46,7 @@ from drivers._paper1_report import (
     write_csv,
 )
 from drivers._paper1_setup import Run, Setup, parse_setup, paths_for
-from drivers.engine import GatheredCells
+from drivers.engine import GatheredCells, run_to
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, gather_measure
 from solvers.diagnostics import EnergyBudget, metric_diagnostics

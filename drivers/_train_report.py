@@ -3,7 +3,7 @@
 :class:`TrainingSeries` is the time series of one training (one CSV row per training step,
 the head law after every step for rho.png), written from the engine's loop
 (:func:`train`: the training on the stepping interface, :class:`solvers.training.TrainingStepper`,
-advanced by ``drivers._outputs.run_to`` to the times of its whole steps);
+advanced by ``drivers.engine.run_to`` to the times of its whole steps);
 :func:`report` turns the three series into summary.json's numbers (monotone free energies, the
 fitted rates of their decrements); :func:`plot_loss`, :func:`plot_free_energy` and
 :func:`plot_rho` draw the pictures.
@@ -21,8 +21,7 @@ from mpi4py import MPI
 
 import numpy as np
 
-from drivers._outputs import run_to
-from drivers.engine import MetricsWriter
+from drivers.engine import MetricsWriter, run_to
 from solvers.training import TrainingStepper, fit_exponential_rate
 
 __all__ = [

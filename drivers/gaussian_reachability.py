@@ -77,8 +77,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._outputs import run_to
-from drivers.engine import write_final
+from drivers.engine import run_to, write_final
 from solvers.gaussian import (
     AttentionReachPlan,
     Controls,

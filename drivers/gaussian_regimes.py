@@ -78,8 +78,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._outputs import run_to
-from drivers.engine import write_final
+from drivers.engine import run_to, write_final
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention, Head

@@ -95,8 +95,7 @@ from drivers._limit_tokens import (
     write_final_state,
     write_tables,
 )
-from drivers._outputs import run_to
-from drivers.engine import GatheredCells
+from drivers.engine import GatheredCells, run_to
 from meshes import control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head, gather_measure
 from solvers.diagnostics import BinnedDistances, sample_sphere_density

@@ -76,8 +76,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from drivers._experiment import Experiment
-from drivers._outputs import run_to
-from drivers.engine import write_final
+from drivers.engine import run_to, write_final
 from solvers.attention import gather_measure
 from solvers.diagnostics import fit_power_law
 from solvers.gaussian import Controls, GaussianParticles, solve_moments

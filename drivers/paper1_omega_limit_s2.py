@@ -86,8 +86,8 @@ import numpy as np
 
 from drivers._experiment import Experiment
 from drivers._omega_limit import Trajectory, report
-from drivers._outputs import run_to
 from drivers._paper1 import octahedron_tokens
+from drivers.engine import run_to
 from meshes.box import box
 from solvers.attention import Attention, gather_measure
 from solvers.diagnostics import metric_diagnostics

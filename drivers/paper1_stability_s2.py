@@ -90,7 +90,6 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._outputs import Lockstep, run_to
 from drivers._paper1 import caps_expression, octahedron_tokens
 from drivers._stability import (
     plot_input,
@@ -99,7 +98,7 @@ from drivers._stability import (
     write_final_state,
     write_tables,
 )
-from drivers.engine import GatheredCells
+from drivers.engine import GatheredCells, Lockstep, run_to
 from meshes import ControlVolumes, control_volumes, icosphere, mesh_quality
 from solvers.attention import Attention, Head, gather_measure, measure_diagnostics
 from solvers.diagnostics import (

@@ -94,9 +94,8 @@ from scipy.integrate import solve_ivp
 from scipy.special import ndtr, ndtri
 
 from drivers._experiment import Experiment
-from drivers._outputs import Lockstep, run_to
 from drivers._relu_feedforward_report import write_outputs
-from drivers.engine import GatheredCells, build_problem, validate
+from drivers.engine import GatheredCells, Lockstep, build_problem, run_to, validate
 from solvers.gaussian import Controls, GaussianParticles, solve_moments
 
 comm = MPI.COMM_WORLD

@@ -73,8 +73,7 @@ from mpi4py import MPI
 import numpy as np
 
 from drivers._experiment import Experiment
-from drivers._outputs import Lockstep
-from drivers.engine import GatheredCells, Recorder, advance, render_density, write_final
+from drivers.engine import GatheredCells, Lockstep, Recorder, advance, render_density, write_final
 from meshes import control_volumes, icosphere
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes

@@ -1,8 +1,8 @@
-"""The experiments' side of the engine's loop (drivers/_outputs.py): output times, schemes in
+"""The experiments' side of the engine's loop (drivers/engine/_lockstep.py): output times, schemes in
 lockstep, a study stopped by a failure or a signal.
 
 The drivers replaced their own ``while solver.t < t_out: solver.step(t_out)`` loops by
-:func:`drivers.engine.advance` with :class:`~drivers._outputs.OutputTimes`; their outputs are
+:func:`drivers.engine.advance` with :class:`~drivers.engine.OutputTimes`; their outputs are
 bitwise those of the hand loops, which holds when ``advance`` asks the scheme for the same
 steps: checked here on a toy scheme of fixed steps (a step lands on its stop time, as every
 scheme's does: :func:`solvers.stepping.step_towards`).
@@ -19,8 +19,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers._outputs import Lockstep, OutputTimes, run_to, stop_on
-from drivers.engine import advance
+from drivers.engine import Lockstep, OutputTimes, advance, run_to, stop_on
 from solvers.errors import SolverError
 from solvers.stepping import StepResult, step_towards
 

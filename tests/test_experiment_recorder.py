@@ -21,8 +21,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers._outputs import Lockstep
-from drivers.engine import TOKEN_COLUMNS, Recorder, advance, read_series
+from drivers.engine import TOKEN_COLUMNS, Lockstep, Recorder, advance, read_series
 from meshes import control_volumes, icosphere
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes

@@ -16,7 +16,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers._outputs import Lockstep, run_to
+from drivers.engine import Lockstep, run_to
 from solvers.errors import SolverError
 from solvers.gaussian import Controls, GaussianParticles
 from solvers.stepping import Stepper, TokenScheme

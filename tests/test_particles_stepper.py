@@ -15,7 +15,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers._outputs import run_to
+from drivers.engine import run_to
 from solvers.attention import Attention
 from solvers.errors import SolverError
 from solvers.stepping import Stepper, StepResult, TokenScheme

@@ -25,7 +25,7 @@ from mpi4py import MPI
 import numpy as np
 import pytest
 
-from drivers._outputs import run_to
+from drivers.engine import run_to
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention

@@ -39,7 +39,8 @@ from typing import Any
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
 from mpi4py import MPI
 
-from drivers.engine import Outcome, advance
+from drivers.engine._advance import advance
+from drivers.engine._summary import Outcome
 from solvers.errors import SolverError
 from solvers.stepping import Stepper, StepResult
 
