@@ -10,7 +10,7 @@ instead: the same recorder (``advance`` hands it every step; :meth:`~Recorder.ad
 - only the columns the experiment adds, their values as its functions return them (an int
   stays an int), in the order added;
 - the outputs at t = 0 and at given output times (the steps stop exactly on them), once per
-  time, also when the scheme is a :class:`drivers._outputs.Lockstep` that stays on an
+  time, also when the scheme is a :class:`drivers.engine.Lockstep` that stays on an
   output time while its schemes take their turns (no step counts);
 - ``density.xdmf`` of the scheme's density and the series added by
   :meth:`~Recorder.add_series` (of a mesh held by every rank alike, ``MPI.COMM_SELF``:
