@@ -3,7 +3,8 @@
 :class:`TrainingSeries` is the time series of one training (one CSV row per training step,
 the head law after every step for rho.png), written from the engine's loop
 (:func:`train`: the training on the stepping interface, :class:`solvers.training.TrainingStepper`,
-advanced by ``drivers.engine.run_to`` to the times of its whole steps);
+advanced by ``drivers.engine.advance`` to the times of its whole steps, its rows recorded by
+the engine's :class:`~drivers.engine.Recorder`);
 :func:`report` turns the three series into summary.json's numbers (monotone free energies, the
 fitted rates of their decrements); :func:`plot_loss`, :func:`plot_free_energy` and
 :func:`plot_rho` draw the pictures.
@@ -21,7 +22,7 @@ from mpi4py import MPI
 
 import numpy as np
 
-from drivers.engine import MetricsWriter, run_to
+from drivers.engine import Recorder, advance, stop_on
 from solvers.training import TrainingStepper, fit_exponential_rate
 
 __all__ = [
@@ -47,8 +48,9 @@ PARTICLE_COLUMNS = [
 
 
 class TrainingSeries:
-    """One CSV row per training state and the head law after every step (collective writes;
-    rank 0 writes the file).
+    """One CSV row per training state and the head law after every step, recorded by the
+    engine's :class:`~drivers.engine.Recorder` (an experiment recorder without control
+    volumes: its own columns, its own file; collective writes, rank 0 writes the file).
 
     Args:
         comm: the communicator.
@@ -56,26 +58,45 @@ class TrainingSeries:
         training: the training (its initial state is the first row).
         wall0: the start of the wall clock (the ``wall`` column).
         particles: whether the training is the particle model (its columns and its heads).
+        steps: the training steps to record (a row after each: the grid of its
+            :class:`~solvers.training.TrainingStepper`).
     """
 
     def __init__(
-        self, comm: MPI.Comm, path: Path, training: Any, wall0: float, particles: bool = False
+        self,
+        comm: MPI.Comm,
+        path: Path,
+        training: Any,
+        wall0: float,
+        particles: bool = False,
+        steps: int = 0,
     ) -> None:
-        self.comm, self.particles, self.wall0 = comm, particles, wall0
-        self.writer = MetricsWriter(comm, path, PARTICLE_COLUMNS if particles else COLUMNS)
+        self.comm, self.particles, self.wall0, self.training = comm, particles, wall0, training
+        self.stepper = TrainingStepper(training)
+        times = self.stepper.grid(max(steps, 0))
+        self.recorder = Recorder.experiment(
+            path.parent, None, times, self._written, comm=comm, table=path.name
+        )
+        columns = PARTICLE_COLUMNS if particles else COLUMNS
+        self.recorder.add_columns(columns, self._row)
         self.history: list[np.ndarray] = []
         #: seconds in the training loop without the rows (set by :func:`train`)
         self.seconds = 0.0
-        self.write_state(training)
+        #: seconds spent on rows (their evaluation and the write), and the current row's start
+        self.writing, self._row_start = 0.0, 0.0
+        #: called with each row written after a step (a log line)
+        self.on_row: Callable[[dict[str, Any]], None] | None = None
+        self.recorder.start(self.stepper)
 
     @property
     def rows(self) -> list[dict[str, float]]:
         """The rows written so far."""
-        return self.writer.rows
+        return self.recorder.rows
 
-    def write_state(self, training: Any) -> None:
-        """The row of the training's current state and its head law."""
-        st = training.state
+    def _row(self, stepper: TrainingStepper) -> dict[str, Any]:
+        """The row of the training's current state; keeps its head law."""
+        self._row_start = time.perf_counter()
+        st = self.training.state
         row = {
             "s": st.s,
             "step": st.step,
@@ -94,8 +115,17 @@ class TrainingSeries:
                 max_cfl=st.max_cfl,
                 fp_iterations=st.fp_iterations,
             )
-        self.writer.write(row)
-        self.history.append(st.theta[:, 0].copy() if self.particles else training.density)
+        self.history.append(st.theta[:, 0].copy() if self.particles else self.training.density)
+        return {name: row[name] for name in (PARTICLE_COLUMNS if self.particles else COLUMNS)}
+
+    def _written(self, row: dict[str, Any]) -> None:
+        self.writing += time.perf_counter() - self._row_start
+        if self.on_row is not None:
+            self.on_row(row)
+
+    def close(self) -> None:
+        """Close the file (collective)."""
+        self.recorder.close()
 
 
 def train(
@@ -109,8 +139,8 @@ def train(
 
     Args:
         training: the training (:class:`solvers.training.MeanFieldTraining` or
-            :class:`solvers.training.ParticleTraining`).
-        steps: the number of steps (none if <= 0).
+            :class:`solvers.training.ParticleTraining`), the one of ``series``.
+        steps: the number of steps (none if <= 0), those ``series`` was made for.
         series: where the rows go.
         log: the rank-0 logger (a line every tenth of the steps).
         name: the model's name in the log.
@@ -122,28 +152,24 @@ def train(
     Raises:
         SolverError: a step failed (the rows so far are written).
     """
-    stepper = TrainingStepper(training)
-    times = stepper.grid(max(steps, 0))
+    stepper = series.stepper
     every = max(1, steps // 10)
-    writing = [0.0]
 
-    def write(scheme: TrainingStepper, result: Any) -> None:
-        t0 = time.perf_counter()
-        series.write_state(training)
-        if scheme.steps % every == 0 or scheme.steps == steps:
-            r = series.rows[-1]
+    def line(r: dict[str, Any]) -> None:
+        if r["step"] % every == 0 or r["step"] == steps:
             energy = "" if series.particles else f"F = {r['free_energy']:.8f}, "
             log(
-                f"{name} step {scheme.steps:3d}: {energy}L = {r['loss']:.6f}, "
+                f"{name} step {r['step']:3d}: {energy}L = {r['loss']:.6f}, "
                 f"mean theta {r['theta_mean']:+.3f}"
             )
-        writing[0] += time.perf_counter() - t0
 
+    series.on_row, series.writing = line, 0.0
     start = time.perf_counter()
     try:
-        run_to(stepper, times[-1] if times else stepper.t, series.comm, times, write)
+        if steps > 0:
+            stop_on(advance(stepper, series.recorder, stepper.grid(steps)[-1]))
     finally:
-        series.seconds = time.perf_counter() - start - writing[0]
+        series.seconds = time.perf_counter() - start - series.writing
     return series.seconds
 
 

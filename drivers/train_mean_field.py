@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     # Each model through the engine's loop, one CSV row per training step (the three models
     # are independent: trained one after the other).
     series = {
-        name: TrainingSeries(comm, out / f"{name}.csv", tr, wall0, name == "particles")
+        name: TrainingSeries(comm, out / f"{name}.csv", tr, wall0, name == "particles", p["steps"])
         for name, tr in models.items()
     }
     status, timing = 0, dict.fromkeys(MODELS, 0.0)
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         experiment.write_summary(out, summary)
         pictures(out, p, models, series, fit)
     for s in series.values():
-        s.writer.close()
+        s.close()
     log(
         f"wall {wall:.1f} s (one layer {timing['one_layer']:.1f}, deep {timing['deep']:.1f}, "
         f"particles {timing['particles']:.1f}); results in {out}"

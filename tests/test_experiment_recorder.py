@@ -26,6 +26,7 @@ from meshes import control_volumes, icosphere
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention, Head
+from solvers.stepping import StepResult
 from solvers.transport import TransportSolver, initial_density
 from solvers.weights import make_weights
 
@@ -131,3 +132,42 @@ def test_bad_use(tmp_path_factory):
         wrong.add_series("c", solver.cv, lambda s: s.density)
     with pytest.raises(ValueError, match="close"):
         wrong.finish(solver, None, 0.0)
+
+
+class _Decay:
+    """y' = -y by forward Euler steps of 0.1, stopping exactly on t_stop (a scheme without
+    control volumes, like a training)."""
+
+    def __init__(self) -> None:
+        self.t, self.steps, self.y = 0.0, 0, 1.0
+
+    def step(self, t_stop: float) -> StepResult:
+        dt = min(0.1, t_stop - self.t)
+        self.y *= 1.0 - dt
+        self.t, self.steps = (t_stop if dt < 0.1 else self.t + dt), self.steps + 1
+        return StepResult(t=self.t, dt=dt)
+
+
+def test_recorder_without_control_volumes(shared_tmp):
+    """``cv=None`` (a training, a scalar ODE): the table alone, under the name given, its rows
+    at t = 0 and the output times, the values those of the scheme there; no density.xdmf."""
+    out = shared_tmp / "decay"
+    if COMM.rank == 0:
+        out.mkdir()
+    COMM.barrier()
+    seen = []
+    rec = Recorder.experiment(out, None, [0.25, 0.5], seen.append, comm=COMM, table="decay.csv")
+    rec.add_columns(["t", "step", "y"], lambda s: {"t": s.t, "step": s.steps, "y": s.y})
+    scheme = _Decay()
+    rec.start(scheme)
+    assert advance(scheme, rec, 0.5).status == "ok"
+    rec.close()
+    rows = COMM.bcast(list(csv.DictReader(open(out / "decay.csv"))) if COMM.rank == 0 else None)
+    files = COMM.bcast(sorted(p.name for p in out.iterdir()) if COMM.rank == 0 else None)
+    assert files == ["decay.csv"]
+    assert [float(r["t"]) for r in rows] == [0.0, 0.25, 0.5]
+    assert [int(r["step"]) for r in rows] == [0, 3, 6]  # 0.1, 0.1, 0.05 | 0.1, 0.1, 0.05
+    assert float(rows[-1]["y"]) == scheme.y == pytest.approx(0.9 * 0.9 * 0.95 * 0.9 * 0.9 * 0.95)
+    assert [r["step"] for r in seen] == [3, 6]  # on_row after the rows written after a step
+    with pytest.raises(ValueError, match="comm"):
+        Recorder.experiment(out, None, [1.0])

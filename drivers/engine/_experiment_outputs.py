@@ -12,7 +12,8 @@ instead: the same recorder (``advance`` hands it every step; :meth:`~Recorder.ad
 - the outputs at t = 0 and at given output times (the steps stop exactly on them), once per
   time, also when the scheme is a :class:`drivers.engine.Lockstep` that stays on an
   output time while its schemes take their turns (no step counts);
-- ``density.xdmf`` of the scheme's density and the series added by
+- ``density.xdmf`` of the scheme's density (none for a scheme without control volumes, e.g.
+  a training: ``cv=None``) and the series added by
   :meth:`~Recorder.add_series` (of a mesh held by every rank alike, ``MPI.COMM_SELF``:
   written by rank 0 alone);
 - no summary.json, final.npz, pictures, energy budget or checkpoints: :meth:`~Recorder.start`
@@ -74,26 +75,36 @@ class ExperimentOutputs:
         cv: Any,
         times: Sequence[float],
         on_row: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        comm: MPI.Comm | None = None,
+        table: str = "metrics.csv",
     ) -> Any:
         """The recorder of an experiment's own table (module docstring). Collective.
 
         Args:
             out: the output folder (it exists).
             cv: the control volumes of the scheme's mesh (density.xdmf; its communicator is
-                the recorder's).
+                the recorder's); None: a scheme without a token density (e.g. a training),
+                no density.xdmf, the communicator given as ``comm``.
             times: the output times after t = 0, increasing.
             on_row: ``on_row(row)`` after each row written after a step (a log line); None:
                 nothing.
+            comm: the communicator when ``cv`` is None.
+            table: the name of the table's CSV file in ``out``.
 
         Raises:
-            ValueError: the times do not increase.
+            ValueError: the times do not increase, or neither ``cv`` nor ``comm`` is given.
         """
         times = list(times)
         if any(b <= a for a, b in zip(times, times[1:], strict=False)):
             raise ValueError("output times must increase")
+        if cv is None and comm is None:
+            raise ValueError("an experiment recorder without control volumes needs comm")
+        comm = cv.comm if cv is not None else comm
         rec = cls.__new__(cls)
-        rec.out, rec.cv, rec.comm, rec.times, rec.on_row = Path(out), cv, cv.comm, times, on_row
-        rec.extras, rec.guard, rec.series = Extras(cv.comm, rec.out), OutputGuard(cv.comm), []
+        rec.out, rec.cv, rec.comm, rec.times, rec.on_row = Path(out), cv, comm, times, on_row
+        rec.table = table
+        rec.extras, rec.guard, rec.series = Extras(comm, rec.out), OutputGuard(comm), []
         rec.writer = rec.metrics = None
         rec.t, rec.density, rec.last, rec.interrupted = 0.0, None, StepResult(t=0.0, dt=0.0), None
         rec._due = 0  # the index of the next output time to write
@@ -167,16 +178,17 @@ class ExperimentOutputs:
 
     def _start_experiment(self, scheme: Any) -> None:
         """Open the files and write the state at t = 0 (collective)."""
-        with self.guard.writing(self.out / "density.h5"):
-            self.writer = DensityWriter(self.cv, self.out / "density.xdmf")
+        if self.cv is not None:
+            with self.guard.writing(self.out / "density.h5"):
+                self.writer = DensityWriter(self.cv, self.out / "density.xdmf")
         opened = []
         for name, cv, fn in self.series:
             if cv.comm.size > 1 or self.comm.size == 1 or self.comm.rank == 0:
                 with self.guard.writing(self.out / f"{name}.h5"):
                     opened.append((DensityWriter(cv, self.out / f"{name}.xdmf", name=name), fn))
         self.series = opened
-        with self.guard.writing(self.out / "metrics.csv"):
-            self.metrics = MetricsWriter(self.comm, self.out / "metrics.csv", self.columns)
+        with self.guard.writing(self.out / self.table):
+            self.metrics = MetricsWriter(self.comm, self.out / self.table, self.columns)
         self.extras.open(None)
         self.guard.agree()
         self._write_experiment(scheme, None)
@@ -184,16 +196,17 @@ class ExperimentOutputs:
     def _write_experiment(self, scheme: Any, result: StepResult | None) -> None:
         """The series steps and one metrics row of the scheme's state (collective)."""
         row = self.extras.row(scheme, as_float=False)
-        with self.guard.writing(self.writer.h5path):
-            self.writer.write(scheme.t, scheme.density)
+        if self.writer is not None:
+            with self.guard.writing(self.writer.h5path):
+                self.writer.write(scheme.t, scheme.density)
         for writer, fn in self.series:
             with self.guard.writing(writer.h5path):
                 writer.write(scheme.t, fn(scheme))
-        with self.guard.writing(self.out / "metrics.csv"):
+        with self.guard.writing(self.out / self.table):
             self.metrics.write(row)
         self.extras.write(scheme, self.guard)
         self.guard.agree()
-        self.t, self.density = scheme.t, scheme.density
+        self.t, self.density = scheme.t, getattr(scheme, "density", None)
         if result is not None and self.on_row is not None:
             self.on_row(self.metrics.rows[-1])
 
