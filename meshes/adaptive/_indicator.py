@@ -18,7 +18,9 @@ diameter ``h_i`` and measure ``|K_i|``) needs:
 
 :func:`adapt_forest` does one adaptation: merge sibling groups whose parent's estimated
 indicator is below ``coarsen``, then refine leaves whose indicator is above ``refine``, then
-restore the 2:1 balance. Leaf masses are carried through each change by the exact transfer of
+restore the 2:1 balance (with ``grading = g``: first split leaves until none is more than one
+level coarser than a leaf within g + 1 edge steps, and refuse merges that would break that,
+:func:`graded_level`; graded cycles reach a fixed point). Leaf masses are carried through each change by the exact transfer of
 :mod:`meshes.adaptive._transfer` (conservative to round-off, never negative). Everything is
 replicated numpy: the same result on every rank.
 """
