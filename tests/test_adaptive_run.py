@@ -192,6 +192,7 @@ def test_s1_run(shared_tmp):
         ("adapt.max_level=11", "adapt.max_level"),
         ("adapt.coarsen=3e-4", "adapt.coarsen"),  # above refine / 2
         ("adapt.every=0", "adapt.every"),
+        ("adapt.grading=-1", "adapt.grading"),
         ("adapt.refine=-1.0", "adapt.refine"),
         ("adapt.tolerance=-0.1", "adapt.tolerance"),
         ("adapt.tolerance=0.1", "adapt.refine"),  # a tolerance and fixed thresholds

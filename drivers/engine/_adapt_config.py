@@ -2,7 +2,7 @@
 
 Checked by :func:`drivers.engine.validate` (here): ``every >= 1``, ``tolerance >= 0`` (0: the
 default target), ``refine >= 0`` (0: from the tolerance; > 0 not with a tolerance), ``coarsen``
-in [0, refine/2] and 0 without ``refine``, ``conserve_energy`` and ``local_time_stepping``
+in [0, refine/2] and 0 without ``refine``, ``grading >= 0``, ``conserve_energy`` and ``local_time_stepping``
 booleans (local time steps need an adaptive mesh, a scheme that takes them and coupled
 diffusion), and for ``max_level > 0`` a built-in S1/S2 mesh, a level in (``mesh.refinement``,
 :data:`~drivers.engine._schema.MAX_ADAPT_LEVEL`] and a scheme that runs on adaptive meshes
@@ -29,6 +29,9 @@ def check_adapt(cfg: dict[str, Any]) -> None:
     ad["refine"] = as_float(ad["refine"], "adapt.refine")
     ad["coarsen"] = as_float(ad["coarsen"], "adapt.coarsen")
     ad["tolerance"] = as_float(ad["tolerance"], "adapt.tolerance")
+    ad["grading"] = as_int(ad["grading"], "adapt.grading")
+    if ad["grading"] < 0:
+        raise ConfigError("adapt.grading", f"must be >= 0, got {ad['grading']}")
     for key in ("conserve_energy", "local_time_stepping"):
         if not isinstance(ad[key], bool):
             raise ConfigError(f"adapt.{key}", f"must be true or false, got {ad[key]!r}")

@@ -303,6 +303,7 @@ def adaptive_scheme(
         coarsen=ad["coarsen"],
         tolerance=ad["tolerance"] or None,
         conserve_energy=ad["conserve_energy"],
+        grading=ad["grading"],
     )
     expression = cfg["initial"]["density"]
     return AdaptiveScheme(

@@ -349,6 +349,11 @@ def _run_keys() -> tuple[Key, ...]:
         Key("adapt", "coarsen", "number", 0.0,
             "experts, with refine: merge sibling cells whose parent's estimated indicator is below "
             "this, in [0, refine/2] (0: never); 0 without refine"),
+        Key("adapt", "grading", "integer", 0,
+            "graded refinement, >= 0: no cell is more than one level coarser than any cell "
+            "within grading + 1 neighbours (the 2:1 balance at that distance; merges that would "
+            "break it are refused); 0: the 2:1 balance only; the energy budget of a clustering "
+            "run needs 2 (docs/adaptivity.md)"),
         Key("adapt", "conserve_energy", "boolean", True,
             "correct the masses carried onto refined cells so that the cell-centre energy is "
             "continuous across each adaptation (false: the plain limited linear transfer)"),

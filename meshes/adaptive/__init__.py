@@ -56,9 +56,10 @@ Indicators
 ----------
 :func:`refinement_indicator` (``"mass"``: m h, each leaf's share of a bound of the W1 error of
 the cell measure; ``"jump"``: h |K| max |rho_i - rho_j|, the L1 error of a piecewise-constant
-density) and :func:`adapt_forest` (merge, refine, balance, carry the masses) are in
-``_indicator``; :class:`solvers.transport.AdaptiveScheme` runs any token scheme on the adapted
-meshes.
+density) and :func:`adapt_forest` (merge, refine, balance, carry the masses; with
+``grading = g`` also the graded refinement of :func:`graded_level`: no leaf more than one level
+coarser than any leaf within g + 1 edge steps) are in ``_indicator``;
+:class:`solvers.transport.AdaptiveScheme` runs any token scheme on the adapted meshes.
 
 Accuracy target and energy
 --------------------------
@@ -79,6 +80,7 @@ from meshes.adaptive._indicator import (
     INDICATORS,
     AdaptCounts,
     adapt_forest,
+    graded_level,
     leaf_centres,
     limited_slopes,
     parent_indicator,
@@ -100,6 +102,7 @@ __all__ = [
     "INDICATORS",
     "AdaptCounts",
     "adapt_forest",
+    "graded_level",
     "leaf_centres",
     "limited_slopes",
     "parent_indicator",

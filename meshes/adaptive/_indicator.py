@@ -18,7 +18,9 @@ diameter ``h_i`` and measure ``|K_i|``) needs:
 
 :func:`adapt_forest` does one adaptation: merge sibling groups whose parent's estimated
 indicator is below ``coarsen``, then refine leaves whose indicator is above ``refine``, then
-restore the 2:1 balance. Leaf masses are carried through each change by the exact transfer of
+restore the 2:1 balance (with ``grading = g``: first split leaves until none is more than one
+level coarser than a leaf within g + 1 edge steps, and refuse merges that would break that,
+:func:`graded_level`; graded cycles reach a fixed point). Leaf masses are carried through each change by the exact transfer of
 :mod:`meshes.adaptive._transfer` (conservative to round-off, never negative). Everything is
 replicated numpy: the same result on every rank.
 """
@@ -37,6 +39,7 @@ __all__ = [
     "INDICATORS",
     "AdaptCounts",
     "adapt_forest",
+    "graded_level",
     "leaf_centres",
     "limited_slopes",
     "parent_indicator",
@@ -44,6 +47,7 @@ __all__ = [
 ]
 
 Array = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 #: indicator name -> estimated ratio of a merged parent's indicator to the sum of its children's
 INDICATORS = {"mass": 2.0, "jump": 4.0}
@@ -123,7 +127,7 @@ def parent_indicator(forest: Any, eta: Array, kind: str = "mass") -> Array:
 
 
 def adapt_forest(
-    forest: Any, leaf_mass: Array, kind: str, refine: float, coarsen: float
+    forest: Any, leaf_mass: Array, kind: str, refine: float, coarsen: float, grading: int = 0
 ) -> tuple[Array, AdaptCounts]:
     """One adaptation of ``forest`` (in place) and the leaf masses carried onto it.
 
@@ -138,15 +142,24 @@ def adapt_forest(
         kind: the indicator (:data:`INDICATORS`).
         refine: split leaves whose indicator exceeds this (> 0).
         coarsen: merge groups whose parent's indicator is below this (>= 0; 0: never).
+        grading: layers of graded refinement (>= 0): after the split, leaves are split until
+            none is more than one level coarser than a leaf within ``grading + 1`` edge steps
+            (:func:`graded_level`; the 2:1 balance at that distance, so every level band is
+            at least ``grading + 1`` leaves wide), and a merge that would break it is refused
+            (it would be split again at once). 0: the 2:1 balance only.
 
     Returns:
         ``(masses, counts)``: the masses on the new leaves and an :class:`AdaptCounts`.
     """
+    if isinstance(grading, bool) or not (isinstance(grading, int | np.integer) and grading >= 0):
+        raise ValueError(f"grading must be an integer >= 0, got {grading!r}")
     m = np.asarray(leaf_mass, dtype=np.float64)
     eta = refinement_indicator(forest, m, kind)
     merged = 0
     if coarsen > 0:
         merge = (parent_indicator(forest, eta, kind) < coarsen) & ~(eta > refine)
+        if grading and np.any(merge):
+            merge = _graded_merges(forest, merge, grading)
         if np.any(merge):
             before = forest.leaf_set()
             merged = forest.coarsen(merge, closure=True)
@@ -156,14 +169,74 @@ def adapt_forest(
     before = forest.leaf_set()
     marked = eta > refine
     profile = None
-    if np.any(marked):  # the slopes (neighbour search) only when leaves will split
+    if np.any(marked) or grading:  # the slopes (neighbour search) only when leaves may split
         centres = leaf_centres(forest)
         profile = (centres, limited_slopes(forest, m, centres))
     split = forest.refine(marked)
+    if grading:
+        split += _grade(forest, grading)
     balanced = forest.close()
     if split or balanced:
         m = _prolong(before, forest, m, profile)
     return m, AdaptCounts(split, balanced, merged)
+
+
+def graded_level(forest: Any, level: npt.ArrayLike, grading: int) -> IntArray:
+    """Per leaf, the level that graded refinement asks of it: the finest level of the leaves
+    within ``grading + 1`` edge steps, less one (the 2:1 balance at that distance).
+
+    Args:
+        forest: the forest (its current leaves and their neighbours).
+        level: (n_leaves,) the levels to grade (the leaves' own, or after planned merges).
+        grading: the number of layers (>= 0; 0: the ordinary 2:1 balance).
+
+    Returns:
+        (n_leaves,) int64.
+    """
+    pairs = forest.neighbours()
+    i, j = pairs[:, 0], pairs[:, 1]
+    top = np.asarray(level, dtype=np.int64).copy()
+    for _ in range(grading + 1):
+        nxt = top.copy()
+        np.maximum.at(nxt, i, top[j])
+        np.maximum.at(nxt, j, top[i])
+        top = nxt
+    return top - 1
+
+
+def _grade(forest: Any, grading: int) -> int:
+    """Split leaves below the level :func:`graded_level` asks of them until none is (each
+    round only refines, and levels are bounded by ``max_level``); the number of splits."""
+    split = 0
+    while True:
+        level = forest.leaf_levels()
+        short = (level < graded_level(forest, level, grading)) & (level < forest.max_level)
+        if not np.any(short):
+            return split
+        split += forest.refine(short)
+
+
+def _graded_merges(
+    forest: Any, merge: npt.NDArray[np.bool_], grading: int
+) -> npt.NDArray[np.bool_]:
+    """The merge mask without the sibling groups whose parent would be coarser than the
+    graded level (after the other merges; it would be split again at once), until no such
+    group is left (a refusal keeps a group fine, which can refuse its neighbours)."""
+    leaves = forest.leaf_set()
+    width = leaves.ends - leaves.starts
+    parent = leaves.starts // (width * forest.children_per_cell)
+    key = np.stack([leaves.levels, parent], axis=1)
+    _, group = np.unique(key, axis=0, return_inverse=True)
+    group = group.ravel()
+    merge = merge.copy()
+    while True:
+        new_level = leaves.levels - merge
+        bad = merge & (new_level < graded_level(forest, new_level, grading))
+        if not np.any(bad):
+            return merge
+        refused = np.zeros(group.max() + 1, dtype=bool)
+        refused[group[bad]] = True
+        merge &= ~refused[group]
 
 
 def leaf_centres(forest: Any) -> Array:

@@ -95,6 +95,10 @@ class AdaptOptions:
         conserve_energy: with an energy model (:class:`AdaptiveScheme`), correct the masses
             of changed leaves so that the cell-centre energy is continuous across the
             adaptation (:func:`meshes.adaptive.energy_correction`).
+        grading: layers of graded refinement around finer leaves (>= 0; 0: the 2:1 balance
+            only): :func:`meshes.adaptive.adapt_forest`. The finite-volume energy rate is
+            inconsistent where the level drops while the density is still steep (the edge of
+            a cluster); each layer moves that drop outwards (docs/adaptivity.md).
     """
 
     every: int = 10
@@ -104,8 +108,13 @@ class AdaptOptions:
     energy: bool = True
     tolerance: float | None = None
     conserve_energy: bool = True
+    grading: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.grading, bool) or not (
+            isinstance(self.grading, int) and self.grading >= 0
+        ):
+            raise ValueError(f"grading must be an integer >= 0, got {self.grading!r}")
         if not (isinstance(self.every, int) and self.every >= 1):
             raise ValueError(f"every must be an integer >= 1, got {self.every!r}")
         if self.indicator not in INDICATORS:
@@ -237,7 +246,9 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
                 eta = refinement_indicator(forest, leaf, options.indicator)
                 self.tolerance = default_tolerance(forest, eta, options.indicator)
             refine, coarsen = self._threshold(leaf)
-            _, counts = adapt_forest(forest, leaf, options.indicator, refine, coarsen)
+            _, counts = adapt_forest(
+                forest, leaf, options.indicator, refine, coarsen, options.grading
+            )
             if not counts.changed:
                 break
         else:
@@ -326,7 +337,9 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         leaf = leaf_masses(self.cv, self.owner_leaf, masses, self.forest.n_leaves)
         refine, coarsen = self._threshold(leaf)
         before = self.forest.leaf_set()
-        new_leaf, counts = adapt_forest(self.forest, leaf, opts.indicator, refine, coarsen)
+        new_leaf, counts = adapt_forest(
+            self.forest, leaf, opts.indicator, refine, coarsen, opts.grading
+        )
         if not counts.changed:
             return False
         e_before = inner.diagnostics().energy if opts.energy else None
