@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
@@ -233,6 +234,19 @@ def _next_stop(t: float, t_record: float, grid_dt: float | None) -> float:
     return min(t_record, (k + 1) * grid_dt)
 
 
+#: Records between two rewrites of a mesh run's partial CSV (:func:`partial_csv`).
+PARTIAL_EVERY = 50
+
+
+def partial_csv(setup: Setup, H: int, path: int) -> Path:
+    """The rows so far of one mesh run, rewritten every ``PARTIAL_EVERY`` records (rank 0).
+
+    A long run cut short keeps its first records there; :func:`mesh_study` deletes the file once
+    mesh.csv holds the finished run.
+    """
+    return Path(setup.out) / f"mesh_partial_H{H}_path{path}.csv"
+
+
 def run_mesh(
     setup: Setup,
     cv: ControlVolumes,
@@ -282,6 +296,8 @@ def run_mesh(
         r = len(rows) - 1
         if r in snap_at:
             snaps[snap_at[r]] = gathered.gather(solver.density)
+        if comm.rank == 0 and len(rows) % PARTIAL_EVERY == 0:
+            write_csv(partial_csv(setup, H, path), rows)
 
     # steps stop on the record times and on the points of the weights' grid
     record()
@@ -337,7 +353,8 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
     Args:
         experiment: the script (communicator, log).
         setup: the setup.
-        factory: the weight dynamics (paths 0 .. mesh_paths - 1 drive the mesh runs).
+        factory: the weight dynamics (paths mesh_first_path .. mesh_first_path + mesh_paths - 1
+            drive the mesh runs).
     """
     if not setup.mesh_heads:
         return
@@ -349,7 +366,8 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
         f"icosphere level {setup.mesh_level}: {quality.n_cells} cells, h = {quality.h:.3g}"
     )
     runs = []
-    for H, path in ((H, path) for H in setup.mesh_heads for path in range(setup.mesh_paths)):
+    paths = range(setup.mesh_first_path, setup.mesh_first_path + setup.mesh_paths)
+    for H, path in ((H, path) for H in setup.mesh_heads for path in paths):
         run = run_mesh(setup, cv, factory, H, comm, gathered, path)
         runs.append(run)
         last = run.rows[-1]
@@ -362,6 +380,8 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
         )
     if comm.rank == 0:
         save_runs(setup.out, "mesh", runs, gathered.points)
+        for run in runs:
+            partial_csv(setup, run.H, run.path).unlink(missing_ok=True)
         with np.load(setup.out / "mesh_snapshots.npz") as data:
             arrays = dict(data)
         np.savez(setup.out / "mesh_snapshots.npz", cell_measures=gathered.weights, **arrays)

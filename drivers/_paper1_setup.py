@@ -48,6 +48,7 @@ class Setup:
     mesh_level: int = 3
     mesh_heads: Sequence[int] = (1, 3, 10)
     mesh_paths: int = 1  # Monte Carlo paths of every mesh run
+    mesh_first_path: int = 0  # the mesh runs take paths mesh_first_path, ... (+ mesh_paths - 1)
     mesh_t_end: float = 10.0
     kappa: float = 10.0
     cfl: float = 0.4
@@ -62,6 +63,9 @@ class Setup:
             return ""
         return f" from caps kappa = {self.particle_kappa:g}"
 
+    def _first_path(self) -> str:
+        return f" from path {self.mesh_first_path}" if self.mesh_first_path else ""
+
     def describe(self) -> str:
         """One line: the weights, the particle runs and the mesh runs."""
         return (
@@ -69,7 +73,7 @@ class Setup:
             f"n = {self.n_tokens}, H = {list(self.heads)}, "
             f"paths {list(self.paths)}, T = {self.t_end:g}, dt = {self.dt:g} ({self.integrator}); "
             f"mesh: level {self.mesh_level}, H = {list(self.mesh_heads)}, "
-            f"{self.mesh_paths} path(s), "
+            f"{self.mesh_paths} path(s){self._first_path()}, "
             f"T = {self.mesh_t_end:g}, kappa = {self.kappa:g} -> {self.out}"
         )
 
@@ -114,6 +118,11 @@ def parse_setup(
     p.add_argument("--record-every", type=int, help="steps between budget records (4)")
     p.add_argument("--mesh-heads", type=int, nargs="*", help="mesh head counts (1 3 10)")
     p.add_argument("--mesh-paths", type=int, help="Monte Carlo paths of every mesh H (1)")
+    p.add_argument(
+        "--mesh-first-path",
+        type=int,
+        help="first Monte Carlo path of the mesh runs (0): one path per process, same weights",
+    )
     p.add_argument("--mesh-level", type=int, help="icosphere level of the mesh run (3)")
     p.add_argument("--mesh-t-end", type=float, help="mesh final time (default 10)")
     p.add_argument("--kappa", type=float, help="cap concentration of the mesh density (10)")
@@ -133,7 +142,8 @@ def parse_setup(
         s.paths = (min(paths[0], 2),)
         s.mesh_level, s.mesh_heads, s.mesh_t_end, s.backend = 1, (1, 2), 0.05, "numpy"
     overrides = ("heads", "paths", "t_end", "n_tokens", "record_every", "mesh_heads")
-    for key in (*overrides, "mesh_paths", "mesh_level", "mesh_t_end", "kappa", "particle_kappa"):
+    mesh_keys = ("mesh_paths", "mesh_first_path", "mesh_level")
+    for key in (*overrides, *mesh_keys, "mesh_t_end", "kappa", "particle_kappa"):
         if getattr(a, key) is not None:
             setattr(s, key, getattr(a, key))
     s.integrator = a.integrator
@@ -143,6 +153,8 @@ def parse_setup(
         p.error(f"--paths: one value >= 1, or one per head count {list(s.heads)}")
     if s.mesh_paths < 1:
         p.error(f"--mesh-paths: must be >= 1, got {s.mesh_paths}")
+    if s.mesh_first_path < 0:
+        p.error(f"--mesh-first-path: must be >= 0, got {s.mesh_first_path}")
     if s.particle_kappa is not None and not s.particle_kappa >= 0.0:
         p.error(f"--particle-kappa: must be >= 0, got {s.particle_kappa}")
     experiment.prepare(s.out)

@@ -99,3 +99,35 @@ def test_particle_kappa_must_be_non_negative():
     with pytest.raises(SystemExit) as err:
         main(["--particle-kappa", "-1", "--out", "unused"])
     assert err.value.code == 2
+
+
+def test_mesh_first_path_runs_the_same_weights_as_the_full_study(tmp_path):
+    """--mesh-first-path 1 --mesh-paths 1 is path 1 of a two-path study, record by record.
+
+    So one path per process (drivers/README.md, issue 30 item 4) gives the rows of the joint run.
+    """
+    import csv
+
+    comm = MPI.COMM_WORLD
+    outs = [tmp_path / "both", tmp_path / "second"] if comm.rank == 0 else [None, None]
+    both, second = comm.bcast(outs, root=0)
+    base = ["--tiny", "--heads", "--mesh-heads", "1"]
+    assert main([*base, "--mesh-paths", "2", "--out", str(both)]) == 0
+    assert main([*base, "--mesh-paths", "1", "--mesh-first-path", "1", "--out", str(second)]) == 0
+
+    def rows(folder: Path) -> list[dict]:
+        with open(folder / "mesh.csv", newline="") as fh:
+            return [r for r in csv.DictReader(fh)]
+
+    keys = ("H", "path", "t", "energy", "G2", "int_dissipation", "martingale")
+    joint = [[r[k] for k in keys] for r in rows(both) if int(float(r["path"])) == 1]
+    alone = [[r[k] for k in keys] for r in rows(second)]
+    assert len(alone) == len(joint) > 1
+    assert alone == joint
+    assert {int(float(r["path"])) for r in rows(both)} == {0, 1}
+
+
+def test_mesh_first_path_must_be_non_negative():
+    with pytest.raises(SystemExit) as err:
+        main(["--mesh-first-path", "-1", "--out", "unused"])
+    assert err.value.code == 2
