@@ -63,6 +63,7 @@ __all__ = [
     "Run",
     "Setup",
     "WeightsFactory",
+    "antipodal_pairs",
     "caps_expression",
     "caps_tokens",
     "fit_exponent",
@@ -124,6 +125,28 @@ def caps_tokens(n: int, kappa: float, seed: int) -> np.ndarray:
     centres = np.vstack([np.eye(3), -np.eye(3)])
     rng = np.random.default_rng([seed, 0])
     return vmf_mixture(n, centres, np.full(6, kappa), np.full(6, 1.0 / 6.0), rng)
+
+
+def antipodal_pairs(points: np.ndarray) -> np.ndarray:
+    """The first n/2 points and their antipodes: a cloud invariant under x -> -x.
+
+    The mesh runs' six-cap density is antipodally symmetric, and so is the flow (D_h symmetric:
+    X[mu](-x) = -X[mu](x) when mu is), so their density stays symmetric at every level and
+    time; particles in antipodal pairs share that symmetry, i.i.d. particles break it.
+
+    Args:
+        points: (n, 3) tokens, n even.
+
+    Returns:
+        (n, 3): rows k and n/2 + k are antipodal.
+
+    Raises:
+        ValueError: for an odd number of points.
+    """
+    n = len(points)
+    if n % 2:
+        raise ValueError(f"antipodal pairs need an even number of points, got {n}")
+    return np.vstack([points[: n // 2], -points[: n // 2]])
 
 
 def caps_expression(kappa: float) -> str:
@@ -188,6 +211,8 @@ def run_particles(setup: Setup, factory: WeightsFactory, H: int, path: int, comm
         points = octahedron_tokens(setup.n_tokens, setup.noise, setup.seed)
     else:
         points = caps_tokens(setup.n_tokens, setup.particle_kappa, setup.seed)
+    if setup.particle_antipodal:
+        points = antipodal_pairs(points)
     mine = np.array_split(np.arange(setup.n_tokens), comm.size)[comm.rank]
     masses = np.full(setup.n_tokens, 1.0 / setup.n_tokens)
     weights = factory(H, path)
@@ -324,12 +349,12 @@ def particle_study(experiment: Experiment, setup: Setup, factory: WeightsFactory
     Args:
         experiment: the script (communicator, log).
         setup: the setup.
-        factory: the weight dynamics.
+        factory: the weight dynamics (paths first_path, first_path + 1, ...).
     """
     comm = experiment.comm
     runs: list[Run] = []
     for H in setup.heads:
-        for path in range(paths_for(setup, H)):
+        for path in range(setup.first_path, setup.first_path + paths_for(setup, H)):
             run = run_particles(setup, factory, H, path, comm)
             runs.append(run)
             last = run.rows[-1]
@@ -353,8 +378,8 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
     Args:
         experiment: the script (communicator, log).
         setup: the setup.
-        factory: the weight dynamics (paths mesh_first_path .. mesh_first_path + mesh_paths - 1
-            drive the mesh runs).
+        factory: the weight dynamics (paths first_path .. first_path + mesh_paths - 1 drive
+            the mesh runs).
     """
     if not setup.mesh_heads:
         return
@@ -366,7 +391,7 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
         f"icosphere level {setup.mesh_level}: {quality.n_cells} cells, h = {quality.h:.3g}"
     )
     runs = []
-    paths = range(setup.mesh_first_path, setup.mesh_first_path + setup.mesh_paths)
+    paths = range(setup.first_path, setup.first_path + setup.mesh_paths)
     for H, path in ((H, path) for H in setup.mesh_heads for path in paths):
         run = run_mesh(setup, cv, factory, H, comm, gathered, path)
         runs.append(run)

@@ -101,33 +101,69 @@ def test_particle_kappa_must_be_non_negative():
     assert err.value.code == 2
 
 
-def test_mesh_first_path_runs_the_same_weights_as_the_full_study(tmp_path):
-    """--mesh-first-path 1 --mesh-paths 1 is path 1 of a two-path study, record by record.
+def test_first_path_runs_the_same_weights_as_the_full_study(tmp_path):
+    """--first-path 1 --mesh-paths 1 is path 1 of a two-path study, record by record.
 
-    So one path per process (drivers/README.md, issue 30 item 4) gives the rows of the joint run.
+    So one path per process (drivers/README.md, issue 30 item 4) gives the rows of the joint
+    run; mesh.csv replaces the partial CSVs.
     """
     import csv
+
+    import drivers.paper1_ou_s2 as script
+    from drivers._experiment import Experiment
+    from drivers._paper1 import mesh_study, parse_setup
 
     comm = MPI.COMM_WORLD
     outs = [tmp_path / "both", tmp_path / "second"] if comm.rank == 0 else [None, None]
     both, second = comm.bcast(outs, root=0)
-    base = ["--tiny", "--heads", "--mesh-heads", "1"]
-    assert main([*base, "--mesh-paths", "2", "--out", str(both)]) == 0
-    assert main([*base, "--mesh-paths", "1", "--mesh-first-path", "1", "--out", str(second)]) == 0
+    base = ["--tiny", "--heads", "--mesh-heads", "2"]
+    for out, extra in ((both, ["--mesh-paths", "2"]), (second, ["--first-path", "1"])):
+        experiment = Experiment(script.__file__, script.__doc__)
+        setup = parse_setup(experiment, "ou", (2, 2, 1), [*base, *extra, "--out", str(out)])
+        mesh_study(experiment, setup, ou_weights(setup))
 
     def rows(folder: Path) -> list[dict]:
         with open(folder / "mesh.csv", newline="") as fh:
-            return [r for r in csv.DictReader(fh)]
+            return [
+                {k: float(v) for k, v in r.items() if k != "wall_s"} for r in csv.DictReader(fh)
+            ]
 
-    keys = ("H", "path", "t", "energy", "G2", "int_dissipation", "martingale")
-    joint = [[r[k] for k in keys] for r in rows(both) if int(float(r["path"])) == 1]
-    alone = [[r[k] for k in keys] for r in rows(second)]
-    assert len(alone) == len(joint) > 1
-    assert alone == joint
-    assert {int(float(r["path"])) for r in rows(both)} == {0, 1}
+    if comm.rank == 0:
+        joint = rows(both)
+        assert {r["path"] for r in joint} == {0.0, 1.0}
+        alone = rows(second)
+        assert len(alone) > 1
+        assert alone == [r for r in joint if r["path"] == 1.0]
+        assert not list(both.glob("mesh_partial*")) and not list(second.glob("mesh_partial*"))
 
 
-def test_mesh_first_path_must_be_non_negative():
+def test_first_path_must_be_non_negative():
     with pytest.raises(SystemExit) as err:
-        main(["--mesh-first-path", "-1", "--out", "unused"])
+        main(["--first-path", "-1", "--out", "unused"])
     assert err.value.code == 2
+
+
+def test_mesh_run_keeps_its_rows_so_far_in_a_partial_csv(tmp_path, monkeypatch):
+    """A long mesh run cut short keeps its first records: mesh_partial_H<H>_path<p>.csv."""
+    import csv
+
+    import drivers._paper1 as paper1
+    from drivers.engine import GatheredCells
+    from meshes import control_volumes, icosphere
+
+    comm = MPI.COMM_WORLD
+    out = comm.bcast(tmp_path if comm.rank == 0 else None, root=0)
+    monkeypatch.setattr(paper1, "PARTIAL_EVERY", 4)
+    setup = Setup(
+        name="ou", dynamics="ou", out=out, mesh_level=1, mesh_t_end=0.1, record_every=2,
+        backend="numpy",
+    )  # fmt: skip
+    cv = control_volumes(icosphere(comm, 1))
+    run = paper1.run_mesh(setup, cv, ou_weights(setup), 2, comm, GatheredCells(cv), path=1)
+    assert len(run.rows) == 11  # t = 0, 0.01, ..., 0.1
+    if comm.rank == 0:
+        with open(out / "mesh_partial_H2_path1.csv", newline="") as fh:
+            saved = list(csv.DictReader(fh))
+        assert len(saved) == 8  # the last rewrite, at the 8th record
+        for row, kept in zip(run.rows, saved, strict=False):
+            assert {k: float(v) for k, v in kept.items()} == {k: float(v) for k, v in row.items()}
