@@ -167,3 +167,80 @@ def test_mesh_run_keeps_its_rows_so_far_in_a_partial_csv(tmp_path, monkeypatch):
         assert len(saved) == 8  # the last rewrite, at the 8th record
         for row, kept in zip(run.rows, saved, strict=False):
             assert {k: float(v) for k, v in kept.items()} == {k: float(v) for k, v in row.items()}
+
+
+def test_mesh_density_and_antipodal_particles_keep_the_symmetry_x_to_minus_x():
+    """Why the mesh's one-head G^2 stays below the particles' (drivers/README.md, issue 30).
+
+    The six-cap density is invariant under x -> -x and so is the flow (D_h symmetric), so the
+    mesh density stays symmetric to round-off; particles in antipodal pairs stay in pairs,
+    i.i.d. particles are not symmetric to begin with.
+    """
+    from scipy.spatial import cKDTree
+
+    import drivers._paper1 as paper1
+    from drivers.engine import GatheredCells
+    from meshes import control_volumes, icosphere
+
+    comm = MPI.COMM_WORLD
+    setup = Setup(
+        name="ou", dynamics="ou", out=Path("."), n_tokens=N, t_end=0.4, dt=DT, record_every=5,
+        particle_kappa=10.0, particle_antipodal=True, mesh_level=1, mesh_t_end=0.2,
+        backend="numpy",
+    )  # fmt: skip
+    factory = ou_weights(setup)
+    run = paper1.run_particles(setup, factory, 1, 0, comm)
+    cv = control_volumes(icosphere(comm, 1))
+    gathered = GatheredCells(cv)
+    mesh = paper1.run_mesh(setup, cv, factory, 1, comm, gathered, path=0)
+    if comm.rank == 0:
+        x0 = paper1.antipodal_pairs(caps_tokens(N, 10.0, setup.seed))
+        x = run.final
+        assert np.abs(x - x0).max() > 0.05  # the tokens moved
+        np.testing.assert_allclose(x[N // 2 :], -x[: N // 2], atol=1e-12)
+        iid = caps_tokens(N, 10.0, setup.seed)
+        assert np.abs(iid[N // 2 :] + iid[: N // 2]).max() > 0.5
+        points = gathered.points
+        dist, anti = cKDTree(points).query(-points)
+        assert dist.max() < 1e-12  # the icosphere is antipodally symmetric
+        rho = mesh.final
+        assert np.ptp(rho) > 1e-3 * rho.max()  # not uniform
+        np.testing.assert_allclose(rho[anti], rho, rtol=0, atol=1e-12 * rho.max())
+    with pytest.raises(ValueError, match="even"):
+        paper1.antipodal_pairs(np.zeros((5, 3)))
+
+
+def test_particle_antipodal_needs_an_even_number_of_tokens():
+    with pytest.raises(SystemExit) as err:
+        main(["--particle-antipodal", "--n-tokens", "21", "--out", "unused"])
+    assert err.value.code == 2
+
+
+def test_exponent_study_counts_partial_runs_and_measures_clusters(tmp_path, monkeypatch):
+    """docs/examples/ou_exponent_study.py: a run cut short counts in the windows it has passed."""
+    import importlib.util
+    import sys
+
+    from drivers._paper1 import write_csv
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "examples" / "ou_exponent_study.py"
+    spec = importlib.util.spec_from_file_location("ou_exponent_study", root)
+    study = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, study)  # for its dataclass
+    spec.loader.exec_module(study)
+    folder = tmp_path / "mesh_L9_H2_p1"
+    folder.mkdir()
+    rows = [{"H": 2, "path": 1, "t": float(t), "G2": float(t)} for t in range(13)]  # to t = 12
+    write_csv(folder / "mesh_partial_H2_path1.csv", rows)
+    (tmp_path / "notes").mkdir()  # a folder without _H is not a run
+    data = study.collect(tmp_path)
+    assert list(data) == ["mesh_L9"] and list(data["mesh_L9"]) == [2]
+    (run,) = data["mesh_L9"][2]
+    assert (run.H, run.path, len(run.rows)) == (2, 1, 13)
+    assert study.window_average(run.rows, 5.0, 10.0) == pytest.approx(7.5)  # mean of t
+    assert np.isnan(study.window_average(run.rows, 10.0, 20.0))  # not reached
+    # one cluster holds everything; a symmetric pair of clusters at most half
+    z = np.array([[0.0, 0.0, 1.0]] * 4 + [[0.0, 0.1, 0.995]] * 4)
+    assert study.largest_cluster(z / np.linalg.norm(z, axis=1)[:, None], np.full(8, 0.125)) == 1.0
+    pair = np.array([[0.0, 0.0, 1.0]] * 4 + [[0.0, 0.0, -1.0]] * 4)
+    assert study.largest_cluster(pair, np.full(8, 0.125)) == 0.5
