@@ -5,24 +5,38 @@ drivers/paper1_ou_s2.py measures G2_late = (2/T) int_{T/2}^T G^2 dt per Monte Ca
 fits G2_late ~ H^alpha with a bootstrap interval over the paths
 (``solvers.diagnostics.fit_power_law``). The particles (T = 20, window [10, 20]) gave
 alpha = -0.98, the mesh (level 3, T = 5, window [2.5, 5]) -0.76. This script reads the
-particles.csv / mesh.csv of several run folders (one per scheme, level and H, so that each
-finished run is kept when a longer study is cut short), and for every scheme and window prints
-the mean over paths of the windowed average of G^2 per H and, where three head counts with two
-paths or more are present, the fitted exponent with its 95 % bootstrap interval. The weights
-of (H, path) are the same in every scheme (seeded by (seed, H, path)), so the schemes are
-compared on identical weight paths.
+particles.csv / mesh.csv of several run folders (one per scheme, level, H and possibly path,
+so that each finished run is kept when a longer study is cut short; a mesh run still going
+counts with its mesh_partial_H*_path*.csv in the windows it has passed), and for every scheme
+and window prints the mean over paths of the windowed average of G^2 per H and, where three
+head counts with two paths or more are present, the fitted exponent with its 95 % bootstrap
+interval. The scheme is the folder name before its last ``_H``. The weights of (H, path) are
+the same in every scheme (seeded by (seed, H, path)), so the schemes are compared on
+identical weight paths. ``--clusters`` adds, per run at t = 10 and 20, the largest mass within
+0.3 rad of a point (1 for a single cluster, at most 1/2 for a density symmetric under
+x -> -x) and, for the mesh, max |rho(x) - rho(-x)| / max rho: the six-cap density and the
+flow are antipodally symmetric, and that symmetry, not the resolution, is what separates the
+mesh from 200 i.i.d. particles at H = 1 (drivers/README.md).
 
-The runs (one rank each, ``nice -n 5``; folders results/ou30/<scheme>_H<H>):
+The runs (one rank each, ``NUMBA_NUM_THREADS=1 nice -n 5``; one process per path with
+``--first-path P``, or ``--paths 2`` / ``--mesh-paths 2`` for both in one process):
 
-    python drivers/paper1_ou_s2.py --heads --mesh-heads H --mesh-paths 2 --mesh-t-end 20 \\
-        --mesh-level L --out results/ou30/mesh_LL_HH
+    python drivers/paper1_ou_s2.py --heads --mesh-heads H --mesh-paths 1 --first-path P \\
+        --mesh-t-end 20 --mesh-level L --out results/ou30/mesh_LL_HH_pP
     python drivers/paper1_ou_s2.py --heads H --paths 2 --mesh-heads --out results/ou30/particles_octa_HH
     python drivers/paper1_ou_s2.py --heads H --paths 2 --particle-kappa 10 --mesh-heads \\
         --out results/ou30/particles_caps10_HH
+    python drivers/paper1_ou_s2.py --heads H --paths 1 --first-path P --particle-kappa 10 \\
+        --particle-antipodal --mesh-heads --out results/ou30/particles_caps10anti_HH_pP
+    python drivers/paper1_ou_s2.py --heads 1 --paths 1 --first-path P --n-tokens N \\
+        --particle-kappa 10 [--particle-antipodal] --mesh-heads \\
+        --out results/ou30/particles_caps10[anti]_nN_H1_pP
 
-then
+(H in 1, 3, 10; L in 2, 3, 4; P in 0, 1; N in 400, 800; the octahedron at n = 800:
+``--heads 1 --paths 1 --first-path P --n-tokens 800 --mesh-heads``, folder
+particles_octa_n800_H1_pP), then
 
-    python docs/examples/ou_exponent_study.py results/ou30
+    python docs/examples/ou_exponent_study.py results/ou30 --clusters
 """
 
 from __future__ import annotations
