@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import dolfinx_solver  # noqa: F401  (before mpi4py / petsc4py / dolfinx)
@@ -61,6 +62,7 @@ __all__ = [
     "Run",
     "Setup",
     "WeightsFactory",
+    "antipodal_pairs",
     "caps_expression",
     "caps_tokens",
     "fit_exponent",
@@ -122,6 +124,28 @@ def caps_tokens(n: int, kappa: float, seed: int) -> np.ndarray:
     centres = np.vstack([np.eye(3), -np.eye(3)])
     rng = np.random.default_rng([seed, 0])
     return vmf_mixture(n, centres, np.full(6, kappa), np.full(6, 1.0 / 6.0), rng)
+
+
+def antipodal_pairs(points: np.ndarray) -> np.ndarray:
+    """The first n/2 points and their antipodes: a cloud invariant under x -> -x.
+
+    The mesh runs' six-cap density is antipodally symmetric, and so is the flow (D_h symmetric:
+    X[mu](-x) = -X[mu](x) when mu is), so their density stays symmetric at every level and
+    time; particles in antipodal pairs share that symmetry, i.i.d. particles break it.
+
+    Args:
+        points: (n, 3) tokens, n even.
+
+    Returns:
+        (n, 3): rows k and n/2 + k are antipodal.
+
+    Raises:
+        ValueError: for an odd number of points.
+    """
+    n = len(points)
+    if n % 2:
+        raise ValueError(f"antipodal pairs need an even number of points, got {n}")
+    return np.vstack([points[: n // 2], -points[: n // 2]])
 
 
 def caps_expression(kappa: float) -> str:
@@ -186,6 +210,8 @@ def run_particles(setup: Setup, factory: WeightsFactory, H: int, path: int, comm
         points = octahedron_tokens(setup.n_tokens, setup.noise, setup.seed)
     else:
         points = caps_tokens(setup.n_tokens, setup.particle_kappa, setup.seed)
+    if setup.particle_antipodal:
+        points = antipodal_pairs(points)
     mine = np.array_split(np.arange(setup.n_tokens), comm.size)[comm.rank]
     masses = np.full(setup.n_tokens, 1.0 / setup.n_tokens)
     weights = factory(H, path)
@@ -230,6 +256,19 @@ def _next_stop(t: float, t_record: float, grid_dt: float | None) -> float:
     s = t / grid_dt
     k = round(s) if abs(s - round(s)) < 1e-8 else math.floor(s)
     return min(t_record, (k + 1) * grid_dt)
+
+
+#: Records between two rewrites of a mesh run's partial CSV (:func:`partial_csv`).
+PARTIAL_EVERY = 50
+
+
+def partial_csv(setup: Setup, H: int, path: int) -> Path:
+    """The rows so far of one mesh run, rewritten every ``PARTIAL_EVERY`` records (rank 0).
+
+    A long run cut short keeps its first records there; :func:`mesh_study` deletes the file once
+    mesh.csv holds the finished run.
+    """
+    return Path(setup.out) / f"mesh_partial_H{H}_path{path}.csv"
 
 
 def run_mesh(
@@ -281,6 +320,8 @@ def run_mesh(
         r = len(rows) - 1
         if r in snap_at:
             snaps[snap_at[r]] = gathered.gather(solver.density)
+        if comm.rank == 0 and len(rows) % PARTIAL_EVERY == 0:
+            write_csv(partial_csv(setup, H, path), rows)
 
     # steps stop on the record times and on the points of the weights' grid
     record()
@@ -307,12 +348,12 @@ def particle_study(experiment: Experiment, setup: Setup, factory: WeightsFactory
     Args:
         experiment: the script (communicator, log).
         setup: the setup.
-        factory: the weight dynamics.
+        factory: the weight dynamics (paths first_path, first_path + 1, ...).
     """
     comm = experiment.comm
     runs: list[Run] = []
     for H in setup.heads:
-        for path in range(paths_for(setup, H)):
+        for path in range(setup.first_path, setup.first_path + paths_for(setup, H)):
             run = run_particles(setup, factory, H, path, comm)
             runs.append(run)
             last = run.rows[-1]
@@ -336,7 +377,8 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
     Args:
         experiment: the script (communicator, log).
         setup: the setup.
-        factory: the weight dynamics (paths 0 .. mesh_paths - 1 drive the mesh runs).
+        factory: the weight dynamics (paths first_path .. first_path + mesh_paths - 1 drive
+            the mesh runs).
     """
     if not setup.mesh_heads:
         return
@@ -348,7 +390,8 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
         f"icosphere level {setup.mesh_level}: {quality.n_cells} cells, h = {quality.h:.3g}"
     )
     runs = []
-    for H, path in ((H, path) for H in setup.mesh_heads for path in range(setup.mesh_paths)):
+    paths = range(setup.first_path, setup.first_path + setup.mesh_paths)
+    for H, path in ((H, path) for H in setup.mesh_heads for path in paths):
         run = run_mesh(setup, cv, factory, H, comm, gathered, path)
         runs.append(run)
         last = run.rows[-1]
@@ -361,6 +404,8 @@ def mesh_study(experiment: Experiment, setup: Setup, factory: WeightsFactory) ->
         )
     if comm.rank == 0:
         save_runs(setup.out, "mesh", runs, gathered.points)
+        for run in runs:
+            partial_csv(setup, run.H, run.path).unlink(missing_ok=True)
         with np.load(setup.out / "mesh_snapshots.npz") as data:
             arrays = dict(data)
         np.savez(setup.out / "mesh_snapshots.npz", cell_measures=gathered.weights, **arrays)

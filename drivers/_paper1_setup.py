@@ -35,6 +35,7 @@ class Setup:
     n_tokens: int = 200
     noise: float = 0.05
     particle_kappa: float | None = None  # particles drawn from the mesh's caps (None: octahedron)
+    particle_antipodal: bool = False  # n/2 tokens and their antipodes (the mesh's symmetry)
     heads: Sequence[int] = (1, 10, 100)
     paths: Sequence[int] = (3,)  # Monte Carlo paths: one value for every H, or one per H
     t_end: float = 20.0
@@ -45,6 +46,7 @@ class Setup:
     integrator: str = "rk4"
     record_every: int = 4
     seed: int = 0
+    first_path: int = 0  # every run takes paths first_path, first_path + 1, ...
     mesh_level: int = 3
     mesh_heads: Sequence[int] = (1, 3, 10)
     mesh_paths: int = 1  # Monte Carlo paths of every mesh run
@@ -58,18 +60,23 @@ class Setup:
         return f" ({self.phases} phases)" if self.dynamics == "oscillating" else ""
 
     def _particle_start(self) -> str:
+        pairs = " in antipodal pairs" if self.particle_antipodal else ""
         if self.particle_kappa is None:
-            return ""
-        return f" from caps kappa = {self.particle_kappa:g}"
+            return pairs
+        return f" from caps kappa = {self.particle_kappa:g}{pairs}"
+
+    def _first_path(self) -> str:
+        return f" from path {self.first_path}" if self.first_path else ""
 
     def describe(self) -> str:
         """One line: the weights, the particle runs and the mesh runs."""
         return (
             f"{self.dynamics} weights{self._phases()}, particles{self._particle_start()}: "
             f"n = {self.n_tokens}, H = {list(self.heads)}, "
-            f"paths {list(self.paths)}, T = {self.t_end:g}, dt = {self.dt:g} ({self.integrator}); "
+            f"paths {list(self.paths)}{self._first_path()}, T = {self.t_end:g}, "
+            f"dt = {self.dt:g} ({self.integrator}); "
             f"mesh: level {self.mesh_level}, H = {list(self.mesh_heads)}, "
-            f"{self.mesh_paths} path(s), "
+            f"{self.mesh_paths} path(s){self._first_path()}, "
             f"T = {self.mesh_t_end:g}, kappa = {self.kappa:g} -> {self.out}"
         )
 
@@ -111,9 +118,20 @@ def parse_setup(
         help="draw the particles i.i.d. from the six-cap density of the mesh runs with this "
         "kappa (default: octahedron vertices + N(0, 0.05^2) noise)",
     )
+    p.add_argument(
+        "--particle-antipodal",
+        action="store_true",
+        help="the first n/2 tokens and their antipodes -x: the symmetry x -> -x of the mesh "
+        "runs' density, which the flow keeps (n even)",
+    )
     p.add_argument("--record-every", type=int, help="steps between budget records (4)")
     p.add_argument("--mesh-heads", type=int, nargs="*", help="mesh head counts (1 3 10)")
     p.add_argument("--mesh-paths", type=int, help="Monte Carlo paths of every mesh H (1)")
+    p.add_argument(
+        "--first-path",
+        type=int,
+        help="first Monte Carlo path of every particle and mesh run (0): one path per process",
+    )
     p.add_argument("--mesh-level", type=int, help="icosphere level of the mesh run (3)")
     p.add_argument("--mesh-t-end", type=float, help="mesh final time (default 10)")
     p.add_argument("--kappa", type=float, help="cap concentration of the mesh density (10)")
@@ -133,7 +151,8 @@ def parse_setup(
         s.paths = (min(paths[0], 2),)
         s.mesh_level, s.mesh_heads, s.mesh_t_end, s.backend = 1, (1, 2), 0.05, "numpy"
     overrides = ("heads", "paths", "t_end", "n_tokens", "record_every", "mesh_heads")
-    for key in (*overrides, "mesh_paths", "mesh_level", "mesh_t_end", "kappa", "particle_kappa"):
+    mesh_keys = ("first_path", "mesh_paths", "mesh_level")
+    for key in (*overrides, *mesh_keys, "mesh_t_end", "kappa", "particle_kappa"):
         if getattr(a, key) is not None:
             setattr(s, key, getattr(a, key))
     s.integrator = a.integrator
@@ -143,6 +162,11 @@ def parse_setup(
         p.error(f"--paths: one value >= 1, or one per head count {list(s.heads)}")
     if s.mesh_paths < 1:
         p.error(f"--mesh-paths: must be >= 1, got {s.mesh_paths}")
+    if s.first_path < 0:
+        p.error(f"--first-path: must be >= 0, got {s.first_path}")
+    s.particle_antipodal = a.particle_antipodal
+    if s.particle_antipodal and s.n_tokens % 2:
+        p.error(f"--particle-antipodal: needs an even number of tokens, got {s.n_tokens}")
     if s.particle_kappa is not None and not s.particle_kappa >= 0.0:
         p.error(f"--particle-kappa: must be >= 0, got {s.particle_kappa}")
     experiment.prepare(s.out)

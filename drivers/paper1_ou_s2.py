@@ -53,6 +53,8 @@ run; drivers/README.md has the results):
     python drivers/paper1_ou_s2.py --tiny                       # seconds
     python drivers/paper1_ou_s2.py --heads 1 10 100 --paths 8 8 2 --mesh-heads 1
     python drivers/paper1_ou_s2.py --heads --mesh-heads 1 3 10 --mesh-paths 8 --mesh-t-end 5
+    python drivers/paper1_ou_s2.py --heads --mesh-heads 1 --mesh-level 4 --mesh-t-end 20 \
+        --first-path 1 --out results/ou_L4_p1        # path 1 alone: one process per path
 
 Outputs in ``--out`` (default results/paper1_ou_s2): snapshots_particles.png,
 snapshots_mesh.png (t = 0, T/4, T/2, 3T/4, T), g2.png (G^2(t), log scale, every H),
@@ -60,6 +62,8 @@ g2_vs_H.png (time average of G^2 over [T/2, T] against H, log-log, fitted expone
 budget_particles_H*.png and budget_mesh_H*.png (every EDI term), particles.csv and mesh.csv
 (one row per record: H, path, t, energy, G2, dissipation, slope2, slope_defect, uphill_mass and
 the cumulative budget),
+mesh_partial_H<H>_path<p>.csv (the records so far of a mesh run, rewritten every 50 records
+and deleted once mesh.csv holds the run: a long run cut short keeps its first records),
 maximal_slope_vs_H.png (late maximal-slope defect, relative defect and uphill mass against
 H), summary.csv (one row per scheme and H: late means with bootstrap intervals of G2, slope2,
 slope_defect, relative_defect, uphill_mass), summary.json (with the fitted exponents and their
@@ -77,6 +81,10 @@ Things to try:
   in budget_particles_H*.png then grows like dt instead of dt^2.
 - Sharper caps on a finer mesh (``--mesh-level 4 --kappa 40``): closer to the particles' 0.05
   spread, four times the cells and sixteen times the kernel cost per step.
+- ``--particle-kappa 10 --particle-antipodal``: the particles from the mesh's caps in
+  antipodal pairs (x and -x), the symmetry that the mesh density keeps at every level; with
+  one head the i.i.d. tokens break it and gather into a single cluster, the pairs cannot, and
+  their late G^2 is the mesh's (drivers/README.md, issue 30 item 4).
 - ``--record-every 1``: the budget at every weight-grid point; the dtE_remainder column (the
   discretisation error of Ito's formula on the Euler-Maruyama path) shrinks. Less noise:
   ``Setup.sigma`` (sigma^2 = 0.5): the OU heads settle closer to D = I and G^2 falls.
