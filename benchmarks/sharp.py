@@ -5,7 +5,8 @@ targets = sources, two heads: the identity (zonal kernel) and a non-symmetric he
 (:math:`Q^T K = U \mathrm{diag}(1.09, 0.92, 0.74) V^T`, random rotations, seeded). For each
 beta, the warm ``backend = "auto"`` evaluation (:func:`solvers.attention.kernel_sums_with_choice`,
 tolerance 1e-10: best of two calls after one untimed call that builds the caches and compiles)
-with the method the cost model chose, its ratio to the beta = 4 evaluation of the same head in
+with the method the cost model chose ("grid": the spectral sums of a non-symmetric head on one
+grid in the target direction, :mod:`solvers.attention.spectral._grid`), its ratio to the beta = 4 evaluation of the same head in
 the same run, and the error against brute force on 2,000 targets: of :math:`\log Z`, of the
 softmax mean and of the velocity :math:`X = P_x \bar y` relative to :math:`\max |X|`.
 
@@ -106,9 +107,10 @@ def sweep(P, w, sub, betas) -> None:
             )
             base = t if base is None else base
             c = choice[0]
+            method = "grid" if "target direction" in c.reason else c.method
             ez, em, ex = errors(P, w, sub, A, log_Z[0], mean[0])
             print(
-                f"{name:>13} {beta:6.0f} {c.method:>9} {c.degree or 0:4d} {c.nodes or 0:5d} "
+                f"{name:>13} {beta:6.0f} {method:>9} {c.degree or 0:4d} {c.nodes or 0:5d} "
                 f"{c.fallback or 0:8d} {t:8.3f} {t / base:7.2f} {ez:9.1e} {em:9.1e} {ex:9.1e}",
                 flush=True,
             )

@@ -237,7 +237,8 @@ def test_kappa_interpolation_bound_dominates_the_error() -> None:
 
 @pytest.mark.serial
 def test_three_ranks_agree_with_brute_force(tmp_path) -> None:
-    """The same check on 3 ranks (an uneven split with an empty rank), as a launched job."""
+    """The same checks on 3 ranks (an uneven split with an empty rank), as a launched job; the
+    grid in the target direction too."""
     script = tmp_path / "three.py"
     script.write_text(
         f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
@@ -245,6 +246,8 @@ def test_three_ranks_agree_with_brute_force(tmp_path) -> None:
         + "t.test_spectral_sums_match_gathered_brute_force(3, 'nonsymmetric', 64.0)\n"
         + "t.test_spectral_sums_match_gathered_brute_force(2, 'identity', 256.0)\n"
         + "t.test_targets_far_from_all_mass_fall_back_to_exact_sums()\n"
+        + "import test_spectral_grid as g\n"
+        + "g.test_grid_sums_match_gathered_brute_force(128.0)\n"
         + "from mpi4py import MPI\n"
         + "print('ok', MPI.COMM_WORLD.size) if MPI.COMM_WORLD.rank == 0 else None\n"
     )

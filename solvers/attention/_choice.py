@@ -67,12 +67,15 @@ def spectral_plans(
         return [None] * H
     radii = np.sqrt(np.einsum("ik,ik->i", sources, sources)) if len(sources) else np.zeros(0)
     delta = float(np.max(np.abs(radii - 1.0))) if len(radii) else 0.0
-    # kappa = |A_h^T x| over the targets: global min and max per head
-    packed = np.empty(2 * H + 1)
+    # kappa = |A_h^T x| over the targets: global min and max per head; the targets' largest
+    # distance from the unit sphere (non-symmetric heads on the grid in the target direction)
+    packed = np.empty(2 * H + 2)
     for h in range(H):
         kappa = np.linalg.norm(targets @ A[h], axis=1)
         packed[h] = -float(kappa.min()) if len(kappa) else -math.inf
         packed[H + h] = float(kappa.max()) if len(kappa) else -math.inf
+    t_radii = np.sqrt(np.einsum("ik,ik->i", targets, targets)) if len(targets) else radii[:0]
+    packed[-2] = float(np.max(np.abs(t_radii - 1.0))) if len(t_radii) else 0.0
     packed[-1] = delta
     if comm is not None and comm.Get_size() > 1:
         from mpi4py import MPI
@@ -82,16 +85,34 @@ def spectral_plans(
         return [None] * H
     plans: list[spectral.SpectralPlan | None] = []
     delta = _grid(float(packed[-1]), up=True)
+    off = _grid(float(packed[-2]), up=True)
     for h in range(H):
         lo, hi = -packed[h], packed[H + h]
         if not (math.isfinite(lo) and math.isfinite(hi)):  # no targets anywhere
             lo = hi = 0.0
+        sphere = None
         if hi - lo > 1e-12 * hi:  # a range (a single kappa, as of identity heads, stays exact)
             hi = _grid(float(hi), up=True)
             step = hi / GRID_STEPS  # lo on a linear grid below hi: small values become 0
             lo = math.floor(float(lo) / step) * step
-        plans.append(spectral.plan_spectral(lo, hi, d, float(tol), delta))
+            sphere = _sphere_range(A[h], off) if d == 3 else None
+        plans.append(spectral.plan_spectral(lo, hi, d, float(tol), delta, sphere))
     return plans
+
+
+def _sphere_range(A_h: np.ndarray, off: float) -> tuple[float, float, float] | None:
+    """(sigma_min, sigma_max) of a head widened to the grid of :func:`_grid` (cached plans for
+    drifting heads) and the targets' distance from the sphere, or None for heads too
+    ill-conditioned for the grid in the target direction."""
+    sigma = spectral.invertible(A_h)
+    if sigma is None:
+        return None
+    hi = _grid(sigma[1], up=True)
+    step = hi / (4 * GRID_STEPS)
+    lo = math.floor(sigma[0] / step) * step
+    if lo < sigma[1] * spectral.MIN_CONDITION:
+        return None
+    return lo, hi, off
 
 
 #: kappa ranges (and the sources' distance from the sphere) are widened: the top to the grid
@@ -238,7 +259,7 @@ def _spectral_choice(plan: spectral.SpectralPlan) -> HeadChoice:
         plan.degree,
         plan.rank,
         None,
-        "certified spectral sums",
+        "certified spectral sums" + (", on a grid in the target direction" if plan.grid else ""),
         "harmonic",
         nodes=plan.n_nodes,
     )

@@ -9,9 +9,17 @@ model. The transforms (:func:`sphere_moments`, :func:`sphere_values`, :func:`cir
 :mod:`solvers.diagnostics`.
 
 Modules: ``_sums`` (plans, evaluation, certification), ``_bounds`` (Funk-Hecke coefficients,
-tails, interpolation in kappa), ``_transforms`` (ducc0 on S^2, compiled Fourier sums on S^1).
+tails, interpolation in kappa), ``_grid`` (non-symmetric heads with every target on S^2: one
+expansion in the target direction, :func:`grid_expansion`), ``_transforms`` (ducc0 on S^2,
+compiled Fourier sums on S^1).
 """
 
+from solvers.attention.spectral._grid import (
+    MIN_CONDITION,
+    GridExpansion,
+    grid_expansion,
+    invertible,
+)
 from solvers.attention.spectral._sums import (
     SPHERE_TOL,
     SpectralPlan,
@@ -32,13 +40,17 @@ from solvers.attention.spectral._transforms import (
 )
 
 __all__ = [
+    "MIN_CONDITION",
     "SPHERE_TOL",
+    "GridExpansion",
     "SpectralPlan",
     "SpectralResult",
     "circle_moments",
     "circle_values",
     "cost_floor",
     "field_weights",
+    "grid_expansion",
+    "invertible",
     "l_index",
     "plan_spectral",
     "spectral_cost",

@@ -15,6 +15,8 @@ import numpy as np
 from scipy import special
 
 __all__ = [
+    "barycentric_weights",
+    "interpolate_nodes",
     "MAX_DEGREE",
     "MAX_NODES",
     "TRANSFORM_ERROR",
@@ -246,3 +248,41 @@ def transform_estimate(d: int) -> float:
     """Estimated error of the transforms relative to the largest normalised sum
     (:data:`TRANSFORM_ERROR`; an estimate, not a bound, checked in tests/test_spectral.py)."""
     return TRANSFORM_ERROR[d]
+
+
+def barycentric_weights(kappa: np.ndarray, nodes: tuple[float, ...]) -> np.ndarray:
+    """(n, m) weights of the interpolation at Chebyshev points of the first kind (a point on a
+    node takes that node's value)."""
+    n = len(nodes)
+    k = np.arange(n)
+    bw = (-1.0) ** k * np.sin((2 * k + 1) * math.pi / (2 * n))
+    diff = kappa[None, :] - np.asarray(nodes)[:, None]
+    exact = diff == 0.0
+    diff[exact] = 1.0
+    terms = bw[:, None] / diff
+    terms /= terms.sum(axis=0)[None, :]
+    hit = np.flatnonzero(exact.any(axis=0))
+    if len(hit):
+        terms[:, hit] = exact[:, hit].astype(float)
+    return terms
+
+
+def interpolate_nodes(
+    kappa: np.ndarray, nodes: tuple[float, ...], node_values: list[np.ndarray]
+) -> np.ndarray:
+    """Barycentric interpolation in kappa of the node values (F, m) at Chebyshev points of the
+    first kind (weights (-1)^k sin((2k + 1) pi / 2n))."""
+    n = len(nodes)
+    at = np.array(nodes)
+    k = np.arange(n)
+    bw = (-1.0) ** k * np.sin((2 * k + 1) * math.pi / (2 * n))
+    diff = kappa[None, :] - at[:, None]  # (n, m)
+    exact = diff == 0.0
+    diff[exact] = 1.0
+    terms = bw[:, None] / diff
+    denom = terms.sum(axis=0)
+    stacked = np.stack(node_values)  # (n, F, m)
+    out = np.einsum("qm,qfm->fm", terms, stacked) / denom
+    for i in np.flatnonzero(exact.any(axis=0)):
+        out[:, i] = stacked[int(np.flatnonzero(exact[:, i])[0]), :, i]
+    return out

@@ -108,6 +108,7 @@ from typing import Any
 import numpy as np
 
 from solvers.attention.spectral import _bounds as bounds
+from solvers.attention.spectral import _grid as grid
 from solvers.attention.spectral import _transforms as transforms
 
 __all__ = [
@@ -181,6 +182,10 @@ class SpectralPlan:
             reference :math:`\kappa'_b` (module docstring), else empty; ``series`` then
             leaves the interpolation out (it is bounded per target).
         reference_tail: the series tail at the references, per unit mass.
+        grid: S^2, every target on the sphere: the head is evaluated through one expansion in
+            the target direction (:mod:`solvers.attention.spectral._grid`); ``bins`` then cut
+            [sigma_min(A), sigma_max(A)] (every direction's kappa; ``kappa_lo``, ``kappa_hi``)
+            and ``series`` bounds the values at the grid points.
     """
 
     d: int
@@ -194,6 +199,7 @@ class SpectralPlan:
     rank: int
     references: tuple[float, ...] = ()
     reference_tail: float = 0.0
+    grid: bool = False
 
     @property
     def n_nodes(self) -> int:
@@ -208,10 +214,18 @@ class SpectralPlan:
 
 @lru_cache(maxsize=256)
 def plan_spectral(
-    kappa_lo: float, kappa_hi: float, d: int, tol: float, delta: float = 0.0
+    kappa_lo: float,
+    kappa_hi: float,
+    d: int,
+    tol: float,
+    delta: float = 0.0,
+    sphere: tuple[float, float, float] | None = None,
 ) -> SpectralPlan | None:
     """The plan for a head whose targets have kappa in [kappa_lo, kappa_hi] and whose sources
     lie within ``delta`` of the sphere; None when no plan fits (too many nodes or degree).
+    ``sphere``: (sigma_min, sigma_max) of the head and the targets' largest distance from the
+    unit sphere, when the head may be evaluated on the grid of
+    :mod:`solvers.attention.spectral._grid` (S^2); that plan is taken when it costs less.
 
     The series is asked for an absolute accuracy ``max(FLOOR, tol * 1e-6)`` per unit mass, so
     that with the transforms' floor every target whose normalised sum is above about
@@ -238,16 +252,43 @@ def plan_spectral(
             best = (spectral_cost(plan, 1e5, 1e5), plan)
         if plan is not None and plan.n_nodes == 1:
             break  # more intervals cannot need fewer nodes
+    if sphere is not None and (best is None or best[1].n_nodes > 1):
+        on_grid = _plan_grid(*sphere, eps, tol, delta)
+        if on_grid is not None and (best is None or spectral_cost(on_grid, 1e5, 1e5) < best[0]):
+            best = (spectral_cost(on_grid, 1e5, 1e5), on_grid)
     return None if best is None else best[1]
 
 
-def _plan_bins(
-    lo: float, hi: float, B: int, eps: float, tol: float, eta: float
+def _plan_grid(
+    lo: float, hi: float, off: float, eps: float, tol: float, delta: float = 0.0
 ) -> SpectralPlan | None:
-    """The S^2 plan with the kappa range cut into B equal intervals."""
+    """The cheapest S^2 plan through the grid in the target direction: the head's singular
+    values [lo, hi] (every direction's kappa) cut into 1, 2, 4 or 8 intervals of Chebyshev
+    nodes, a-priori bounds; None when targets off the sphere by ``off`` would perturb the kernel
+    by more than tol / 100 (rounding of normalised points does not; it enters ``eta``, as the
+    sources' distance ``delta`` from the sphere does)."""
+    eta_t = math.expm1(2.0 * hi * off)
+    if eta_t > 1e-2 * tol or hi <= lo:
+        return None
+    eta = (1.0 + math.expm1(hi * delta)) * (1.0 + eta_t) - 1.0
+    best = None
+    for B in (1, 2, 4, 8):
+        plan = _plan_bins(lo, hi, B, eps, tol, eta, on_grid=True)
+        if plan is not None and (
+            best is None or spectral_cost(plan, 1e5, 1e5) < spectral_cost(best, 1e5, 1e5)
+        ):
+            best = plan
+    return best
+
+
+def _plan_bins(
+    lo: float, hi: float, B: int, eps: float, tol: float, eta: float, on_grid: bool = False
+) -> SpectralPlan | None:
+    """The S^2 plan with the kappa range cut into B equal intervals (``on_grid``: for the
+    grid in the target direction, a-priori bounds only)."""
     edges = np.linspace(lo, hi, B + 1)
     chosen = bounds.choose_nodes(float(edges[0]), float(edges[1]), eps / 2.0, tol / 20.0)
-    post = bounds.posterior_nodes(edges, tol / 20.0)
+    post = None if on_grid else bounds.posterior_nodes(edges, tol / 20.0)
     if post is not None and (chosen is None or post < chosen[0]):
         return _plan_posterior(lo, hi, edges, post, eps, eta)
     if chosen is None:
@@ -270,7 +311,9 @@ def _plan_bins(
     else:
         series += max(bounds.interpolation_bound(a, b, n) for a, b, _ in bins)
     transform = lam * bounds.transform_estimate(3)
-    return SpectralPlan(3, L, lo, hi, bins, series, transform, eta, (L + 1) ** 2)
+    if on_grid:  # the targets' synthesis, and the grid's exact transforms (rounding) as much
+        transform = 2.0 * bounds.transform_estimate(3)
+    return SpectralPlan(3, L, lo, hi, bins, series, transform, eta, (L + 1) ** 2, grid=on_grid)
 
 
 def _plan_posterior(
@@ -303,12 +346,36 @@ def spectral_cost(plan: SpectralPlan, m: float, n: float, fields: int = 1 + 3) -
         start = math.sqrt(K * K + 90.0 * plan.kappa_hi) + 30
         return COST_POINT_CIRCLE * (n * K * fields + m * (start + K * fields)) + SPECTRAL_OVERHEAD
     call = COST_DEGREE * float(plan.degree + 1) ** 3 + COST_CALL
+    if plan.grid:
+        return _grid_cost(plan, m, n, fields, call)
     B = max(1, len(plan.bins))
     syntheses = plan.n_nodes * (COST_POINT * m + B * call)
     per_point = COST_LOCATE * (m + n) + COST_TARGET * m
     if plan.references:  # one more synthesis (the mass field) per target, at the reference
         per_point += COST_POINT * m + B * call
     return fields * (syntheses + COST_POINT * n + call) + per_point + SPECTRAL_OVERHEAD
+
+
+#: Cost of the barycentric interpolation in kappa per grid point, node and field (numpy), in
+#: brute-force pairs.
+COST_GRID_POINT = 4.0
+
+
+def _grid_cost(plan: SpectralPlan, m: float, n: float, fields: int, call: float) -> float:
+    """Modelled cost of a grid plan: per field and node one grid synthesis of degree L on the
+    grid of degree L' (about (L + 1)^2 (L' + 1) operations), one analysis, the targets' synthesis."""
+    L = float(plan.degree)
+    Lg = grid.model_degree(plan.degree, plan.kappa_hi / max(plan.kappa_lo, 1e-300))
+    nodes = plan.n_nodes * len(plan.bins)
+    grid_synth = COST_DEGREE * (L + 1.0) ** 2 * (Lg + 1.0) + COST_CALL
+    points = 2.0 * (Lg + 1.0) ** 2
+    per_field = (
+        nodes * (grid_synth + COST_GRID_POINT * points)
+        + COST_DEGREE * (Lg + 1.0) ** 3
+        + COST_POINT * (m + n)
+        + 2.0 * call
+    )
+    return fields * per_field + COST_LOCATE * (m + n) + COST_TARGET * m + SPECTRAL_OVERHEAD
 
 
 def cost_floor(d: int, m: float, n: float, fields: int = 1 + 3) -> float:
@@ -397,7 +464,10 @@ def spectral_fields(
     for h, (_, S, post) in enumerate(values):
         if m:
             peaks[h] = float(S[0].max())
-            peaks[H + h] = float(post[2].max()) if post is not None else 0.0
+            if isinstance(post, grid.GridExpansion):
+                peaks[h] = max(peaks[h], post.peak)
+            elif post is not None:
+                peaks[H + h] = float(post[2].max())
     if comm is not None and comm.Get_size() > 1:
         from mpi4py import MPI
 
@@ -407,7 +477,10 @@ def spectral_fields(
         kappa, S, post = values[h]
         plan = plans[h]
         E0 = plan.series * mass[0] + plan.transform * peaks[h]
-        if post is not None:
+        if isinstance(post, grid.GridExpansion):  # grid errors amplified, the truncation
+            E0 = post.amplification * plan.series * mass[0] + plan.transform * peaks[h]
+            E0 += post.tail
+        elif post is not None:
             E0 = E0 + _posterior_bound(post, plan, mass[0], peaks[H + h])
         S0 = S[0]
         margin = S0 - E0
@@ -443,16 +516,28 @@ def _posterior_bound(
 
 def _head_values(
     X: np.ndarray, moments: np.ndarray, Lmax: int, A_h: np.ndarray, plan: SpectralPlan
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+) -> tuple[
+    np.ndarray,
+    np.ndarray,
+    tuple[np.ndarray, np.ndarray, np.ndarray] | grid.GridExpansion | None,
+]:
     """kappa (m,), the normalised sums (F, m) of one head at the targets and, for plans with
     references, per target the factors of the a-posteriori interpolation bound (of the mass
-    and of the reference's sum) and the reference's normalised sum of the masses (m,)."""
+    and of the reference's sum) and the reference's normalised sum of the masses (m,); for
+    grid plans the head's expansion in the target direction."""
     Wt = X @ A_h  # rows w_i = A^T x_i
     if plan.d == 2:
         return (*transforms.circle_values(Wt, moments, plan.degree), None)
     kappa = np.linalg.norm(Wt, axis=1)
     omega = np.divide(Wt, kappa[:, None], out=np.zeros_like(Wt), where=kappa[:, None] > 0)
     omega[kappa == 0] = (0.0, 0.0, 1.0)  # kappa = 0: the kernel is 1, any direction will do
+    if plan.grid:
+        if len(X) == 0:
+            return kappa, np.zeros((moments.shape[0], 0)), None
+        expansion = grid.grid_expansion(moments, Lmax, A_h, plan.bins, plan.degree)
+        ones = np.ones(expansion.degree + 1)
+        out = transforms.sphere_values(omega, expansion.coeffs, ones, expansion.degree)
+        return kappa, out, expansion
     mom = transforms.truncate_moments(moments, Lmax, plan.degree)
     out = np.empty((moments.shape[0], len(X)))
     B = len(plan.bins)
@@ -471,7 +556,9 @@ def _head_values(
         at = omega[idx]
         loc = transforms.sphere_locations(at)  # once per interval, not per node
         values = [transforms.sphere_values(at, mom, c, plan.degree, loc=loc) for c in coeffs]
-        out[:, idx] = values[0] if len(nodes) == 1 else _interpolate(kappa[idx], nodes, values)
+        out[:, idx] = (
+            values[0] if len(nodes) == 1 else bounds.interpolate_nodes(kappa[idx], nodes, values)
+        )
         if post is not None:
             ref = plan.references[b]
             c = bounds.node_coefficients((ref,), plan.degree, 3)[0]
@@ -481,24 +568,3 @@ def _head_values(
             post[0][idx] = prod * bounds.derivative_peak(n, low)
             post[1][idx] = prod * bounds.derivative_peak(n, low - ref)
     return kappa, out, post
-
-
-def _interpolate(
-    kappa: np.ndarray, nodes: tuple[float, ...], node_values: list[np.ndarray]
-) -> np.ndarray:
-    """Barycentric interpolation in kappa of the node values (F, m) at Chebyshev points of the
-    first kind (weights (-1)^k sin((2k + 1) pi / 2n))."""
-    n = len(nodes)
-    at = np.array(nodes)
-    k = np.arange(n)
-    bw = (-1.0) ** k * np.sin((2 * k + 1) * math.pi / (2 * n))
-    diff = kappa[None, :] - at[:, None]  # (n, m)
-    exact = diff == 0.0
-    diff[exact] = 1.0
-    terms = bw[:, None] / diff
-    denom = terms.sum(axis=0)
-    stacked = np.stack(node_values)  # (n, F, m)
-    out = np.einsum("qm,qfm->fm", terms, stacked) / denom
-    for i in np.flatnonzero(exact.any(axis=0)):
-        out[:, i] = stacked[int(np.flatnonzero(exact[:, i])[0]), :, i]
-    return out

@@ -37,6 +37,7 @@ __all__ = [
     "circle_values",
     "sphere_moments",
     "sphere_values",
+    "threads_for",
 ]
 
 #: Accuracy parameter of the ducc0 transforms (its documented floor for float64 is 2e-13).
@@ -50,7 +51,8 @@ PARALLEL_POINTS = 16_384
 THREADED_POINTS = 20_000
 
 
-def _threads(points: int) -> int:
+def threads_for(points: int) -> int:
+    """Threads for a transform over this many points (:data:`THREADED_POINTS`)."""
     if not HAVE_NUMBA or points < THREADED_POINTS:
         return 1
     return numba.get_num_threads()
@@ -91,7 +93,7 @@ def sphere_moments(points: np.ndarray, weights: np.ndarray, L: int) -> np.ndarra
             lmax=L,
             loc=loc,
             epsilon=DUCC_EPSILON,
-            nthreads=_threads(len(loc)),
+            nthreads=threads_for(len(loc)),
         )[0]
     return out
 
@@ -122,7 +124,7 @@ def sphere_values(
             lmax=L,
             loc=loc,
             epsilon=DUCC_EPSILON,
-            nthreads=_threads(m),
+            nthreads=threads_for(m),
         )[0]
     return out
 
