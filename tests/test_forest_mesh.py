@@ -109,3 +109,27 @@ def test_circle_forest_mesh_lengths_sum_to_two_pi() -> None:
     assert abs(_total(cv, cv.measures) - 2 * math.pi) < 1e-12
     per_leaf = leaf_masses(cv, owner, cv.measures[: cv.n_owned], forest.n_leaves)
     np.testing.assert_allclose(per_leaf, forest.leaf_measures(), rtol=1e-13, atol=0)
+
+
+def test_every_cell_keeps_its_forest_vertices_without_rank_0_building_the_mesh(
+    monkeypatch,
+) -> None:
+    """Each rank hands DOLFINx its own block of the triangulation (``meshes.sphere.distribute``,
+    the rank-0 path, is never called): every owned cell has, by its original index, the vertex
+    coordinates of that row of the forest's triangulation, on any rank count."""
+    import meshes.sphere
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the adapted mesh went through rank 0")
+
+    monkeypatch.setattr(meshes.sphere, "distribute", refuse)
+    forest = _clustered_forest()
+    x, cells, _ = forest.conforming_mesh()
+    mesh, owner = forest_mesh(COMM, forest)
+    n = mesh.topology.index_map(2).size_local
+    original = np.asarray(mesh.topology.original_cell_index)[:n]
+    geometry = mesh.geometry.x[mesh.geometry.dofmaps[0][:n]]  # (n, 3 vertices, 3)
+    want = x[cells[original]]
+    for got, row in zip(geometry, want, strict=True):  # the same vertices, in any rotation
+        assert min(np.abs(np.roll(got, k, axis=0) - row).max() for k in range(3)) < 1e-15
+    assert COMM.allreduce(n, op=MPI.SUM) == len(cells) == len(owner)

@@ -234,10 +234,11 @@ def test_memory_check(shared_tmp, capfd, monkeypatch):
 def test_level_9_is_allowed_where_it_fits(monkeypatch):
     """S^2 level 9 (5.2 million cells) passes validation and the memory check when the node
     has room (the mesh is built in blocks: no rank-0 share), level 10 is refused by the
-    validator; a box and an adaptive mesh, built whole on rank 0, carry a rank-0 share."""
+    validator; a box, built whole on rank 0, carries a rank-0 share, an adaptive mesh a share on
+    every rank (its replicated forest)."""
     from drivers.engine import ConfigError, load_config
     from drivers.engine._config import MAX_S2_LEVEL
-    from drivers.engine._resources import PER_CELL_ROOT, GiB, check_memory
+    from drivers.engine._resources import PER_CELL_REPLICATED, PER_CELL_ROOT, GiB, check_memory
     from meshes.sphere import MAX_ICOSPHERE_LEVEL
 
     assert MAX_S2_LEVEL == MAX_ICOSPHERE_LEVEL == 9  # the validator's copy of the mesh's cap
@@ -255,10 +256,13 @@ def test_level_9_is_allowed_where_it_fits(monkeypatch):
     monkeypatch.setenv("TRANSFORMER_PDE_MEMORY", "8G")
     with pytest.raises(ConfigError, match="mesh.refinement: S2 refinement 9"):
         check_memory(cfg, COMM)
-    for extra in (["adapt.max_level=9", "mesh.refinement=4"], ['mesh.manifold="R2"']):
-        other = load_config(demo, extra)
-        e = estimate_memory(other, 2, 2)
-        assert e.node_bytes == 2 * e.rank_bytes + e.cells * PER_CELL_ROOT, extra
+    box = estimate_memory(load_config(demo, ['mesh.manifold="R2"']), 2, 2)
+    assert box.node_bytes == 2 * box.rank_bytes + box.cells * PER_CELL_ROOT
+    # an adaptive mesh: handed to DOLFINx in blocks (no rank-0 share), its forest on every rank
+    adaptive = estimate_memory(load_config(demo, ["adapt.max_level=9", "mesh.refinement=4"]), 2, 2)
+    uniform = estimate_memory(load_config(demo, ["mesh.refinement=4"]), 2, 2)
+    assert adaptive.node_bytes == 2 * adaptive.rank_bytes
+    assert adaptive.rank_bytes == uniform.rank_bytes + uniform.cells * PER_CELL_REPLICATED
 
 
 def test_memory_check_of_an_adaptive_mesh(capfd, monkeypatch):

@@ -17,9 +17,10 @@ its :class:`solvers.transport.SchemeSpec` (``bytes_per_cell``: mesh, control vol
 arrays, 2 KiB for fv and particles; the JKO scheme more: the harmonic basis of its Hessian and
 the sparse factorisation). The particles are one per cell. A uniform built-in mesh is built
 in blocks on every rank and the outputs are written from row blocks, so rank 0 holds no more
-than the others; an adaptive mesh is still built whole on rank 0 at every adaptation and
-distributed from there (:func:`meshes.adaptive.forest_mesh`), and DOLFINx generates the boxes
-(R1, R2) on rank 0: for those :data:`PER_CELL_ROOT` per cell more on rank 0. The check is
+than the others; an adaptive mesh keeps its forest and triangulation on every rank (replicated,
+:data:`PER_CELL_REPLICATED` per cell on every rank; each rank hands DOLFINx one block of it,
+:func:`meshes.adaptive.forest_mesh`), and DOLFINx generates the boxes (R1, R2) on rank 0: for
+those :data:`PER_CELL_ROOT` per cell more on rank 0. The check is
 made for the node of rank 0 with the ranks the launcher put on it. An adaptive mesh
 (``[adapt] max_level``) is checked at its base level (refused when that does not fit) and at
 ``max_level`` (the mesh refined everywhere, the most it can grow to: a one-line warning on
@@ -58,9 +59,13 @@ BASE = 550 * 1024**2
 #: the measure's points and masses: 72 bytes) and its ``Allgatherv`` buffers (not held by the
 #: command line: ``run(keep_final=False)``)
 PER_CELL_GATHERED = 0.1 * 1024
-#: per cell on rank 0 of a mesh built there: an adaptive mesh (the forest's triangulation,
-#: distributed at every adaptation) or a box (R1, R2); none for the built-in S1/S2 meshes
+#: per cell on rank 0 of a mesh built there: a box (R1, R2); none for the built-in S1/S2 meshes
+#: and the adaptive ones (built in blocks)
 PER_CELL_ROOT = 2.0 * 1024
+#: per cell of an adaptive mesh on every rank: the replicated forest and its triangulation and
+#: the transient of handing a block of it to DOLFINx (measured 370 B a cell for the first two
+#: at 320,364 cells and 180 B for the last, 2026-12-05)
+PER_CELL_REPLICATED = 0.6 * 1024
 
 
 @dataclass(frozen=True)
@@ -97,12 +102,18 @@ def mesh_cells(cfg: dict[str, Any]) -> int | None:
 
 
 def built_on_root(cfg: dict[str, Any]) -> bool:
-    """Whether the mesh of a validated config is built whole on rank 0 (module docstring): an
-    adaptive mesh or a box; not the S1/S2 meshes built in blocks, nor mesh-free particles."""
+    """Whether the mesh of a validated config is built whole on rank 0 (module docstring): a
+    box; not the S1/S2 meshes, uniform or adaptive, built in blocks, nor mesh-free particles."""
     if cfg.get("particles", {}).get("n") is not None:
         return False
-    adaptive = int(cfg.get("adapt", {}).get("max_level", 0) or 0) > 0
-    return adaptive or cfg["mesh"]["manifold"] in ("R1", "R2")
+    return cfg["mesh"]["manifold"] in ("R1", "R2")
+
+
+def replicated(cfg: dict[str, Any]) -> bool:
+    """Whether every rank holds the whole forest of an adaptive mesh (module docstring)."""
+    if cfg.get("particles", {}).get("n") is not None:
+        return False
+    return int(cfg.get("adapt", {}).get("max_level", 0) or 0) > 0
 
 
 def estimate_memory(cfg: dict[str, Any], ranks: int, local: int) -> MemoryEstimate | None:
@@ -115,6 +126,8 @@ def estimate_memory(cfg: dict[str, Any], ranks: int, local: int) -> MemoryEstima
     per_cell = scheme_spec(cfg["time"]["scheme"]).bytes_per_cell
     owned = cells / ranks
     rank = BASE + owned * per_cell + cells * PER_CELL_GATHERED
+    if replicated(cfg):
+        rank += cells * PER_CELL_REPLICATED
     node = local * rank + (cells * PER_CELL_ROOT if built_on_root(cfg) else 0.0)
     return MemoryEstimate(cells, ranks, local, node, rank)
 

@@ -10,9 +10,10 @@ spherical areas, great-circle facets). At an adaptation the cell masses are summ
 proportion to their exact areas (:func:`cell_masses`): conservative to round-off and never
 negative; the density inside one leaf becomes uniform.
 
-Parallel: the forest is replicated on every rank (the same arrays everywhere); rank 0's
-triangulation is distributed by DOLFINx like the uniform meshes (:func:`meshes.sphere.distribute`),
-and a cell's leaf is read through its original (input) index. :func:`leaf_masses` gathers the
+Parallel: the forest is replicated on every rank (the same arrays everywhere); each rank hands
+DOLFINx a contiguous block of the triangulation's cells and vertices, which DOLFINx partitions
+in parallel like the uniform meshes (:func:`meshes.sphere.distribute_blocks`: no rank passes
+the whole mesh), and a cell's leaf is read through its original (input) index. :func:`leaf_masses` gathers the
 cell masses (O(cells) per rank, as the replicated forest) and sums them in input order, so the
 leaf masses, and with them every adaptation decision, do not depend on the partition.
 """
@@ -29,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meshes.control_volumes import ControlVolumes
-from meshes.sphere import distribute
+from meshes.sphere import distribute_blocks, rank_block
 
 __all__ = ["cell_masses", "forest_mesh", "leaf_masses", "owner_leaves"]
 
@@ -50,7 +51,11 @@ def forest_mesh(comm: MPI.Comm, forest: Any) -> tuple[dolfinx.mesh.Mesh, IntArra
         the triangulation in input order, the index of its leaf (identical on every rank).
     """
     x, cells, owner = forest.conforming_mesh()
-    mesh = distribute(comm, x if comm.rank == 0 else None, cells if comm.rank == 0 else None)
+    # every rank hands DOLFINx its contiguous block of the cells and of the vertices (global
+    # node ids): no rank passes, or partitions, the whole mesh (original index = input order)
+    c0, c1 = rank_block(comm, len(cells))
+    v0, v1 = rank_block(comm, len(x))
+    mesh = distribute_blocks(comm, x[v0:v1], cells[c0:c1])
     return mesh, np.asarray(owner, dtype=np.int64)
 
 
