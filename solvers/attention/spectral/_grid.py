@@ -39,6 +39,11 @@ expansions, to the degree where the log-linear decay of the upper half of the la
 predicts it, at most :data:`MAX_FACTOR` L) until the band is below :data:`BAND_TARGET` of the
 largest value.
 
+Under MPI the ranks deal the (node, field) grid syntheses round-robin and sum the grid values
+(one ``Allreduce`` of F grids): every rank then analyses the same values, so the expansion,
+its degree and its estimate are the same on every rank (and the same to rounding on any rank
+count); its cost falls with the rank count, except the analyses (O(L'^3) per field).
+
 Targets off the sphere by :math:`\delta` perturb every kernel value by a factor within
 :math:`e^{\pm 2 \sigma_{max} \delta}` (their :math:`\kappa` is :math:`|x|` times that of their
 direction): the planner uses the grid only where that stays far below the tolerance.
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -147,17 +153,19 @@ def grid_expansion(
     A: np.ndarray,
     bins: tuple[tuple[float, float, tuple[float, ...]], ...],
     L: int,
+    comm: Any = None,
 ) -> GridExpansion:
     """The expansion of degree L' of the normalised sums of the head ``A`` (module docstring),
-    from the source moments (F, nalm(Lmax)) truncated to the series degree L and the intervals
-    ``(lo, hi, nodes)`` of Chebyshev nodes in kappa covering [sigma_min, sigma_max] (a grid
-    point interpolates between the nodes of its interval). Identical on every rank (no
-    communication: the moments are global)."""
+    from the global source moments (F, nalm(Lmax)) truncated to the series degree L and the
+    intervals ``(lo, hi, nodes)`` of Chebyshev nodes in kappa covering [sigma_min, sigma_max]
+    (a grid point interpolates between the nodes of its interval). With ``comm`` (collective)
+    the ranks share the grid syntheses and sum the grid values (one ``Allreduce``): the same
+    expansion on every rank, to rounding the same on every rank count."""
     mom = transforms.truncate_moments(moments, Lmax, L)
     Ainv_T = np.linalg.inv(A.T)
     degree, top = L + FIRST_EXTRA, int(math.ceil(MAX_FACTOR * L)) + FIRST_EXTRA
     for attempt in range(ATTEMPTS):
-        out = expand(mom, L, Ainv_T, bins, degree)
+        out = expand(mom, L, Ainv_T, bins, degree, comm)
         target = BAND_TARGET * max(out.peak, 1e-300)
         if out.tail <= target or attempt == ATTEMPTS - 1 or degree >= top:
             return out
@@ -186,9 +194,14 @@ def expand(
     Ainv_T: np.ndarray,
     bins: tuple[tuple[float, float, tuple[float, ...]], ...],
     degree: int,
+    comm: Any = None,
 ) -> GridExpansion:
-    """The expansion at one grid degree (:func:`grid_expansion` chooses it)."""
+    """The expansion at one grid degree (:func:`grid_expansion` chooses it; with ``comm`` the
+    (node, field) syntheses are dealt round-robin over the ranks and summed)."""
     from ducc0.sht import experimental as sht
+
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    task = -1
 
     omega, nth, nph = grid_geometry(degree)
     threads = transforms.threads_for(nth * nph)
@@ -207,6 +220,9 @@ def expand(
         for q, c in enumerate(bounds.node_coefficients(nodes, L, 3)):
             scale = c[li]
             for f in range(F):
+                task += 1
+                if task % size != rank:
+                    continue
                 node_map = sht.synthesis_2d(
                     alm=np.ascontiguousarray((mom[f] * scale)[None]),
                     spin=0,
@@ -220,6 +236,10 @@ def expand(
                     values[f] += terms[q] * node_map
                 else:
                     values[f, idx] += terms[q] * node_map[idx]
+    if size > 1:
+        from mpi4py import MPI
+
+        comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
     expansion = np.empty((F, (degree + 1) * (degree + 2) // 2), dtype=np.complex128)
     for f in range(F):
         expansion[f] = sht.analysis_2d(

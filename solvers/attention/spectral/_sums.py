@@ -457,7 +457,7 @@ def spectral_fields(
     S2 = np.empty((H, m, d, d)) if second else None
     values = []
     for h in range(H):
-        values.append(_head_values(X, moments, Lmax, A[h], plans[h]))
+        values.append(_head_values(X, moments, Lmax, A[h], plans[h], comm))
     # the transforms' error scales with the largest normalised sum over all targets (and over
     # the references' sums)
     peaks = np.zeros(2 * H)
@@ -515,7 +515,12 @@ def _posterior_bound(
 
 
 def _head_values(
-    X: np.ndarray, moments: np.ndarray, Lmax: int, A_h: np.ndarray, plan: SpectralPlan
+    X: np.ndarray,
+    moments: np.ndarray,
+    Lmax: int,
+    A_h: np.ndarray,
+    plan: SpectralPlan,
+    comm: Any = None,
 ) -> tuple[
     np.ndarray,
     np.ndarray,
@@ -524,7 +529,8 @@ def _head_values(
     """kappa (m,), the normalised sums (F, m) of one head at the targets and, for plans with
     references, per target the factors of the a-posteriori interpolation bound (of the mass
     and of the reference's sum) and the reference's normalised sum of the masses (m,); for
-    grid plans the head's expansion in the target direction."""
+    grid plans the head's expansion in the target direction (collective with ``comm``: every
+    rank takes part, with or without targets)."""
     Wt = X @ A_h  # rows w_i = A^T x_i
     if plan.d == 2:
         return (*transforms.circle_values(Wt, moments, plan.degree), None)
@@ -532,9 +538,7 @@ def _head_values(
     omega = np.divide(Wt, kappa[:, None], out=np.zeros_like(Wt), where=kappa[:, None] > 0)
     omega[kappa == 0] = (0.0, 0.0, 1.0)  # kappa = 0: the kernel is 1, any direction will do
     if plan.grid:
-        if len(X) == 0:
-            return kappa, np.zeros((moments.shape[0], 0)), None
-        expansion = grid.grid_expansion(moments, Lmax, A_h, plan.bins, plan.degree)
+        expansion = grid.grid_expansion(moments, Lmax, A_h, plan.bins, plan.degree, comm)
         ones = np.ones(expansion.degree + 1)
         out = transforms.sphere_values(omega, expansion.coeffs, ones, expansion.degree)
         return kappa, out, expansion
