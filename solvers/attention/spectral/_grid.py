@@ -106,8 +106,9 @@ class GridExpansion:
     Attributes:
         coeffs: (F, (L'+1)(L'+2)/2) complex coefficients (healpy layout).
         degree: L'.
-        tail: the estimated truncation (sup norm of the top :data:`BAND` degrees) per field,
-            the largest over the fields (absolute).
+        tail: the estimated truncation: the sum over the top :data:`BAND` degrees of
+            :func:`degree_sups` (absolute; a bound on the sup norm of those degrees of every
+            field).
         peak: the largest grid value of the mass field (for the transforms' error).
         amplification: L' + 1, the bound on the amplification of grid errors.
     """
@@ -249,7 +250,8 @@ def expand(
             geometry="GL",
             nthreads=threads,
         )[0]
-    return GridExpansion(expansion, degree, _band(expansion, degree), float(values[0].max()))
+    tail = float(degree_sups(expansion, degree)[degree - BAND + 1 :].sum())
+    return GridExpansion(expansion, degree, tail, float(values[0].max()))
 
 
 def degree_sups(expansion: np.ndarray, degree: int) -> np.ndarray:
@@ -263,19 +265,4 @@ def degree_sups(expansion: np.ndarray, degree: int) -> np.ndarray:
     for f in range(expansion.shape[0]):
         norms = np.bincount(li, weights=weight * np.abs(expansion[f]) ** 2, minlength=degree + 1)
         out = np.maximum(out, np.sqrt((2 * np.arange(degree + 1) + 1) / (4.0 * math.pi) * norms))
-    return out
-
-
-def _band(expansion: np.ndarray, degree: int) -> float:
-    """The sum of :func:`degree_sups` over the top :data:`BAND` degrees (per field, the largest)."""
-    li = transforms.l_index(degree)
-    weight = np.full(len(li), 2.0)
-    weight[: degree + 1] = 1.0
-    top = li > degree - BAND
-    out = 0.0
-    for f in range(expansion.shape[0]):
-        power = weight[top] * np.abs(expansion[f, top]) ** 2
-        norms = np.bincount(li[top] - (degree - BAND + 1), weights=power, minlength=BAND)
-        ls = np.arange(degree - BAND + 1, degree + 1)
-        out = max(out, float(np.sum(np.sqrt((2 * ls + 1) / (4.0 * math.pi) * norms))))
     return out
