@@ -13,9 +13,10 @@ negative; the density inside one leaf becomes uniform.
 Parallel: the forest is replicated on every rank (the same arrays everywhere); each rank hands
 DOLFINx a contiguous block of the triangulation's cells and vertices, which DOLFINx partitions
 in parallel like the uniform meshes (:func:`meshes.sphere.distribute_blocks`: no rank passes
-the whole mesh), and a cell's leaf is read through its original (input) index. :func:`leaf_masses` gathers the
-cell masses (O(cells) per rank, as the replicated forest) and sums them in input order, so the
-leaf masses, and with them every adaptation decision, do not depend on the partition.
+the whole mesh), and a cell's leaf is read through its original (input) index.
+:func:`leaf_masses` gathers the cell masses (O(cells) per rank, as the replicated forest) and
+sums them in input order, so the leaf masses, and with them every adaptation decision, do not
+depend on the partition.
 """
 
 from __future__ import annotations
