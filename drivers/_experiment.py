@@ -133,3 +133,19 @@ class Experiment:
         """
         if self.comm.rank == 0:
             print(f"[{self.name} {self.comm.size} rank(s)] {message}", flush=True)
+
+
+def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """A CSV with a header (the first row's keys) and one line per row (csv defaults; the
+    caller is rank 0).
+
+    Args:
+        path: the CSV file.
+        rows: the rows (at least one).
+    """
+    import csv
+
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

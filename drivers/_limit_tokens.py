@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from drivers._experiment import write_rows
 from drivers.engine import write_final
 from solvers.diagnostics import PowerLawFit, fit_power_law
 
@@ -134,10 +135,7 @@ def distance_table(sizes: list[int], seeds: int, t_end: float, ot: dict, mmd: di
 def write_tables(out: Path, table: list[dict], fits: dict, floors: dict[str, float]) -> None:
     """table.csv (:func:`distance_table`) and fits.csv (the power laws in N, with the floor
     of each distance); rank 0."""
-    with open(out / "table.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
+    write_rows(out / "table.csv", table)
     with open(out / "fits.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(

@@ -3,12 +3,12 @@ figure relu_feedforward.png (rank 0)."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from drivers._experiment import write_rows
 from drivers.engine import write_final
 
 __all__ = ["plot", "write_outputs"]
@@ -84,10 +84,7 @@ def write_outputs(
         c1: the predicted first-order constant.
         kink: where the ReLU has its kink.
     """
-    with open(out / "distances.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(out / "distances.csv", rows)
     experiment.write_summary(out, summary)
     t_end = summary["times"][-1]
     write_final(out / "final.npz", cells.points, cells.weights, density, t_end)

@@ -65,7 +65,6 @@ Things to try:
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
 from pathlib import Path
@@ -76,7 +75,7 @@ from mpi4py import MPI
 
 import numpy as np
 
-from drivers._experiment import Experiment
+from drivers._experiment import Experiment, write_rows
 from drivers.engine import run_to, write_final
 from solvers.gaussian import (
     AttentionReachPlan,
@@ -462,10 +461,7 @@ def write_outputs(
         cases: the plotted cases.
         particles: name -> (particles at 0, at T).
     """
-    with open(out / "path.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(out / "path.csv", rows)
     experiment.write_summary(out, summary)
     xT = particles["full_rank_attention"][1]
     keys = ("m1", "m2", "S11", "S12", "S22")

@@ -66,7 +66,6 @@ Things to try:
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
 from pathlib import Path
@@ -77,7 +76,7 @@ from mpi4py import MPI
 
 import numpy as np
 
-from drivers._experiment import Experiment
+from drivers._experiment import Experiment, write_rows
 from drivers.engine import run_to, write_final
 from meshes.box import box
 from meshes.control_volumes import flat_control_volumes
@@ -379,10 +378,7 @@ def write_outputs(
         ode: regime -> the moment ODE's solution.
         setup: t_star, S_inf, final_points, n_particles.
     """
-    with open(out / "moments.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(out / "moments.csv", rows)
     experiment.write_summary(out, summary)
     density = np.concatenate([ode["bounded"].S[-1].ravel(), ode["blowup"].S[-1].ravel()])
     final_points, t_star = setup["final_points"], setup["t_star"]

@@ -75,7 +75,7 @@ from mpi4py import MPI
 import numpy as np
 from scipy.special import ndtri
 
-from drivers._experiment import Experiment
+from drivers._experiment import Experiment, write_rows
 from drivers.engine import run_to, write_final
 from solvers.attention import gather_measure
 from solvers.diagnostics import fit_power_law
@@ -379,10 +379,7 @@ def write_outputs(
         summary: summary.json (``sizes``, ``t_end``, ``m_T``, ``S_T``).
     """
     t_end = summary["t_end"]
-    with open(out / "table.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
+    write_rows(out / "table.csv", table)
     with open(out / "fits.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(
