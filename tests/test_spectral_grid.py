@@ -145,7 +145,7 @@ def test_the_expansion_error_estimate_dominates_the_error() -> None:
     for beta in (6.0, 40.0, 150.0):
         A = beta * _head(3, (1.1, 0.8, 0.5))
         lo, hi = spectral.invertible(A)
-        plan = sums._plan_grid(lo, hi, 0.0, 1e-16, 1e-10)
+        plan = spectral.plan_grid(lo, hi, 0.0, 1e-16, 1e-10)
         mom = transforms.sphere_moments(Y, W, plan.degree)
         kappa = 1.0 / np.linalg.norm(omega @ np.linalg.inv(A.T).T, axis=1)
         exact = (W[:, None, :] * np.exp(kappa[:, None] * (omega @ Y.T - 1.0))[None]).sum(-1)

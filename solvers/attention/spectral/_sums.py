@@ -122,6 +122,7 @@ __all__ = [
     "SpectralPlan",
     "cost_floor",
     "field_weights",
+    "plan_grid",
     "plan_spectral",
     "spectral_cost",
     "spectral_fields",
@@ -253,13 +254,13 @@ def plan_spectral(
         if plan is not None and plan.n_nodes == 1:
             break  # more intervals cannot need fewer nodes
     if sphere is not None and (best is None or best[1].n_nodes > 1):
-        on_grid = _plan_grid(*sphere, eps, tol, delta)
+        on_grid = plan_grid(*sphere, eps, tol, delta)
         if on_grid is not None and (best is None or spectral_cost(on_grid, 1e5, 1e5) < best[0]):
             best = (spectral_cost(on_grid, 1e5, 1e5), on_grid)
     return None if best is None else best[1]
 
 
-def _plan_grid(
+def plan_grid(
     lo: float, hi: float, off: float, eps: float, tol: float, delta: float = 0.0
 ) -> SpectralPlan | None:
     """The cheapest S^2 plan through the grid in the target direction: the head's singular
