@@ -30,6 +30,9 @@ def check_adapt(cfg: dict[str, Any]) -> None:
     ad["coarsen"] = as_float(ad["coarsen"], "adapt.coarsen")
     ad["tolerance"] = as_float(ad["tolerance"], "adapt.tolerance")
     ad["grading"] = as_int(ad["grading"], "adapt.grading")
+    ad["budget"] = as_float(ad["budget"], "adapt.budget")
+    if not (ad["budget"] >= 0 and math.isfinite(ad["budget"])):
+        raise ConfigError("adapt.budget", f"must be >= 0 (0: off), got {ad['budget']}")
     if ad["grading"] < 0:
         raise ConfigError("adapt.grading", f"must be >= 0, got {ad['grading']}")
     for key in ("conserve_energy", "local_time_stepping"):

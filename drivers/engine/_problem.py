@@ -304,6 +304,7 @@ def adaptive_scheme(
         tolerance=ad["tolerance"] or None,
         conserve_energy=ad["conserve_energy"],
         grading=ad["grading"],
+        budget=ad["budget"],
     )
     expression = cfg["initial"]["density"]
     return AdaptiveScheme(

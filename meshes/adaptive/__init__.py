@@ -72,6 +72,7 @@ Parallel: the forest is replicated (pure numpy, the same on every rank); checkpo
 with ``forest.state()`` and ``SphereForest.from_state`` / ``CircleForest.from_state``.
 """
 
+from meshes.adaptive._budget import BudgetMarks, budget_marks
 from meshes.adaptive._delaunay import delaunay_margins
 from meshes.adaptive._energy import EnergyCorrection, energy_correction
 from meshes.adaptive._forest_s1 import MAX_CIRCLE_FOREST_LEVEL, CircleForest
@@ -98,6 +99,8 @@ from meshes.adaptive._tolerance import (
 from meshes.adaptive._transfer import LeafSet, Transfer, leaf_transfer, transfer_masses
 
 __all__ = [
+    "BudgetMarks",
+    "budget_marks",
     "delaunay_margins",
     "INDICATORS",
     "AdaptCounts",

@@ -127,7 +127,14 @@ def parent_indicator(forest: Any, eta: Array, kind: str = "mass") -> Array:
 
 
 def adapt_forest(
-    forest: Any, leaf_mass: Array, kind: str, refine: float, coarsen: float, grading: int = 0
+    forest: Any,
+    leaf_mass: Array,
+    kind: str,
+    refine: float,
+    coarsen: float,
+    grading: int = 0,
+    also: npt.NDArray[np.bool_] | None = None,
+    hold: npt.NDArray[np.bool_] | None = None,
 ) -> tuple[Array, AdaptCounts]:
     """One adaptation of ``forest`` (in place) and the leaf masses carried onto it.
 
@@ -147,6 +154,9 @@ def adapt_forest(
             (:func:`graded_level`; the 2:1 balance at that distance, so every level band is
             at least ``grading + 1`` leaves wide), and a merge that would break it is refused
             (it would be split again at once). 0: the 2:1 balance only.
+        also: (n_leaves,) leaves to split as well, whatever their indicator (a second
+            criterion, e.g. the energy budget's); never merged.
+        hold: (n_leaves,) leaves whose sibling group must not merge.
 
     Returns:
         ``(masses, counts)``: the masses on the new leaves and an :class:`AdaptCounts`.
@@ -156,8 +166,12 @@ def adapt_forest(
     m = np.asarray(leaf_mass, dtype=np.float64)
     eta = refinement_indicator(forest, m, kind)
     merged = 0
+    also = np.zeros(len(m), dtype=bool) if also is None else np.asarray(also, dtype=bool)
+    keep = also if hold is None else also | np.asarray(hold, dtype=bool)
     if coarsen > 0:
         merge = (parent_indicator(forest, eta, kind) < coarsen) & ~(eta > refine)
+        if np.any(keep):
+            merge &= ~_groups_of(forest, keep)
         if grading and np.any(merge):
             merge = _graded_merges(forest, merge, grading)
         if np.any(merge):
@@ -166,8 +180,11 @@ def adapt_forest(
             if merged:
                 m, _ = transfer_masses(before, forest, m)
                 eta = refinement_indicator(forest, m, kind)
+                # ``also`` kept as they were (a merged parent starts at a child outside
+                # it): found again by their start
+                also = np.isin(forest.leaf_set().starts, before.starts[also])
     before = forest.leaf_set()
-    marked = eta > refine
+    marked = (eta > refine) | also
     profile = None
     if np.any(marked) or grading:  # the slopes (neighbour search) only when leaves may split
         centres = leaf_centres(forest)
@@ -179,6 +196,19 @@ def adapt_forest(
     if split or balanced:
         m = _prolong(before, forest, m, profile)
     return m, AdaptCounts(split, balanced, merged)
+
+
+def _groups_of(forest: Any, leaf: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """Per leaf: whether a leaf of its sibling group is in ``leaf``."""
+    leaves = forest.leaf_set()
+    width = leaves.ends - leaves.starts
+    parent = leaves.starts // (width * forest.children_per_cell)
+    key = np.stack([leaves.levels, parent], axis=1)
+    _, group = np.unique(key, axis=0, return_inverse=True)
+    group = group.ravel()
+    hit = np.zeros(group.max() + 1, dtype=bool)
+    hit[group[leaf]] = True
+    return hit[group]
 
 
 def graded_level(forest: Any, level: npt.ArrayLike, grading: int) -> IntArray:

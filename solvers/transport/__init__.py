@@ -42,6 +42,7 @@ from solvers.transport._finite_volume import (
     TransportStep,
 )
 from solvers.transport._free_particles import CloudQuality, FreeParticles, PointCloud
+from solvers.transport._fv_budget import EnergyDrift, energy_drift
 from solvers.transport._fv_kernels import FLUX_BACKENDS
 from solvers.transport._initial import (
     DensityError,
@@ -91,6 +92,8 @@ from solvers.transport.jko import (
 
 __all__ = [
     "AdaptOptions",
+    "EnergyDrift",
+    "energy_drift",
     "CloudQuality",
     "FreeParticles",
     "PointCloud",

@@ -42,9 +42,11 @@ import numpy.typing as npt
 
 from meshes.adaptive import (
     INDICATORS,
+    BudgetMarks,
     CircleForest,
     SphereForest,
     adapt_forest,
+    budget_marks,
     cell_masses,
     default_tolerance,
     energy_correction,
@@ -60,6 +62,8 @@ from solvers import stepping
 from solvers.attention import Attention, GlobalSources, Measure, measure_diagnostics
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState, StepResult, TokenScheme
+from solvers.transport._finite_volume import TransportSolver
+from solvers.transport._fv_budget import energy_drift
 from solvers.weights import WeightDynamics, head_weights_at
 
 __all__ = ["AdaptOptions", "AdaptiveScheme", "AttentionEnergy", "EnergyModel"]
@@ -99,6 +103,10 @@ class AdaptOptions:
             only): :func:`meshes.adaptive.adapt_forest`. The finite-volume energy rate is
             inconsistent where the level drops while the density is still steep (the edge of
             a cluster); each layer moves that drop outwards (docs/adaptivity.md).
+        budget: with finite volumes (``fv``), also split the leaves where the
+            fluxes' numerical dissipation makes the energy budget drift, until the predicted
+            drift is below ``budget`` times the dissipation rate, and hold merges that would
+            raise it above (:func:`meshes.adaptive.budget_marks`); 0: off.
     """
 
     every: int = 10
@@ -109,6 +117,7 @@ class AdaptOptions:
     tolerance: float | None = None
     conserve_energy: bool = True
     grading: int = 0
+    budget: float = 1e-3
 
     def __post_init__(self) -> None:
         if isinstance(self.grading, bool) or not (
@@ -117,6 +126,8 @@ class AdaptOptions:
             raise ValueError(f"grading must be an integer >= 0, got {self.grading!r}")
         if not (isinstance(self.every, int) and self.every >= 1):
             raise ValueError(f"every must be an integer >= 1, got {self.every!r}")
+        if not (self.budget >= 0 and math.isfinite(self.budget)):
+            raise ValueError(f"budget must be >= 0, got {self.budget!r}")
         if self.indicator not in INDICATORS:
             raise ValueError(
                 f"indicator must be one of {sorted(INDICATORS)}, got {self.indicator!r}"
@@ -336,9 +347,16 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         _, masses = inner.measure()
         leaf = leaf_masses(self.cv, self.owner_leaf, masses, self.forest.n_leaves)
         refine, coarsen = self._threshold(leaf)
+        marks = self._budget_marks()
         before = self.forest.leaf_set()
         new_leaf, counts = adapt_forest(
-            self.forest, leaf, opts.indicator, refine, coarsen, opts.grading
+            self.forest,
+            leaf,
+            opts.indicator,
+            refine,
+            coarsen,
+            opts.grading,
+            *((marks.split, marks.hold) if marks is not None else ()),
         )
         if not counts.changed:
             return False
@@ -365,6 +383,23 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         m_after = self._total(self.inner.measure()[1])
         self._log(t, steps, counts, (m_before, m_after), (e_before, e_after))
         return True
+
+    def _budget_marks(self) -> BudgetMarks | None:
+        """The energy-budget criterion (``options.budget``) of the current state, for finite
+        volumes; None otherwise (collective)."""
+        inner = self.inner
+        if not self.options.budget or not isinstance(inner, TransportSolver):
+            return None
+        drift = energy_drift(inner)
+        n = self.forest.n_leaves
+        leaf = leaf_masses(self.cv, self.owner_leaf, drift.numerical, n)
+        marks = budget_marks(self.forest, leaf, drift.drift, drift.dissipation, self.options.budget)
+        self._thresholds.update(
+            budget_drift=marks.drift,
+            budget_predicted=marks.predicted,
+            budget_split=int(np.count_nonzero(marks.split)),
+        )
+        return marks
 
     def _conserve(self, before: Any, masses: Array, target: float, t: float) -> Array:
         """The cell masses corrected along the first variation of the energy inside the

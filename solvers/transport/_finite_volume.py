@@ -434,6 +434,24 @@ class TransportSolver:
         self._grad.scatter_forward()
         return self._grad.array.reshape(-1, cv.d)
 
+    def facet_fluxes(self, t: float, central: bool = False) -> Array | tuple[Array, Array]:
+        """The transport mass fluxes F_f from L to R of the rank's interior facets for the
+        current state at time ``t`` (the reconstruction and velocity of a step's first stage;
+        collective); with ``central`` also the central fluxes |f| u_f (rho_L + rho_R) / 2."""
+        n_f = self._n_f
+        u = self.facet_velocity(t)[:n_f]
+        rho = self._mass.array * self._inv_measure
+        L, R = self._L, self._R
+        rL, rR = rho[L], rho[R]
+        if self.reconstruction == "muscl":
+            g = self._limited_gradient(rho)
+            rL = np.maximum(rL + np.einsum("fd,fd->f", g[L], self._rL), 0.0)
+            rR = np.maximum(rR + np.einsum("fd,fd->f", g[R], self._rR), 0.0)
+        flux = self._flux_len * (np.maximum(u, 0.0) * rL - np.maximum(-u, 0.0) * rR)
+        if central:
+            return flux, self._flux_len * u * 0.5 * (rho[L] + rho[R])
+        return flux
+
     def _rate_of_change(self, m_local: Array, u: Array) -> Array:
         """dm/dt on all local cells (only the owned entries are meaningful): upwind transport
         fluxes and, with coupled diffusion, the two-point diffusion fluxes (collective: the
