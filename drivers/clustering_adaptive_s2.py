@@ -310,6 +310,9 @@ def arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--every", type=int, default=None, help="steps between adaptations")
     parser.add_argument("--grading", type=int, default=0, help="adapt.grading (default 0)")
     parser.add_argument(
+        "--budget", type=float, default=None, help="adapt.budget (default: the engine's)"
+    )
+    parser.add_argument(
         "--lts", action="store_true", help="also each adaptive run with local time steps"
     )
     parser.add_argument("--w1-tol", type=float, default=1e-7, help="bin mass x radius")
@@ -337,7 +340,7 @@ def study_runs(
             max level), coarsen = refine / 4; None: the engine's accuracy target.
         every: the steps between adaptations.
         args: the command line (``indicator``, ``tolerance``, ``no_conserve_energy``,
-            ``grading``, ``lts``: also each adaptive run with local time steps, label suffix ``_lts``).
+            ``grading``, ``budget``, ``lts``: also each adaptive run with local time steps, label suffix ``_lts``).
     """
     runs = [(f"uniform_L{L}", "uniform", run_config(L, t_end, None)) for L in uniform]
     for top in adaptive:
@@ -351,6 +354,8 @@ def study_runs(
             table.update(conserve_energy=False)
         if args.grading:
             table.update(grading=args.grading)
+        if args.budget is not None:
+            table.update(budget=args.budget)
         runs.append((f"adaptive_L{base}_{top}", "adaptive", run_config(base, t_end, table)))
         if args.lts:  # the same with local time steps (adapting as often in time)
             table = {**table, "local_time_stepping": True}

@@ -14,9 +14,11 @@ from meshes import control_volumes, icosphere
 from meshes.adaptive import SphereForest, adapt_forest, budget_marks
 from solvers.attention import Attention, Head
 from solvers.transport import (
+    AdaptiveScheme,
     AdaptOptions,
     TransportSolver,
     energy_drift,
+    gradient_flow,
     initial_density,
 )
 from solvers.weights import make_weights
@@ -79,6 +81,33 @@ def test_numerical_dissipation_falls_under_refinement(comm):
     upwind = energy_drift(_solver(comm, 4, reconstruction="upwind"))
     total = comm.allreduce(float(np.sum(upwind.numerical)), op=MPI.SUM)
     assert abs(total) / upwind.dissipation > 2 * ratios[1]
+
+
+def test_only_gradient_flows_have_a_drift_to_keep(comm):
+    """The criterion needs M_h = Q_h^T K_h symmetric and V_h = M_h: the identity head has
+    them; a non-symmetric Q^T K or V != Q^T K turns it off (their budget is no identity), and
+    an adaptive run of such a head records no budget marks."""
+    cv = control_volumes(icosphere(comm, 2))
+    rho = initial_density(cv, DENSITY)
+    Q = np.array([[1.0, 0.3, 0.0], [0.0, 1.0, 0.2], [0.1, 0.0, 1.0]])
+    I3 = np.eye(3)
+    cases = [(Head.identity(3), True), (Head(Q, I3, I3), False), (Head(I3, I3, 2 * I3), False)]
+    cases.append((Head(Q, Q, Q.T @ Q), True))
+    for head, expected in cases:
+        s = TransportSolver(cv, Attention(4.0, 1), make_weights("frozen", [head]), rho)
+        assert gradient_flow(s) is expected
+
+    def build(cv, density):
+        weights = make_weights("frozen", [Head(Q, I3, I3)])
+        return TransportSolver(cv, Attention(6.0, 1), weights, density)
+
+    scheme = AdaptiveScheme(
+        comm, SphereForest(2, 3), build, lambda cv: initial_density(cv, DENSITY), AdaptOptions()
+    )
+    for _ in range(12):
+        scheme.step()
+    assert len(scheme.history) > 1
+    assert not any("budget_drift" in h for h in scheme.history)
 
 
 # ---------------------------------------------------------------- the marks

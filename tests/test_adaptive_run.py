@@ -199,6 +199,8 @@ def test_s1_run(shared_tmp):
         ("adapt.tolerance=0.1", "adapt.refine"),  # a tolerance and fixed thresholds
         ("adapt.refine=0.0", "adapt.coarsen"),  # coarsen without refine
         ('adapt.conserve_energy="yes"', "adapt.conserve_energy"),
+        ("adapt.budget=-1e-3", "adapt.budget"),
+        ("adapt.budget=nan", "adapt.budget"),
         ('adapt.indicator="size"', "adapt.indicator"),
         ('time.scheme="particles"', "adapt.max_level"),
     ],

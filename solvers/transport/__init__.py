@@ -42,7 +42,7 @@ from solvers.transport._finite_volume import (
     TransportStep,
 )
 from solvers.transport._free_particles import CloudQuality, FreeParticles, PointCloud
-from solvers.transport._fv_budget import EnergyDrift, energy_drift
+from solvers.transport._fv_budget import EnergyDrift, energy_drift, gradient_flow
 from solvers.transport._fv_kernels import FLUX_BACKENDS
 from solvers.transport._initial import (
     DensityError,
@@ -94,6 +94,7 @@ __all__ = [
     "AdaptOptions",
     "EnergyDrift",
     "energy_drift",
+    "gradient_flow",
     "CloudQuality",
     "FreeParticles",
     "PointCloud",

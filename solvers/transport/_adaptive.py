@@ -63,7 +63,7 @@ from solvers.attention import Attention, GlobalSources, Measure, measure_diagnos
 from solvers.errors import SolverError
 from solvers.stepping import SchemeState, StepResult, TokenScheme
 from solvers.transport._finite_volume import TransportSolver
-from solvers.transport._fv_budget import energy_drift
+from solvers.transport._fv_budget import energy_drift, gradient_flow
 from solvers.weights import WeightDynamics, head_weights_at
 
 __all__ = ["AdaptOptions", "AdaptiveScheme", "AttentionEnergy", "EnergyModel"]
@@ -103,7 +103,8 @@ class AdaptOptions:
             only): :func:`meshes.adaptive.adapt_forest`. The finite-volume energy rate is
             inconsistent where the level drops while the density is still steep (the edge of
             a cluster); each layer moves that drop outwards (docs/adaptivity.md).
-        budget: with finite volumes (``fv``), also split the leaves where the
+        budget: with finite volumes (``fv``) of a gradient flow (heads with symmetric
+            ``Q^T K = V``), also split the leaves where the
             fluxes' numerical dissipation makes the energy budget drift, until the predicted
             drift is below ``budget`` times the dissipation rate, and hold merges that would
             raise it above (:func:`meshes.adaptive.budget_marks`); 0: off.
@@ -389,6 +390,8 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         volumes; None otherwise (collective)."""
         inner = self.inner
         if not self.options.budget or not isinstance(inner, TransportSolver):
+            return None
+        if not gradient_flow(inner):  # no identity to keep: the drift is not an error
             return None
         drift = energy_drift(inner)
         n = self.forest.n_leaves

@@ -10,8 +10,9 @@ Z_h(x_i)`. The finite volumes change that energy at the rate
    \qquad \phi_i = \frac{1}{\beta} \sum_h w_h Z_h(x_i),
 
 :math:`F_f` the mass flux of facet f from its cell L to its cell R (exact for heads with
-symmetric :math:`Q_h^T K_h`, whose flows are gradient flows of :math:`E`), so the budget drifts
-at the rate :math:`dE_h/dt - \mathcal{D}_h`.
+symmetric :math:`M_h = Q_h^T K_h = V_h`, whose flows are gradient flows of :math:`E`:
+:func:`gradient_flow`), so the budget drifts at the rate :math:`dE_h/dt - \mathcal{D}_h`.
+For other heads the budget is no identity and the drift no error.
 
 Where it drifts: with the central flux :math:`F^c_f = |f|\, u_f (\rho_L + \rho_R)/2`,
 :math:`\sum_f F^c_f (\phi_R - \phi_L)` is a second-order quadrature of the dissipation, and the
@@ -40,7 +41,7 @@ import numpy.typing as npt
 from solvers.attention._checks import normalised_head_weights
 from solvers.weights import head_weights_at
 
-__all__ = ["EnergyDrift", "energy_drift"]
+__all__ = ["EnergyDrift", "energy_drift", "gradient_flow"]
 
 Array = npt.NDArray[np.float64]
 
@@ -59,6 +60,20 @@ class EnergyDrift:
     numerical: Array
     drift: float
     dissipation: float
+
+
+def gradient_flow(solver: Any) -> bool:
+    """Whether ``solver``'s flow at its time is the (weighted) gradient flow of the energy whose
+    budget the drift measures: every head's :math:`M_h = Q_h^T K_h` symmetric and its
+    :math:`V_h = M_h` (or the velocity model ``"gradient"``), to 1e-12 of :math:`|M_h|`."""
+    for head in solver.weights.heads_at(solver.t):
+        M = head.Q.T @ head.K
+        tol = 1e-12 * max(float(np.abs(M).max()), 1e-300)
+        if np.abs(M - M.T).max() > tol:
+            return False
+        if solver.attention.velocity_model != "gradient" and np.abs(head.V - M).max() > tol:
+            return False
+    return True
 
 
 def energy_drift(solver: Any) -> EnergyDrift:
