@@ -355,9 +355,10 @@ def _run_keys() -> tuple[Key, ...]:
             "break it are refused); 0: the 2:1 balance only; the energy budget of a clustering "
             "run needs 2 (docs/adaptivity.md)"),
         Key("adapt", "budget", "number", 1e-3,
-            "fv: also refine where the fluxes' numerical dissipation makes the energy budget "
-            "drift, until the predicted drift is below budget times the dissipation rate, and "
-            "hold merges that would raise it (>= 0; 0: off; docs/adaptivity.md)"),
+            "fv, heads with symmetric Q^T K = V: also refine where the fluxes' numerical "
+            "dissipation makes the energy budget drift, until the predicted drift is below "
+            "budget times the dissipation rate, and hold merges that would raise it (>= 0; 0: "
+            "off; docs/adaptivity.md)"),
         Key("adapt", "conserve_energy", "boolean", True,
             "correct the masses carried onto refined cells so that the cell-centre energy is "
             "continuous across each adaptation (false: the plain limited linear transfer)"),
