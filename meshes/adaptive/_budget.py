@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from meshes.adaptive._indicator import sibling_groups
+
 __all__ = ["BudgetMarks", "budget_marks"]
 
 #: relative width of a tie: shares this close to the threshold are decided together
@@ -100,11 +102,7 @@ def _held_groups(forest: Any, d: Array, split: BoolArray, room: float) -> BoolAr
     share while the sum of the shares it adds stays within ``room``; groups with a leaf to
     split are held."""
     leaves = forest.leaf_set()
-    width = leaves.ends - leaves.starts
-    parent = leaves.starts // (width * forest.children_per_cell)
-    key = np.stack([leaves.levels, parent], axis=1)
-    _, group = np.unique(key, axis=0, return_inverse=True)
-    group = group.ravel()
+    group = sibling_groups(forest)
     share = np.bincount(group, weights=d)  # a merge adds its group's share (2x - 1x)
     held = np.zeros(len(share), dtype=bool)
     held[group[split]] = True

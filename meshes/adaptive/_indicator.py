@@ -198,14 +198,20 @@ def adapt_forest(
     return m, AdaptCounts(split, balanced, merged)
 
 
-def _groups_of(forest: Any, leaf: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-    """Per leaf: whether a leaf of its sibling group is in ``leaf``."""
+def sibling_groups(forest: Any) -> IntArray:
+    """Per leaf, the index of its sibling group (leaves of one level and one parent; a root
+    is a group of its own roots' level), numbered from 0."""
     leaves = forest.leaf_set()
     width = leaves.ends - leaves.starts
     parent = leaves.starts // (width * forest.children_per_cell)
     key = np.stack([leaves.levels, parent], axis=1)
     _, group = np.unique(key, axis=0, return_inverse=True)
-    group = group.ravel()
+    return np.asarray(group.ravel(), dtype=np.int64)
+
+
+def _groups_of(forest: Any, leaf: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """Per leaf: whether a leaf of its sibling group is in ``leaf``."""
+    group = sibling_groups(forest)
     hit = np.zeros(group.max() + 1, dtype=bool)
     hit[group[leaf]] = True
     return hit[group]
@@ -253,11 +259,7 @@ def _graded_merges(
     graded level (after the other merges; it would be split again at once), until no such
     group is left (a refusal keeps a group fine, which can refuse its neighbours)."""
     leaves = forest.leaf_set()
-    width = leaves.ends - leaves.starts
-    parent = leaves.starts // (width * forest.children_per_cell)
-    key = np.stack([leaves.levels, parent], axis=1)
-    _, group = np.unique(key, axis=0, return_inverse=True)
-    group = group.ravel()
+    group = sibling_groups(forest)
     merge = merge.copy()
     while True:
         new_level = leaves.levels - merge
