@@ -98,20 +98,22 @@ def budget_marks(
 
 
 def _held_groups(forest: Any, d: Array, split: BoolArray, room: float) -> BoolArray:
-    """Leaves of the sibling groups that may not merge: every group merges by increasing
-    share while the sum of the shares it adds stays within ``room``; groups with a leaf to
-    split are held."""
+    """Leaves of the sibling groups that may not merge: the complete groups (all siblings
+    leaves, above the base level: the only ones that can merge) merge by increasing share
+    while the sum of the shares they add stays within ``room``; groups with a leaf to split
+    are held."""
     leaves = forest.leaf_set()
     group = sibling_groups(forest)
     share = np.bincount(group, weights=d)  # a merge adds its group's share (2x - 1x)
+    complete = np.bincount(group) == forest.children_per_cell
+    complete[group[leaves.levels == leaves.base_level]] = False
     held = np.zeros(len(share), dtype=bool)
     held[group[split]] = True
-    held[group[leaves.levels == leaves.base_level]] = True  # roots never merge: no room
-    free = np.flatnonzero(~held)
+    free = np.flatnonzero(complete & ~held)
     order = free[np.argsort(share[free], kind="stable")]
     allowed = np.cumsum(share[order]) <= max(room, 0.0)
     if not np.all(allowed):  # by a threshold, so that tied groups are held together
         top = share[order[np.argmin(allowed)]]
         held[free[share[free] >= top * (1.0 - TIE)]] = True
-    held[group[leaves.levels == leaves.base_level]] = False
+    held &= complete  # the others cannot merge anyway
     return held[group]

@@ -109,20 +109,15 @@ def parent_indicator(forest: Any, eta: Array, kind: str = "mass") -> Array:
     (``INDICATORS[kind]`` times the group's sum); ``inf`` for leaves at the base level or whose
     siblings are not all leaves."""
     leaves = forest.leaf_set()
-    b = forest.children_per_cell
-    width = leaves.ends - leaves.starts
-    group = leaves.starts // (width * b)  # the parent's position on its level
     out = np.full(len(eta), np.inf)
     deep = leaves.levels > leaves.base_level
     if not np.any(deep):
         return out
-    key = np.stack([leaves.levels[deep], group[deep]], axis=1)
-    _, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
-    inv = inv.ravel()
-    sums = np.bincount(inv, weights=np.asarray(eta, dtype=np.float64)[deep])
-    full = counts[inv] == b
-    estimate = INDICATORS[kind] * sums[inv]
-    out[np.flatnonzero(deep)[full]] = estimate[full]
+    group = sibling_groups(forest)
+    counts = np.bincount(group)
+    sums = np.bincount(group, weights=np.asarray(eta, dtype=np.float64))
+    full = deep & (counts[group] == forest.children_per_cell)
+    out[full] = INDICATORS[kind] * sums[group[full]]
     return out
 
 
@@ -199,14 +194,19 @@ def adapt_forest(
 
 
 def sibling_groups(forest: Any) -> IntArray:
-    """Per leaf, the index of its sibling group (leaves of one level and one parent; a root
-    is a group of its own roots' level), numbered from 0."""
+    """Per leaf, the index of its sibling group, numbered from 0 in leaf order: the runs of
+    consecutive leaves of one level and one parent. In the leaves' (Morton) order the leaf
+    children of a parent are consecutive, so a complete group (all ``children_per_cell``
+    siblings leaves) is one run; siblings split by a non-leaf sibling's descendants make
+    shorter runs (groups that cannot merge). Roots (the base level) are grouped by their
+    index // ``children_per_cell``, which means nothing: callers leave them out. O(leaves)."""
     leaves = forest.leaf_set()
     width = leaves.ends - leaves.starts
     parent = leaves.starts // (width * forest.children_per_cell)
-    key = np.stack([leaves.levels, parent], axis=1)
-    _, group = np.unique(key, axis=0, return_inverse=True)
-    return np.asarray(group.ravel(), dtype=np.int64)
+    lev = leaves.levels
+    new = np.ones(len(lev), dtype=bool)
+    new[1:] = (parent[1:] != parent[:-1]) | (lev[1:] != lev[:-1])
+    return np.cumsum(new, dtype=np.int64) - 1
 
 
 def _groups_of(forest: Any, leaf: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
