@@ -3,21 +3,27 @@ r"""A second refinement criterion: the energy budget (``[adapt] budget``).
 The mass indicator puts the cells where the mass is, which is what the W1 error of the cell
 measure needs. The energy-dissipation identity needs more: where the density falls steeply at
 the edge of a cluster (its skirt) the limited MUSCL fluxes are first order, and their numerical
-dissipation makes the cell-centre energy fall faster than the dissipation the budget
-integrates. Each leaf's share of that drift, :math:`d_i \ge 0` (the per-facet defect of
-:func:`solvers.transport.energy_defect`, summed over the leaf's cells), against the dissipation
-rate :math:`D` gives the relative drift :math:`\sum_i d_i / D` of the budget.
+dissipation makes the cell-centre energy change at another rate than the dissipation :math:`D`
+the budget integrates. :func:`solvers.transport.energy_drift` measures the drift rate
+:math:`\delta = dE_h/dt - D` of the whole state and each leaf's share :math:`s_i` of the
+fluxes' numerical dissipation (signed; the shares of :math:`\delta`'s sign, :math:`d_i =
+\max(\mathrm{sign}(\delta)\, s_i, 0)`, are where it is made).
 
-:func:`budget_marks` keeps it below ``budget``:
+:func:`budget_marks` keeps :math:`|\delta| / D` below ``budget``:
 
-- **splits**: the leaves below ``max_level`` by decreasing :math:`d_i`, until the predicted
-  sum is below ``budget * D`` (a split halves a leaf's share, the first order of the limited
-  fluxes: four children of a quarter of the area, each facet term :math:`O(h^3)`), leaving out
-  leaves below the equidistributed share ``budget * D / n_leaves`` (they cannot matter);
-- **holds**: a merge doubles its group's share; sibling groups are allowed to merge by
-  increasing share while the predicted sum stays below ``budget * D``; the others are held.
+- **splits**: when :math:`|\delta|` exceeds ``budget * D``, the leaves below ``max_level`` by
+  decreasing :math:`d_i`, until the predicted drift :math:`|\delta| - \sum d_i / 2` is below
+  it (a split halves a leaf's share, the first order of the limited fluxes: four children of
+  a quarter of the area, each facet term :math:`O(h^3)`), leaving out leaves below the
+  equidistributed share ``budget * D / n_leaves`` (they cannot matter); all of them when that
+  is not enough (``max_level`` caps what the criterion can do);
+- **holds**: a merge doubles its group's share; complete sibling groups (the only ones that
+  can merge) are allowed to merge by increasing share while the predicted drift stays below
+  ``budget * D``; the others are held.
 
-Both are decided on the leaf arrays, which are the same on every rank.
+Shares within :data:`TIE` of a threshold are decided together, so symmetric data gives the
+same marks whatever the rounding (the number of ranks). Everything is decided on the leaf
+arrays, which are the same on every rank.
 """
 
 from __future__ import annotations

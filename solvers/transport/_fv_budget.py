@@ -64,8 +64,11 @@ class EnergyDrift:
 
 def gradient_flow(solver: Any) -> bool:
     """Whether ``solver``'s flow at its time is the (weighted) gradient flow of the energy whose
-    budget the drift measures: every head's :math:`M_h = Q_h^T K_h` symmetric and its
-    :math:`V_h = M_h` (or the velocity model ``"gradient"``), to 1e-12 of :math:`|M_h|`."""
+    budget the drift measures: no background field, and every head's :math:`M_h = Q_h^T K_h`
+    symmetric and its :math:`V_h = M_h` (or the velocity model ``"gradient"``), to 1e-12 of
+    :math:`|M_h|`."""
+    if getattr(solver, "background", None) is not None:
+        return False
     for head in solver.weights.heads_at(solver.t):
         M = head.Q.T @ head.K
         tol = 1e-12 * max(float(np.abs(M).max()), 1e-300)
