@@ -28,6 +28,7 @@ the numerical dissipation is large while the drift exceeds its target (``[adapt]
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,6 @@ import dolfinx.la
 import numpy as np
 import numpy.typing as npt
 
-from solvers.attention._checks import normalised_head_weights
 from solvers.weights import head_weights_at
 
 __all__ = ["EnergyDrift", "energy_drift", "gradient_flow"]
@@ -93,8 +93,10 @@ def energy_drift(solver: Any) -> EnergyDrift:
     _, log_Z, _, Pa = attention.head_outputs(cv.centres[:n], solver._sources, m[:n], heads)
     top = cv.comm.allreduce(float(log_Z.max(initial=-np.inf)), op=MPI.MAX)
     Z = np.exp(log_Z - top)
-    hw = normalised_head_weights(head_weights_at(solver.weights, t), len(heads))
-    w = np.full(len(heads), 1.0 / len(heads)) if hw is None else np.asarray(hw)
+    hw = head_weights_at(solver.weights, t)  # validated by the weights: >= 0, not all 0
+    if hw is not None:
+        hw = np.asarray(hw, dtype=np.float64) / math.fsum(hw)  # as the diagnostics
+    w = np.full(len(heads), 1.0 / len(heads)) if hw is None else hw
     velocity = attention.sign * np.einsum("h,hik->ik", w, Pa)
     if attention.velocity_model == "gradient":  # as the diagnostics
         grad = attention.energy_gradient(cv.centres[:n], solver._sources, m[:n], heads, hw, True)
