@@ -204,7 +204,7 @@ dynamics = "frozen"
 [initial]
 density = "DENSITY"
 [time]
-t_end = 6.0
+t_end = 4.0
 scheme = "fv"
 cfl = 0.4
 [output]
@@ -218,10 +218,11 @@ budget = BUDGET
 
 @pytest.mark.slow
 def test_budget_halves_the_residual_of_a_clustering_run(shared_tmp):
-    """The clustering problem of the adaptive driver on levels 2-5 to t = 6 (the two bumps
-    merge into one cluster), the defaults but ``budget``: with the criterion the energy
-    budget's residual at the end is at most 0.6x that without it (measured 8.05e-3 against
-    1.64e-2 of dE, with 2.3x the peak cells)."""
+    """The clustering problem of the adaptive driver on levels 2-5 to t = 4 (the two bumps
+    merging into one cluster), the defaults but ``budget``: with the criterion the energy
+    budget's residual at the end is at most half that without it (measured -1.1e-3 against
+    -4.8e-3 of the final dE of a run to t = 6; to t = 6 -8.05e-3 against -1.64e-2), with at
+    most 3x the peak cells (measured 1.6x to t = 4)."""
     comm = MPI.COMM_WORLD
     residual, cells = [], []
     for budget in (0.0, 1e-3):
@@ -233,5 +234,5 @@ def test_budget_halves_the_residual_of_a_clustering_run(shared_tmp):
         rows = np.genfromtxt(out / "metrics.csv", delimiter=",", names=True)
         residual.append(abs(rows["edi_residual"][-1] / (rows["energy"][-1] - rows["energy"][0])))
         cells.append(int(rows["cells"].max()))
-    assert residual[1] < 0.6 * residual[0]
-    assert cells[1] < 4 * cells[0]
+    assert residual[1] < 0.5 * residual[0]
+    assert cells[1] < 3 * cells[0]

@@ -34,6 +34,7 @@ from solvers.training import (
 )
 from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads, bernoulli
+from tests.training_setup import one_layer
 
 HEADS_R1 = ParameterisedHeads(np.eye(1), np.array([[[0.5]]]))  # D(theta) = 1 + theta / 2 > 0
 HEADS_S1 = ParameterisedHeads(
@@ -44,24 +45,10 @@ LINEAR = PotentialLoss(lambda x: -x[..., 0])
 
 def _one_layer(comm, loss, kappa, weight_decay, ds, prefix):
     """Tokens on [0, 4] right of 0: every velocity is > 0, so rho -> mu_T is affine."""
-    cv = flat_control_volumes(box(comm, [64], [0.0], [4.0]))
-    rho = initial_density(cv, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
-    rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
-    return MeanFieldTraining(
-        cv,
-        Attention(1.0, 1, manifold=False),
-        rho,
-        HEADS_R1,
-        box(MPI.COMM_SELF, [24], [-1.0], [1.0]),
-        t_end=0.03,
-        n_steps=1,
-        loss=loss,
-        kappa=kappa,
-        weight_decay=weight_decay,
-        ds=ds,
-        density=lambda c: np.exp(-0.5 * (c[:, 0] / 0.3) ** 2),
-        petsc_options_prefix=prefix,
-    )
+    return one_layer(
+        comm, HEADS_R1, loss, prefix, cells=64, theta_cells=24, ds=ds, kappa=kappa,
+        weight_decay=weight_decay, theta_width=0.3,
+    )  # fmt: skip
 
 
 def _run(tr, n):

@@ -10,19 +10,15 @@ drivers/README.md).
 from __future__ import annotations
 
 import dolfinx_solver  # noqa: F401
-from mpi4py import MPI
 
 import numpy as np
 import pytest
 from scipy.special import ndtri
 from scipy.stats import wasserstein_distance
 
-from meshes.box import box
-from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention
 from solvers.training import (
     CellLaw,
-    MeanFieldTraining,
     MMDLoss,
     ParticleTraining,
     atom_law,
@@ -32,8 +28,8 @@ from solvers.training import (
     particle_comparison,
     self_convergence,
 )
-from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads
+from tests.training_setup import one_layer
 
 HEADS_R1 = ParameterisedHeads(np.eye(1), np.array([[[0.5]]]))
 LOSS = MMDLoss(np.array([[1.3]]), [1.0], 0.5)
@@ -77,24 +73,7 @@ def test_monte_carlo_fit_recovers_the_square_root_rate():
 
 
 def _one_layer(comm, ds, prefix):
-    cv = flat_control_volumes(box(comm, [32], [0.0], [4.0]))
-    rho = initial_density(cv, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
-    rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
-    return MeanFieldTraining(
-        cv,
-        Attention(1.0, 1, manifold=False),
-        rho,
-        HEADS_R1,
-        box(MPI.COMM_SELF, [16], [-1.0], [1.0]),
-        t_end=0.03,
-        n_steps=1,
-        loss=LOSS,
-        kappa=0.01,
-        weight_decay=0.01,
-        ds=ds,
-        density=lambda c: np.exp(-0.5 * (c[:, 0] / 0.4) ** 2),
-        petsc_options_prefix=prefix,
-    )
+    return one_layer(comm, HEADS_R1, LOSS, prefix, cells=32, theta_cells=16, ds=ds)
 
 
 def test_head_law_converges_at_first_order_in_ds(comm):

@@ -20,18 +20,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import dolfinx_solver  # noqa: F401
-from mpi4py import MPI
 
 import numpy as np
 import pytest
 
 from drivers.engine import run_to
-from meshes.box import box
-from meshes.control_volumes import flat_control_volumes
 from solvers.attention import Attention
 from solvers.stepping import Stepper
 from solvers.training import (
-    MeanFieldTraining,
     MMDLoss,
     ParticleTraining,
     PotentialLoss,
@@ -40,32 +36,15 @@ from solvers.training import (
     adjoint_gradient_check,
     loss_hessian,
 )
-from solvers.transport import initial_density
 from solvers.weights import ParameterisedHeads
+from tests.training_setup import one_layer
 
 HEADS = ParameterisedHeads(np.eye(1), np.array([[[0.5]]]))
 MMD = MMDLoss(np.array([[1.3]]), [1.0], 0.5)
 
 
 def _one_layer(comm, prefix, loss=MMD, ds=0.3):
-    cv = flat_control_volumes(box(comm, [16], [0.0], [4.0]))
-    rho = initial_density(cv, "exp(-0.5*((x[0]-1.0)/0.25)**2)")
-    rho /= comm.allreduce(float(rho @ cv.measures[: cv.n_owned]), op=MPI.SUM)
-    return MeanFieldTraining(
-        cv,
-        Attention(1.0, 1, manifold=False),
-        rho,
-        HEADS,
-        box(MPI.COMM_SELF, [8], [-1.0], [1.0]),
-        t_end=0.06,
-        n_steps=1,
-        loss=loss,
-        kappa=1e-2,
-        weight_decay=0.01,
-        ds=ds,
-        density=lambda c: np.exp(-0.5 * (c[:, 0] / 0.4) ** 2),
-        petsc_options_prefix=prefix,
-    )
+    return one_layer(comm, HEADS, loss, prefix, cells=16, theta_cells=8, ds=ds, t_end=0.06)
 
 
 def _particles(comm):
