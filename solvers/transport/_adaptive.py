@@ -396,7 +396,11 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         drift = energy_drift(inner)
         n = self.forest.n_leaves
         leaf = leaf_masses(self.cv, self.owner_leaf, drift.numerical, n)
-        marks = budget_marks(self.forest, leaf, drift.drift, drift.dissipation, self.options.budget)
+        # the dissipation is signed (sign -1: the energy falls); the target is relative to |D|
+        marks = budget_marks(
+            self.forest, leaf, drift.drift, abs(drift.dissipation), self.options.budget
+        )
+
         self._thresholds.update(
             budget_drift=marks.drift,
             budget_predicted=marks.predicted,
