@@ -122,6 +122,7 @@ from solvers.transport._fv_kernels import (
     rate_of_change_numba,
     rate_of_change_numpy,
     resolve_flux_backend,
+    transport_fluxes,
 )
 from solvers.weights import WeightDynamics, head_weights_at
 
@@ -438,16 +439,12 @@ class TransportSolver:
         """The transport mass fluxes F_f from L to R of the rank's interior facets for the
         current state at time ``t`` (the reconstruction and velocity of a step's first stage;
         collective); with ``central`` also the central fluxes |f| u_f (rho_L + rho_R) / 2."""
-        n_f = self._n_f
-        u = self.facet_velocity(t)[:n_f]
+        u = self.facet_velocity(t)[: self._n_f]
         rho = self._mass.array * self._inv_measure
+        muscl = self.reconstruction == "muscl"
+        grad = self._limited_gradient(rho) if muscl else self._no_grad
         L, R = self._L, self._R
-        rL, rR = rho[L], rho[R]
-        if self.reconstruction == "muscl":
-            g = self._limited_gradient(rho)
-            rL = np.maximum(rL + np.einsum("fd,fd->f", g[L], self._rL), 0.0)
-            rR = np.maximum(rR + np.einsum("fd,fd->f", g[R], self._rR), 0.0)
-        flux = self._flux_len * (np.maximum(u, 0.0) * rL - np.maximum(-u, 0.0) * rR)
+        flux = transport_fluxes(rho, grad, u, self._flux_len, L, R, self._rL, self._rR, muscl)
         if central:
             return flux, self._flux_len * u * 0.5 * (rho[L] + rho[R])
         return flux

@@ -39,6 +39,7 @@ import dolfinx.la
 import numpy as np
 import numpy.typing as npt
 
+from solvers.attention import GlobalSources
 from solvers.weights import head_weights_at
 
 __all__ = ["EnergyDrift", "energy_drift", "gradient_flow"]
@@ -88,9 +89,10 @@ def energy_drift(solver: Any) -> EnergyDrift:
     """
     cv, attention, t = solver.cv, solver.attention, solver.t
     n = cv.n_owned
-    m = solver._mass.array
+    m = solver.masses
     heads = solver.weights.heads_at(t)
-    _, log_Z, _, Pa = attention.head_outputs(cv.centres[:n], solver._sources, m[:n], heads)
+    sources = GlobalSources(cv.comm, cv.centres[:n], cv.original_index[:n])
+    _, log_Z, _, Pa = attention.head_outputs(cv.centres[:n], sources, m, heads)
     top = cv.comm.allreduce(float(log_Z.max(initial=-np.inf)), op=MPI.MAX)
     Z = np.exp(log_Z - top)
     hw = head_weights_at(solver.weights, t)  # validated by the weights: >= 0, not all 0
@@ -99,17 +101,17 @@ def energy_drift(solver: Any) -> EnergyDrift:
     w = np.full(len(heads), 1.0 / len(heads)) if hw is None else hw
     velocity = attention.sign * np.einsum("h,hik->ik", w, Pa)
     if attention.velocity_model == "gradient":  # as the diagnostics
-        grad = attention.energy_gradient(cv.centres[:n], solver._sources, m[:n], heads, hw, True)
+        grad = attention.energy_gradient(cv.centres[:n], sources, m, heads, hw, True)
         velocity = grad.gradient_velocity
     drift = np.einsum("h,hi,hik->ik", w, Z, Pa)
-    dissipation = m[:n] * np.einsum("ik,ik->i", drift, velocity)
+    dissipation = m * np.einsum("ik,ik->i", drift, velocity)
     imap = cv.mesh.topology.index_map(cv.mesh.topology.dim)
     phi = dolfinx.la.vector(imap, 1)
     phi.array[:n] = np.einsum("h,hi->i", w, Z) / attention.beta
     phi.scatter_forward()
     p = phi.array
     flux, central = solver.facet_fluxes(t, central=True)
-    L, R = solver._L, solver._R
+    L, R = cv.facet_cells[:, 0], cv.facet_cells[:, 1]
     dphi = p[R] - p[L]
 
     def halves(e: Array) -> Array:

@@ -153,6 +153,20 @@ def limited_gradient_numpy(
     return np.maximum(phi[:n_owned], 0.0)[:, None] * g
 
 
+def transport_fluxes(
+    rho: Array, grad: Array, u: Array, flen: Array, L: Index, R: Index, rL: Array, rR: Array,
+    muscl: bool,
+) -> Array:  # fmt: skip
+    """Upwind transport mass fluxes of the interior facets, L -> R (``u``: their normal
+    velocities; with ``muscl`` the limited reconstructions at the facet, clipped at 0)."""
+    if muscl:
+        rho_L = np.maximum(rho[L] + dot_rows(grad[L], rL), 0.0)
+        rho_R = np.maximum(rho[R] + dot_rows(grad[R], rR), 0.0)
+    else:
+        rho_L, rho_R = rho[L], rho[R]
+    return flen * (np.maximum(u, 0.0) * rho_L - np.maximum(-u, 0.0) * rho_R)
+
+
 def rate_of_change_numpy(
     rho: Array,
     grad: Array,
@@ -171,14 +185,9 @@ def rate_of_change_numpy(
     """The reference of :func:`rate_of_change_numba` (the same arguments but the adjacency):
     dm/dt on the local cells by ``np.bincount`` over the facets."""
     n_f, n_local = len(L), len(rho)
-    if muscl:
-        rho_L = np.maximum(rho[L] + dot_rows(grad[L], rL), 0.0)
-        rho_R = np.maximum(rho[R] + dot_rows(grad[R], rR), 0.0)
-        rho_B = np.maximum(rho[B] + dot_rows(grad[B], rB), 0.0)
-    else:
-        rho_L, rho_R, rho_B = rho[L], rho[R], rho[B]
+    rho_B = np.maximum(rho[B] + dot_rows(grad[B], rB), 0.0) if muscl else rho[B]
     ui, ub = u[:n_f], u[n_f:]
-    flux = flen * (np.maximum(ui, 0.0) * rho_L - np.maximum(-ui, 0.0) * rho_R)
+    flux = transport_fluxes(rho, grad, ui, flen, L, R, rL, rR, muscl)
     if len(nu_a):  # two-point diffusion: nu a_f (rho_R - rho_L) flows R -> L
         flux -= nu_a * (rho[R] - rho[L])
     dm = np.bincount(R, weights=flux, minlength=n_local)
