@@ -105,6 +105,8 @@ Things to try:
 - A looser threshold (``--refine-factor 1e-2``): fewer cells, and how much W1 it costs.
 - Local time steps (``--lts``): each adaptive run again with ``[adapt] local_time_stepping``
   (the velocity at the base cells' step; docs/numerics.md), rows ``adaptive_L<b>_<m>_lts``.
+- The slope limiter (``--limiter positivity``): every run with ``[transport] limiter``
+  (docs/numerics.md, "Slope limiters").
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ from drivers._adaptive_study import (
 from drivers._experiment import Experiment
 from drivers.engine import run, validate, write_final
 from solvers.diagnostics import wasserstein1
+from solvers.transport import LIMITERS
 
 comm = MPI.COMM_WORLD
 
@@ -177,13 +180,16 @@ def diameter(level: int) -> float:
     return 1.1 * 2.0**-level
 
 
-def run_config(level: int, t_end: float, adapt: dict[str, Any] | None) -> dict[str, Any]:
+def run_config(
+    level: int, t_end: float, adapt: dict[str, Any] | None, limiter: str | None = None
+) -> dict[str, Any]:
     """The validated config of one run of the demo's problem.
 
     Args:
         level: the uniform level, or the base level of an adaptive run.
         t_end: the final time.
         adapt: the ``[adapt]`` table (None: a uniform mesh).
+        limiter: ``[transport] limiter`` (None: the engine's default).
 
     Returns:
         The resolved configuration (:func:`drivers.engine.validate`).
@@ -194,6 +200,8 @@ def run_config(level: int, t_end: float, adapt: dict[str, Any] | None) -> dict[s
     raw["output"] = {"every": 10, "progress": 60.0}
     if adapt is not None:
         raw["adapt"] = adapt
+    if limiter is not None:
+        raw["transport"]["limiter"] = limiter
     return validate(raw)
 
 
@@ -315,6 +323,12 @@ def arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--lts", action="store_true", help="also each adaptive run with local time steps"
     )
+    parser.add_argument(
+        "--limiter",
+        default=None,
+        choices=LIMITERS,
+        help="transport.limiter (default: the engine's)",
+    )
     parser.add_argument("--w1-tol", type=float, default=1e-7, help="bin mass x radius")
     parser.add_argument("--w1-bins", type=int, default=8000, help="most bins per measure")
     return parser
@@ -340,9 +354,10 @@ def study_runs(
             max level), coarsen = refine / 4; None: the engine's accuracy target.
         every: the steps between adaptations.
         args: the command line (``indicator``, ``tolerance``, ``no_conserve_energy``,
-            ``grading``, ``budget``, ``lts``: also each adaptive run with local time steps, label suffix ``_lts``).
+            ``grading``, ``budget``, ``limiter``, ``lts``: also each adaptive run with local time steps, label suffix ``_lts``).
     """
-    runs = [(f"uniform_L{L}", "uniform", run_config(L, t_end, None)) for L in uniform]
+    lim = args.limiter
+    runs = [(f"uniform_L{L}", "uniform", run_config(L, t_end, None, lim)) for L in uniform]
     for top in adaptive:
         table = {"max_level": top, "every": every, "indicator": args.indicator}
         if factor is not None:  # experts: fixed thresholds
@@ -356,11 +371,11 @@ def study_runs(
             table.update(grading=args.grading)
         if args.budget is not None:
             table.update(budget=args.budget)
-        runs.append((f"adaptive_L{base}_{top}", "adaptive", run_config(base, t_end, table)))
+        runs.append((f"adaptive_L{base}_{top}", "adaptive", run_config(base, t_end, table, lim)))
         if args.lts:  # the same with local time steps (adapting as often in time)
             table = {**table, "local_time_stepping": True}
             label = f"adaptive_L{base}_{top}_lts"
-            runs.append((label, "adaptive", run_config(base, t_end, table)))
+            runs.append((label, "adaptive", run_config(base, t_end, table, lim)))
     return runs
 
 

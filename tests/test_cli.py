@@ -153,6 +153,7 @@ BAD = [
     ('[mesh]\nfile = "/no/such/mesh.msh"\n', "mesh.file: file not found"),
     ('[mesh]\nmanifold = "T2"\n', "mesh.manifold: must be one of"),
     ("[time]\ncfl = 0.9\n", "time.cfl"),
+    ('[transport]\nlimiter = "minmod"\n', "transport.limiter: must be one of"),
     ("[time]\nt_end = 0\n", "time.t_end"),
     ('[time]\nscheme = "jko"\n', "time.dt: the JKO scheme needs a step"),
     (

@@ -187,6 +187,7 @@ def scheme_options(cfg: dict[str, Any]) -> SchemeOptions:
         cfl=t["cfl"],
         rk=t["rk"],
         reconstruction=cfg["transport"]["reconstruction"],
+        limiter=cfg["transport"]["limiter"],
         background=feedforward(cfg),
         **({"petsc_options_prefix": prefix} if prefix else {}),
         diffusion=cfg["attention"]["diffusion"],

@@ -287,6 +287,12 @@ def _run_keys() -> tuple[Key, ...]:
         Key("transport", "reconstruction", "string", "muscl",
             "fv: piecewise-linear limited (second order) or piecewise-constant (first order)",
             ("muscl", "upwind")),
+        Key("transport", "limiter", "string", "barth-jespersen",
+            "fv muscl: the slope limiter; barth-jespersen: face values within the neighbours' "
+            "extremes (clipped to first order at a cluster's peak); positivity: only 0 <= face "
+            "value <= 2 rho_i (second order at smooth extrema, anti-dissipative where the "
+            "density is under-resolved; docs/numerics.md)",
+            ("barth-jespersen", "positivity")),
         Key("transport", "diffusion_step", "string", "coupled",
             "fv with attention.diffusion > 0: coupled: the diffusion fluxes in every Runge-Kutta "
             "stage, dt from the combined Courant number (cfl bounds transport + diffusion); "

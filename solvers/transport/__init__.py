@@ -37,6 +37,7 @@ from solvers.transport._expression import FUNCTIONS as EXPRESSION_FUNCTIONS
 from solvers.transport._expression import Expression, ExpressionError
 from solvers.transport._finite_volume import (
     DIFFUSION_STEPS,
+    LIMITERS,
     POSITIVITY_LIMIT,
     TransportSolver,
     TransportStep,
@@ -114,6 +115,7 @@ __all__ = [
     "FLUX_BACKENDS",
     "HESSIANS",
     "INTEGRATORS",
+    "LIMITERS",
     "POSITIVITY_LIMIT",
     "VARIANTS",
     "DensityError",

@@ -20,7 +20,8 @@ with X evaluated at the facet midpoints x_f by quadrature over the cell centres 
 n_f the outward unit normal (tangent to the sphere) and rho_{i,f} the upwind face value:
 either rho_i (first-order upwind) or the MUSCL reconstruction
 ``rho_i + phi_i g_i . (x_f - c_i)_T`` with a least-squares tangent gradient g_i and the
-Barth-Jespersen limiter phi_i, tightened so that 0 <= rho_{i,f} <= 2 rho_i.
+Barth-Jespersen limiter phi_i, tightened so that 0 <= rho_{i,f} <= 2 rho_i (or, with
+``limiter = "positivity"``, phi_i from that bound alone: docs/numerics.md has both measured).
 
 Each facet flux is computed once and added to one cell and subtracted from the other, so the
 total mass is conserved to round-off; facets on rank boundaries are computed bitwise
@@ -113,6 +114,7 @@ from solvers.errors import BlowUpError, SolverError
 from solvers.stepping import SchemeState, StepResult, step_towards
 from solvers.transport._diffusion import SUBSTEP_COURANT, DiffusionSplit, TwoPointDiffusion
 from solvers.transport._fv_kernels import (
+    LIMITER_MODES,
     cell_facets,
     diffusion_rate_numba,
     limited_gradient_numba,
@@ -128,6 +130,7 @@ from solvers.weights import WeightDynamics, head_weights_at
 
 __all__ = [
     "DIFFUSION_STEPS",
+    "LIMITERS",
     "POSITIVITY_LIMIT",
     "RK_SCHEMES",
     "SUBSTEP_COURANT",
@@ -143,6 +146,8 @@ Array = npt.NDArray[np.float64]
 DIFFUSION_STEPS = ("coupled", "strang", "implicit")
 #: Largest CFL number for which an Euler stage is positivity preserving.
 POSITIVITY_LIMIT = {"upwind": 1.0, "muscl": 0.5}
+#: the MUSCL slope limiters (``TransportSolver(limiter=...)``)
+LIMITERS = tuple(LIMITER_MODES)
 #: SSP Runge-Kutta schemes in Shu-Osher form: rows (alpha, beta, c) meaning
 #: u_k = alpha u_0 + (1 - alpha) (u_{k-1} + beta dt L(u_{k-1}, t + c dt)).
 SSP_STAGES = {
@@ -182,6 +187,9 @@ class TransportSolver:
         density: (n_owned,) initial cell densities (>= 0).
         t0: initial time.
         reconstruction: "upwind" (first order) or "muscl" (second order, limited).
+        limiter: the MUSCL slope limiter, one of :data:`LIMITERS`: "barth-jespersen" (face
+            values within the cell's and its neighbours' extremes, and <= 2 rho_i) or
+            "positivity" (only 0 <= face value <= 2 rho_i; not clipped at smooth extrema).
         rk: "euler", "ssp2" or "ssp3".
         cfl: target CFL number, 0 < cfl <= the positivity bound of the reconstruction.
         dt_min: a step below this is reported as a collapse (BlowUpError).
@@ -212,6 +220,7 @@ class TransportSolver:
         *,
         t0: float = 0.0,
         reconstruction: str = "muscl",
+        limiter: str = "barth-jespersen",
         rk: str = "ssp3",
         cfl: float = 0.4,
         dt_min: float = 1e-12,
@@ -226,6 +235,10 @@ class TransportSolver:
             raise ValueError(f"reconstruction must be 'upwind' or 'muscl', got {reconstruction!r}")
         if rk not in SSP_STAGES:
             raise ValueError(f"rk must be one of {sorted(SSP_STAGES)}, got {rk!r}")
+        if limiter not in LIMITERS:
+            raise ValueError(f"limiter must be one of {LIMITERS}, got {limiter!r}")
+        self.limiter = limiter
+        self._limiter_mode = LIMITER_MODES[limiter]
         limit = POSITIVITY_LIMIT[reconstruction]
         if not (0.0 < cfl <= limit):
             raise ValueError(
@@ -403,35 +416,16 @@ class TransportSolver:
     def _limited_gradient(self, rho: Array) -> Array:
         """Limited least-squares gradients on all local cells (ghosts by a scatter)."""
         cv = self.cv
-        n_owned = cv.n_owned
         grad = self._grad.array.reshape(-1, cv.d)
+        geometry = (self._L, self._R, self._dLR, self._dRL, self._Minv, self._rL, self._rR)
         if self._adj is not None:
-            grad[:n_owned] = limited_gradient_numba(
-                rho,
-                self._L,
-                self._R,
-                self._dLR,
-                self._dRL,
-                self._Minv,
-                self._rL,
-                self._rR,
-                self._rB,
-                self._adj,
+            grad[: cv.n_owned] = limited_gradient_numba(
+                rho, *geometry, self._rB, self._adj, self._limiter_mode
             )
-            self._grad.scatter_forward()
-            return self._grad.array.reshape(-1, cv.d)
-        grad[:n_owned] = limited_gradient_numpy(
-            rho,
-            self._L,
-            self._R,
-            self._dLR,
-            self._dRL,
-            self._Minv,
-            self._rL,
-            self._rR,
-            self._B,
-            self._rB,
-        )
+        else:
+            grad[: cv.n_owned] = limited_gradient_numpy(
+                rho, *geometry, self._B, self._rB, self._limiter_mode
+            )
         self._grad.scatter_forward()
         return self._grad.array.reshape(-1, cv.d)
 

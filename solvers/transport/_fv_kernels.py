@@ -34,6 +34,10 @@ import numpy.typing as npt
 
 from solvers._jit import read_only
 
+#: the slope limiters' codes in the kernels (``TransportSolver(limiter=...)``)
+BARTH_JESPERSEN, POSITIVITY = 0, 1
+LIMITER_MODES = {"barth-jespersen": BARTH_JESPERSEN, "positivity": POSITIVITY}
+
 try:
     import numba
 
@@ -42,6 +46,7 @@ except ImportError:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
 
 __all__ = [
+    "LIMITER_MODES",
     "FLUX_BACKENDS",
     "HAVE_NUMBA",
     "PARALLEL_MIN_FACETS",
@@ -115,15 +120,19 @@ def limited_gradient_numpy(
     rR: Array,
     B: Index,
     rB: Array,
+    mode: int = BARTH_JESPERSEN,
 ) -> Array:
     """The reference of :func:`limited_gradient_numba`: the limited least-squares gradients of
     the owned cells (n_owned = len(Minv)), (n_owned, d), by scatters over the facets.
 
     Least squares: g_i = M_i^{-1} sum_f d_f (rho_j - rho_i) over the neighbours' tangent
-    displacements d_f; Barth-Jespersen limiter phi_i = min over the cell's facets of
+    displacements d_f; the limiter phi_i is the minimum over the cell's facets of
     min(1, (hi_i - rho_i)/delta) for delta = g_i . r_f > 0 and (lo_i - rho_i)/delta for
-    delta < 0, with lo_i/hi_i the extremes over the cell and its neighbours and the extra bound
-    hi_i <= 2 rho_i (so that 0 <= rho_{i,f} <= 2 rho_i); the result is max(phi_i, 0) g_i.
+    delta < 0, and the result is max(phi_i, 0) g_i. The bounds (``mode``, one of
+    :data:`LIMITER_MODES`): Barth-Jespersen, lo_i/hi_i the extremes over the cell and its
+    neighbours with the extra bound hi_i <= 2 rho_i (so that 0 <= rho_{i,f} <= 2 rho_i);
+    positivity, lo_i = 0 and hi_i = 2 rho_i only (the positivity bound without the local
+    extremum bound).
     """
     n_local, n_owned, d = len(rho), len(Minv), Minv.shape[1]
     diff = rho[R] - rho[L]
@@ -138,6 +147,8 @@ def limited_gradient_numpy(
     np.maximum.at(hi, L, rho[R])
     np.maximum.at(hi, R, rho[L])
     hi = np.minimum(hi, 2.0 * rho)
+    if mode == POSITIVITY:
+        lo, hi = np.zeros(n_local), 2.0 * rho
     phi = np.ones(n_local)
     for cells, r in ((L, rL), (R, rR), (B, rB)):
         own = cells < n_owned
@@ -260,7 +271,7 @@ if HAVE_NUMBA:
         return acc
 
     @numba.njit(cache=True, inline="always")
-    def _limit(phi, delta, hi, lo, rho):  # Barth-Jespersen: min(phi, ratio, 1)
+    def _limit(phi, delta, hi, lo, rho):  # min(phi, ratio, 1)
         if delta > 0:
             ratio = (hi - rho) / delta
         elif delta < 0:
@@ -270,7 +281,7 @@ if HAVE_NUMBA:
         return min(phi, min(ratio, 1.0))
 
     @numba.njit(parallel=True, cache=True)
-    def _limited_gradient(rho, L, R, dLR, dRL, Minv, rL, rR, rB, lp, li, rp, ri, bp, bi):
+    def _limited_gradient(rho, L, R, dLR, dRL, Minv, rL, rR, rB, lp, li, rp, ri, bp, bi, mode):
         n_owned, d = Minv.shape[0], Minv.shape[1]
         grad = np.empty((n_owned, d))
         for i in numba.prange(n_owned):
@@ -292,6 +303,9 @@ if HAVE_NUMBA:
                 lo = min(lo, rho[L[f]])
                 hi = max(hi, rho[L[f]])
             hi = min(hi, 2.0 * rho[i])
+            if mode == POSITIVITY:
+                lo = 0.0
+                hi = 2.0 * rho[i]
             g = np.empty(d)
             for a in range(d):
                 acc = Minv[i, a, 0] * rhs[0]
@@ -424,14 +438,16 @@ def limited_gradient_numba(
     rR: Array,
     rB: Array,
     adj: CellFacets,
+    mode: int = BARTH_JESPERSEN,
 ) -> Array:
     """The limited least-squares gradients of the owned cells, (n_owned, d) (module docstring;
-    the same arithmetic as ``TransportSolver._face_values`` with ``flux_backend="numpy"``)."""
+    the same arithmetic as :func:`limited_gradient_numpy`, ``mode`` as there)."""
     with _threads_for(len(L)):
         return _limited_gradient(
             *read_only(rho, L, R, dLR, dRL, Minv, rL, rR, rB),
             *read_only(adj.left_ptr, adj.left, adj.right_ptr, adj.right),
             *read_only(adj.boundary_ptr, adj.boundary),
+            int(mode),
         )
 
 

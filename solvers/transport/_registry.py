@@ -59,6 +59,8 @@ class SchemeOptions:
         rk: the Runge-Kutta scheme: "ssp3" | "ssp2" | "euler" (fv), "rk4" | "euler"
             (particles); "" for the scheme's default.
         reconstruction: "muscl" | "upwind" (fv).
+        limiter: the MUSCL slope limiter, "barth-jespersen" | "positivity" (fv;
+            :data:`solvers.transport.LIMITERS`).
         background: an extra local velocity v(x, t) (the feed-forward layer on boxes), or
             None; fv applies it, particles and jko raise ValueError when it is set.
         petsc_options_prefix: the options prefix of the PETSc objects (jko).
@@ -80,6 +82,7 @@ class SchemeOptions:
     cfl: float = 0.4
     rk: str = ""
     reconstruction: str = "muscl"
+    limiter: str = "barth-jespersen"
     background: Callable[[Array, float], Array] | None = None
     petsc_options_prefix: str = "jko_"
     diffusion: float = 0.0
@@ -256,6 +259,7 @@ def _finite_volumes(cv, attention, weights, density, options: SchemeOptions) -> 
         density,
         background=options.background,
         reconstruction=options.reconstruction,
+        limiter=options.limiter,
         rk=options.rk or _finite_volume.RK_SCHEMES[0],
         cfl=options.cfl,
         dt_max=options.dt if options.dt > 0 else math.inf,
