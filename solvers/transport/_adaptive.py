@@ -400,7 +400,6 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         marks = budget_marks(
             self.forest, leaf, drift.drift, abs(drift.dissipation), self.options.budget
         )
-
         self._thresholds.update(
             budget_drift=marks.drift,
             budget_predicted=marks.predicted,
