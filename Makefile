@@ -12,6 +12,10 @@ MPIEXEC := $(VENV)/bin/mpiexec
 NP ?= 2
 OUT ?= results/demo
 TEST_TIMEOUT ?= 1800
+# Bytecode caches on: with PYTHONDONTWRITEBYTECODE set (some CI images set it) every process
+# compiles the package from source and pytest rewrites the assertions of all test modules
+# again (about 0.4 s a process and 9 s a pytest collection, in every worker and rank)
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-serial test-mpi venv paraview lint format bench image docs clean
 

@@ -54,7 +54,7 @@ def test_closed_form_distances_vanish_for_large_samples() -> None:
 
 def test_head_limit_on_trajectories() -> None:
     measure = weight_measure(1, 64, 0.5, 0.6)
-    t = trajectory_study(measure, TOKENS, 2, [4, 8, 16, 32, 64], 16, 0.5, comm=MPI.COMM_WORLD)
+    t = trajectory_study(measure, TOKENS, 2, [4, 8, 16, 32], 16, 0.5, comm=MPI.COMM_WORLD)
     measure.solver.destroy()
     f = t["fits"]["w1"]
     assert -0.80 <= f.slope <= -0.30, f

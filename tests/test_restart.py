@@ -134,18 +134,27 @@ def _run(args: list[str], n: int) -> None:
     assert proc.returncode == 0, err
 
 
+#: the uninterrupted runs of test_sigkill_and_restart by rank count (one per process)
+_REFERENCES: dict[int, Path] = {}
+
+
 @pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.parametrize("n_run,n_restart", [(1, 1), (2, 2), (2, 1)])
-def test_sigkill_and_restart(tmp_path, n_run, n_restart):
+def test_sigkill_and_restart(tmp_path, tmp_path_factory, n_run, n_restart):
     """SIGKILL a run at a random step, restart it (same or other rank count), compare.
 
     Same rank count: metrics.csv and final.npz bitwise equal to the uninterrupted run, OU
     weights included (the seeded path is regenerated). Other rank count: equal to 1e-10.
+    The uninterrupted run on ``n_run`` ranks is made once per pytest process.
     """
     cfg = _config(tmp_path / "c.toml", t_end=2.0)
-    ref, out = tmp_path / "ref", tmp_path / "out"
-    _run(["run", str(cfg), "--out", str(ref), "--quiet"], n_run)
+    out = tmp_path / "out"
+    ref = _REFERENCES.get(n_run)
+    if ref is None:
+        ref = tmp_path_factory.mktemp(f"sigkill_ref_np{n_run}") / "ref"
+        _run(["run", str(cfg), "--out", str(ref), "--quiet"], n_run)
+        _REFERENCES[n_run] = ref
     proc = launch_cli(["run", str(cfg), "--out", str(out), "--quiet"], n_run)
     rng = np.random.default_rng(int(time.time()))
     target = int(rng.integers(2, 8))  # kill after this many checkpoints have appeared

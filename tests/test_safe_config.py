@@ -367,6 +367,7 @@ def test_unused_petsc_options_are_named_at_start_up(tmp_path):
     only the option its solver does not read."""
     demo = str(ROOT / "configs/demo_s2.toml")
     tiny = ["--quiet", "--set", "mesh.refinement=1", "--set", "time.t_end=0.1"]
+    tiny += ["--set", "output.pictures=false"]
     code, _, err = run_cli(
         ["run", demo, "--out", str(tmp_path / "fv"), *tiny, "-jko_snes_monitr"], 2
     )
