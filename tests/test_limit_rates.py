@@ -43,12 +43,16 @@ def test_chaos_rates_in_r3() -> None:
 
 
 def test_closed_form_distances_vanish_for_large_samples() -> None:
-    """SW2 and MMD to the exact Gaussian: ~ N^-1/2, small for a large sample, large if shifted."""
-    x = np.random.default_rng(5).multivariate_normal(M0, S0, 20000)
+    """SW2 and MMD to the exact Gaussian: ~ N^-1/2, small for a large sample, large if shifted.
+
+    N = 8,000 (the MMD's N^2 sum: 16x less work than 20,000, for which the bounds were 0.02
+    and 0.01; here they are those times sqrt(20,000 / 8,000)). Measured: 0.018 and 0.009
+    (0.017-0.020 and 0.007-0.010 over seeds 5-7); shifted 0.31 and 0.15."""
+    x = np.random.default_rng(5).multivariate_normal(M0, S0, 8000)
     dirs = directions(64)
-    assert sliced_w2_gaussian(x, M0, S0, dirs) < 0.02
+    assert sliced_w2_gaussian(x, M0, S0, dirs) < 0.032
     assert sliced_w2_gaussian(x, M0 + 0.3, S0, dirs) > 0.1
-    assert mmd_gaussian(x, M0, S0) < 0.01
+    assert mmd_gaussian(x, M0, S0) < 0.016
     assert mmd_gaussian(x, M0 + 0.3, S0) > 0.05
 
 
