@@ -77,10 +77,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import scipy.integrate
 import scipy.linalg
 import scipy.special
 
@@ -178,9 +178,9 @@ class GaussianOULaw:
         :math:`t = s^2` (the Dirac start's :math:`t^{-1/2}` singularity removed)."""
         if T == math.inf:
             head = self.length(8.0)
-            tail, _ = scipy.integrate.quad(self.speed, 8.0, math.inf, epsabs=0, epsrel=1e-11)
+            tail, _ = _quad(self.speed, 8.0, math.inf, epsabs=0, epsrel=1e-11)
             return head + tail
-        value, _ = scipy.integrate.quad(
+        value, _ = _quad(
             lambda s: 2.0 * s * self.speed(s * s) if s > 0 else 0.0,
             0.0,
             math.sqrt(T),
@@ -232,12 +232,20 @@ def oscillating_rms_speed(d: int) -> float:
     return math.sqrt(total)
 
 
+def _quad(*args: Any, **kwargs: Any) -> tuple[float, float]:
+    """``scipy.integrate.quad``, imported on first use (scipy.integrate, with the
+    scipy.optimize it pulls in, costs about 0.15 s of every run's start-up)."""
+    import scipy.integrate
+
+    return scipy.integrate.quad(*args, **kwargs)[:2]
+
+
 def law_length(speed: Callable[[float], float], t0: float, t1: float, pieces: int = 1) -> float:
     r""":math:`\int_{t_0}^{t_1} |\dot\Theta_t| dt` by adaptive quadrature on ``pieces`` equal
     sub-intervals (a periodic speed: one or more per period)."""
     edges = np.linspace(t0, t1, pieces + 1)
     return math.fsum(
-        scipy.integrate.quad(speed, a, b, epsabs=0, epsrel=1e-11, limit=200)[0]
+        _quad(speed, a, b, epsabs=0, epsrel=1e-11, limit=200)[0]
         for a, b in zip(edges[:-1], edges[1:], strict=True)
     )
 
