@@ -173,6 +173,8 @@ _IDENTITY_HEAD = [{"Q": "identity", "K": "identity", "V": "identity"}]
 def _run_keys() -> tuple[Key, ...]:
     """Every key of a run config (:data:`KEYS`)."""
     SCHEME_SPECS = _specs()  # noqa: N806
+    from solvers.transport import LIMITERS  # lazy, as _specs
+
     # fmt: off
     return (
         # [mesh]
@@ -292,7 +294,7 @@ def _run_keys() -> tuple[Key, ...]:
             "extremes (clipped to first order at a cluster's peak); positivity: only 0 <= face "
             "value <= 2 rho_i (second order at smooth extrema, anti-dissipative where the "
             "density is under-resolved; docs/numerics.md)",
-            ("barth-jespersen", "positivity")),
+            LIMITERS),
         Key("transport", "diffusion_step", "string", "coupled",
             "fv with attention.diffusion > 0: coupled: the diffusion fluxes in every Runge-Kutta "
             "stage, dt from the combined Courant number (cfl bounds transport + diffusion); "
