@@ -280,60 +280,64 @@ if HAVE_NUMBA:
             ratio = np.inf
         return min(phi, min(ratio, 1.0))
 
+    @numba.njit(cache=True, inline="always")
+    def _dot3(d, g0, g1, g2, r, f):  # (g0, g1, g2)[:d] . r[f], summed left to right
+        acc = g0 * r[f, 0]
+        if d > 1:
+            acc += g1 * r[f, 1]
+        if d > 2:
+            acc += g2 * r[f, 2]
+        return acc
+
     @numba.njit(parallel=True, cache=True)
     def _limited_gradient(rho, L, R, dLR, dRL, Minv, rL, rR, rB, lp, li, rp, ri, bp, bi, mode):
+        # d <= 3: the right-hand side and the gradient are scalars (no array per cell), each
+        # sum in the reference's order
         n_owned, d = Minv.shape[0], Minv.shape[1]
         grad = np.empty((n_owned, d))
         for i in numba.prange(n_owned):
-            rhs = np.zeros(d)
-            lo = rho[i]
-            hi = rho[i]
+            s0 = s1 = s2 = 0.0
+            lo = hi = rho[i]
             for p in range(lp[i], lp[i + 1]):
                 f = li[p]
                 diff = rho[R[f]] - rho[L[f]]
-                for k in range(d):
-                    rhs[k] += dLR[f, k] * diff
+                s0 += dLR[f, 0] * diff
+                if d > 1:
+                    s1 += dLR[f, 1] * diff
+                if d > 2:
+                    s2 += dLR[f, 2] * diff
                 lo = min(lo, rho[R[f]])
                 hi = max(hi, rho[R[f]])
             for p in range(rp[i], rp[i + 1]):
                 f = ri[p]
                 mdiff = -(rho[R[f]] - rho[L[f]])
-                for k in range(d):
-                    rhs[k] += dRL[f, k] * mdiff
+                s0 += dRL[f, 0] * mdiff
+                if d > 1:
+                    s1 += dRL[f, 1] * mdiff
+                if d > 2:
+                    s2 += dRL[f, 2] * mdiff
                 lo = min(lo, rho[L[f]])
                 hi = max(hi, rho[L[f]])
             hi = min(hi, 2.0 * rho[i])
             if mode == POSITIVITY:
                 lo = 0.0
                 hi = 2.0 * rho[i]
-            g = np.empty(d)
-            for a in range(d):
-                acc = Minv[i, a, 0] * rhs[0]
-                for k in range(1, d):
-                    acc += Minv[i, a, k] * rhs[k]
-                g[a] = acc
+            g0 = _dot3(d, s0, s1, s2, Minv[i], 0)
+            g1 = _dot3(d, s0, s1, s2, Minv[i], 1) if d > 1 else 0.0
+            g2 = _dot3(d, s0, s1, s2, Minv[i], 2) if d > 2 else 0.0
             phi = 1.0
             for p in range(lp[i], lp[i + 1]):
-                f = li[p]
-                delta = g[0] * rL[f, 0]
-                for k in range(1, d):
-                    delta += g[k] * rL[f, k]
-                phi = _limit(phi, delta, hi, lo, rho[i])
+                phi = _limit(phi, _dot3(d, g0, g1, g2, rL, li[p]), hi, lo, rho[i])
             for p in range(rp[i], rp[i + 1]):
-                f = ri[p]
-                delta = g[0] * rR[f, 0]
-                for k in range(1, d):
-                    delta += g[k] * rR[f, k]
-                phi = _limit(phi, delta, hi, lo, rho[i])
+                phi = _limit(phi, _dot3(d, g0, g1, g2, rR, ri[p]), hi, lo, rho[i])
             for p in range(bp[i], bp[i + 1]):
-                b = bi[p]
-                delta = g[0] * rB[b, 0]
-                for k in range(1, d):
-                    delta += g[k] * rB[b, k]
-                phi = _limit(phi, delta, hi, lo, rho[i])
+                phi = _limit(phi, _dot3(d, g0, g1, g2, rB, bi[p]), hi, lo, rho[i])
             scale = max(phi, 0.0)
-            for k in range(d):
-                grad[i, k] = scale * g[k]
+            grad[i, 0] = scale * g0
+            if d > 1:
+                grad[i, 1] = scale * g1
+            if d > 2:
+                grad[i, 2] = scale * g2
         return grad
 
     @numba.njit(parallel=True, cache=True)
@@ -441,7 +445,9 @@ def limited_gradient_numba(
     mode: int = BARTH_JESPERSEN,
 ) -> Array:
     """The limited least-squares gradients of the owned cells, (n_owned, d) (module docstring;
-    the same arithmetic as :func:`limited_gradient_numpy`, ``mode`` as there)."""
+    the same arithmetic as :func:`limited_gradient_numpy`, ``mode`` as there; d <= 3)."""
+    if Minv.shape[1] > 3:
+        raise ValueError(f"the compiled gradient needs d <= 3, got d = {Minv.shape[1]}")
     with _threads_for(len(L)):
         return _limited_gradient(
             *read_only(rho, L, R, dLR, dRL, Minv, rL, rR, rB),
