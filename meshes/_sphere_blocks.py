@@ -40,7 +40,11 @@ import numpy.typing as npt
 
 __all__ = [
     "BASE_FACES",
+    "CHILD_WEIGHTS",
+    "INWARD_FACES",
     "base_vertices",
+    "face_point_ids",
+    "node_coordinates",
     "circle_cell_block",
     "circle_node_block",
     "icosphere_cell_block",
@@ -90,7 +94,7 @@ _EDGE_INDEX[_EDGES[:, 0], _EDGES[:, 1]] = np.arange(len(_EDGES))
 
 # 2 T_q: child q of the triangle with vertex rows (a, b, c) has vertex rows T_q (a, b, c), i.e.
 # (a, m_ab, m_ca), (b, m_bc, m_ab), (c, m_ca, m_bc), (m_ab, m_bc, m_ca) for q = 0, 1, 2, 3
-_CHILD = np.array(
+CHILD_WEIGHTS = np.array(
     [
         [[2, 0, 0], [1, 1, 0], [1, 0, 1]],
         [[0, 2, 0], [0, 1, 1], [1, 1, 0]],
@@ -105,7 +109,7 @@ def _child_products(k: int) -> IntArray:
     """(4^k, 3, 3): entry q_1 + 4 q_2 + ... is 2^k T_{q_k} ... T_{q_1} (integer)."""
     table = np.eye(3, dtype=np.int64)[None]
     for _ in range(k):  # prepend the next digit as the most significant one
-        table = np.einsum("qij,djk->qdik", _CHILD, table).reshape(-1, 3, 3)
+        table = np.einsum("qij,djk->qdik", CHILD_WEIGHTS, table).reshape(-1, 3, 3)
     return table
 
 
@@ -143,7 +147,7 @@ def _inward_base_faces() -> npt.NDArray[np.bool_]:
     return np.einsum("ij,ij->i", np.cross(b - a, c - a), a + b + c) < 0
 
 
-_INWARD = _inward_base_faces()
+INWARD_FACES = _inward_base_faces()
 
 
 def icosphere_num_nodes(level: int) -> int:
@@ -156,7 +160,7 @@ def _block_range(start: int, stop: int, total: int) -> None:
         raise ValueError(f"block [{start}, {stop}) is not within [0, {total})")
 
 
-def _face_point_ids(n: int, face: IntArray, ijk: IntArray) -> IntArray:
+def face_point_ids(n: int, face: IntArray, ijk: IntArray) -> IntArray:
     """Global node ids of lattice points ``ijk`` (m, 3) of base faces ``face`` (m,)."""
     ids = np.empty(len(face), dtype=np.int64)
     zero = ijk == 0
@@ -201,8 +205,8 @@ def icosphere_cell_block(level: int, start: int, stop: int) -> IntArray:
         face, digits = c % 20, c // 20
         # corners (cell, vertex, weight) = 2^L T_{q_L} ... T_{q_1} I, in integers
         v = np.matmul(hi_table[digits >> (2 * low)], lo_table[digits & ((1 << (2 * low)) - 1)])
-        ids = _face_point_ids(n, np.repeat(face, 3), v.reshape(-1, 3)).reshape(-1, 3)
-        inward = _INWARD[face]
+        ids = face_point_ids(n, np.repeat(face, 3), v.reshape(-1, 3)).reshape(-1, 3)
+        inward = INWARD_FACES[face]
         ids[inward] = ids[inward][:, [0, 2, 1]]
         out[first - start : last - start] = ids
     return out
@@ -238,12 +242,12 @@ def _parents(n: int, ids: IntArray) -> IntArray:
         rows = np.arange(len(i))
         step[rows, (even + 1) % 3] = g
         step[rows, (even + 2) % 3] = -g
-        parents[inner, 0] = _face_point_ids(n, face, ijk - step)
-        parents[inner, 1] = _face_point_ids(n, face, ijk + step)
+        parents[inner, 0] = face_point_ids(n, face, ijk - step)
+        parents[inner, 1] = face_point_ids(n, face, ijk + step)
     return parents
 
 
-def _coordinates(n: int, ids: IntArray) -> FloatArray:
+def node_coordinates(n: int, ids: IntArray) -> FloatArray:
     """Coordinates of global nodes ``ids``, by the recursion of ``icosphere_arrays``."""
     x = np.empty((len(ids), 3))
     base = ids < 12
@@ -252,7 +256,7 @@ def _coordinates(n: int, ids: IntArray) -> FloatArray:
     if made.any():
         parents = _parents(n, ids[made])
         uniq, inv = np.unique(parents, return_inverse=True)
-        xp = _coordinates(n, uniq)
+        xp = node_coordinates(n, uniq)
         inv = inv.reshape(-1, 2)
         mid = xp[inv[:, 0]] + xp[inv[:, 1]]
         mid /= np.linalg.norm(mid, axis=1)[:, None]
@@ -264,7 +268,7 @@ def icosphere_node_block(level: int, start: int, stop: int) -> FloatArray:
     """Coordinates (stop - start, 3) of global nodes ``start .. stop - 1`` of the icosphere."""
     level = int(level)
     _block_range(start, stop, icosphere_num_nodes(level))
-    return _coordinates(1 << level, np.arange(start, stop, dtype=np.int64))
+    return node_coordinates(1 << level, np.arange(start, stop, dtype=np.int64))
 
 
 def circle_cell_block(refinement: int, start: int, stop: int) -> IntArray:

@@ -70,10 +70,25 @@ energy so that the cell-centre energy is continuous across an adaptation (module
 
 Parallel: the forest is replicated (pure numpy, the same on every rank); checkpoints store it
 with ``forest.state()`` and ``SphereForest.from_state`` / ``CircleForest.from_state``.
+
+The distributed forest
+----------------------
+:class:`DistributedSphereForest` (issue 32, item 3; module ``_distributed_s2``) holds on each
+rank only a contiguous range of the leaves in Morton order, two int64 per leaf: a leaf is
+(level, index in ``icosphere_arrays(level)``), its corners and every vertex are named by their
+node ids in the analytic numbering of the uniform icosphere of ``max_level``, and the 2:1
+balance, the red-green (and Delaunay) closure, the merges and the green cuts ask the owners
+of vertex ids whether a vertex is active (point-to-point messages, module ``_exchange``; no
+rank holds the whole forest). It makes the same leaves and triangles as :class:`SphereForest`
+under the same marks, on any number of ranks; :meth:`DistributedSphereForest.mesh_blocks`
+gives each rank its block of the triangulation for :func:`meshes.sphere.distribute_blocks`.
+The adaptive schemes still run on :class:`SphereForest`: moving their indicators, energy
+correction and transfer onto the distributed leaves is the next step (docs/adaptivity.md).
 """
 
 from meshes.adaptive._budget import BudgetMarks, budget_marks
 from meshes.adaptive._delaunay import delaunay_margins
+from meshes.adaptive._distributed_s2 import DistributedSphereForest
 from meshes.adaptive._energy import EnergyCorrection, energy_correction
 from meshes.adaptive._forest_s1 import MAX_CIRCLE_FOREST_LEVEL, CircleForest
 from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL, SphereForest
@@ -102,6 +117,7 @@ __all__ = [
     "BudgetMarks",
     "budget_marks",
     "delaunay_margins",
+    "DistributedSphereForest",
     "INDICATORS",
     "AdaptCounts",
     "adapt_forest",

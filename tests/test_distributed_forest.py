@@ -1,0 +1,190 @@
+"""The distributed forest of S^2 (issue 32, item 3): the same leaves and triangles as the
+replicated :class:`SphereForest` under the same marks, on any number of ranks, a mesh from
+blocks only, partitions that never split a sibling group, and checkpoints across rank counts.
+
+Every test runs on any communicator size (the MPI suite runs them on 2 ranks; the 3-rank run
+of the parity test is a subprocess)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import dolfinx_solver  # noqa: F401
+from mpi4py import MPI
+
+import numpy as np
+import pytest
+
+from meshes import control_volumes
+from meshes.adaptive import DistributedSphereForest, SphereForest
+from meshes.sphere import distribute_blocks, icosphere_arrays
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def canonical(triangles: np.ndarray) -> list[tuple]:
+    """Triangles (m, 3, 3) as a sorted list, each rotated to start at its smallest vertex
+    (orientation kept), so that two triangulations compare bitwise whatever their order."""
+    out = []
+    for t in np.asarray(triangles):
+        rows = [tuple(v) for v in t]
+        r = min(range(3), key=lambda i: rows[i])
+        out.append(tuple(rows[r:] + rows[:r]))
+    return sorted(out)
+
+
+def gathered(comm: MPI.Comm, local: np.ndarray) -> np.ndarray:
+    return np.concatenate(comm.allgather(np.asarray(local)))
+
+
+def cap(vertices: np.ndarray, axis: int, above: float) -> np.ndarray:
+    """Leaves with a corner beyond ``above`` along ``axis`` (a max over corners: the same
+    marks whatever the order of a leaf's corners)."""
+    return vertices[:, :, axis].max(axis=1) > above
+
+
+#: refine, close, merge and partition steps applied to both forests (partition: distributed only)
+STEPS = [
+    ("refine", 2, 0.3), ("close",), ("refine", 2, 0.6), ("refine", 2, 0.8), ("close",),
+    ("refine", 0, 0.7), ("close",), ("partition",), ("coarsen", 2, 0.85),
+    ("coarsen", 2, 0.5), ("close",), ("refine", 0, 0.9), ("close",), ("partition",),
+    ("coarsen", 0, 0.0), ("close",),
+]  # fmt: skip
+
+
+def run_parity(comm: MPI.Comm, base: int, top: int, delaunay: bool) -> int:
+    """Apply :data:`STEPS` to both forests, comparing leaves after every step and the
+    conforming triangulations at the end; returns the number of leaves."""
+    rep = SphereForest(base, top, delaunay=delaunay)
+    dist = DistributedSphereForest(comm, base, top, delaunay=delaunay)
+    for step in STEPS:
+        kind = step[0]
+        if kind == "refine":
+            assert rep.refine(cap(rep.leaf_vertices(), *step[1:])) == dist.refine(
+                cap(dist.leaf_vertices(), *step[1:])
+            )
+        elif kind == "coarsen":
+            merged = rep.coarsen(cap(rep.leaf_vertices(), *step[1:]), closure=True)
+            assert dist.coarsen(cap(dist.leaf_vertices(), *step[1:]), closure=True) == merged
+        elif kind == "close":
+            assert rep.close() == dist.close()
+        else:
+            dist.partition()
+        leaves = gathered(comm, dist.leaf_vertices())
+        assert canonical(leaves) == canonical(rep.leaf_vertices()), step
+        assert dist.n_leaves == rep.n_leaves
+    x, tri, _ = rep.conforming_mesh()
+    xb, cells, _ = dist.mesh_blocks()
+    assert canonical(gathered(comm, xb)[gathered(comm, cells)]) == canonical(x[tri])
+    return rep.n_leaves
+
+
+@pytest.mark.parametrize("base, top, delaunay", [(1, 5, False), (2, 6, True)])
+def test_same_leaves_and_triangles_as_the_replicated_forest(comm, base, top, delaunay):
+    assert run_parity(comm, base, top, delaunay) > 300
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="starts its own 3-rank run")
+def test_same_leaves_and_triangles_on_three_ranks():
+    code = (
+        "import dolfinx_solver; from mpi4py import MPI; "
+        "from tests.test_distributed_forest import run_parity; "
+        "n = run_parity(MPI.COMM_WORLD, 1, 5, False); "
+        "n2 = run_parity(MPI.COMM_WORLD, 2, 5, True); "
+        "MPI.COMM_WORLD.rank or print('parity', n, n2)"
+    )
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    out = subprocess.run(
+        [str(mpiexec), "-n", "3", sys.executable, "-c", code],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "parity" in out.stdout
+
+
+def test_uniform_refinement_is_the_icosphere_bitwise(comm):
+    forest = DistributedSphereForest(comm, 1, 3)
+    for _ in range(2):
+        forest.refine(np.ones(forest.n_local, dtype=bool))
+    x, cells = icosphere_arrays(3)
+    leaves = gathered(comm, forest.leaf_vertices())
+    assert canonical(leaves) == canonical(x[cells])
+    assert forest.n_leaves == len(cells)
+    assert math.isclose(comm.allreduce(forest.leaf_areas().sum()), 4 * math.pi, rel_tol=1e-13)
+
+
+def test_mesh_from_blocks_is_conforming_and_in_leaf_order(comm):
+    forest = DistributedSphereForest(comm, 2, 5, delaunay=True)
+    for above in (0.2, 0.6, 0.85):
+        forest.refine(cap(forest.leaf_vertices(), 2, above))
+    forest.close()
+    forest.partition()
+    x, cells, owner = forest.mesh_blocks()
+    mesh = distribute_blocks(comm, x, cells)
+    cv = control_volumes(mesh)
+    n_cells = comm.allreduce(len(cells))
+    assert cv.n_global == n_cells
+    area = comm.allreduce(float(np.sum(cv.measures[: cv.n_owned])))
+    assert abs(area - 4 * math.pi) < 1e-12
+    # the cells keep their global (leaf) order: the original index of a cell names its row
+    rows = gathered(comm, cells)
+    nodes = gathered(comm, x)
+    index = cv.original_index[: cv.n_owned]
+    centre = nodes[rows[index]].mean(axis=1)
+    centre /= np.linalg.norm(centre, axis=1)[:, None]
+    assert np.allclose(cv.centres[: cv.n_owned], centre, atol=1e-12)
+    # leaf of every cell: a non-decreasing global leaf index, all leaves used
+    owners = gathered(comm, owner)
+    assert np.all(np.diff(owners) >= 0) and owners[-1] + 1 == forest.n_leaves
+
+
+def test_partition_balances_and_keeps_sibling_groups(comm):
+    forest = DistributedSphereForest(comm, 1, 6)
+    for above in (0.5, 0.8, 0.9, 0.95):
+        forest.refine(cap(forest.leaf_vertices(), 2, above))
+    forest.balance()
+    before = canonical(gathered(comm, forest.leaf_vertices()))
+    forest.partition()
+    assert canonical(gathered(comm, forest.leaf_vertices())) == before
+    counts = comm.allgather(forest.n_local)
+    assert max(counts) - min(counts) <= 6  # cuts move at most 3 leaves off their share
+    # no complete group of four sibling leaves across a boundary: every rank's first leaf
+    # may start a cut
+    assert forest._cut_allowed()[:1].all()
+    keys = gathered(comm, forest.keys())
+    assert np.all(np.diff(keys) > 0)
+
+
+def test_checkpoint_restarts_on_another_rank_count(comm):
+    forest = DistributedSphereForest(comm, 1, 5, delaunay=True)
+    forest.refine(cap(forest.leaf_vertices(), 1, 0.4))
+    forest.close()
+    rows = gathered(comm, forest.state()["leaves"])
+    # one rank reads everything, the others nothing: the partition spreads it again
+    share = rows if comm.rank == 0 else rows[:0]
+    state = {"leaves": share, "levels": np.array([1, 5]), "delaunay": np.array(True)}
+    again = DistributedSphereForest.from_state(comm, state)
+    assert np.array_equal(gathered(comm, again.state()["leaves"]), rows)
+    assert again.n_local > 0 or comm.size > again.n_leaves
+    tri = gathered(comm, forest.mesh_blocks()[1])
+    assert np.array_equal(gathered(comm, again.mesh_blocks()[1]), tri)
+
+
+def test_bad_levels_and_bad_states_are_refused(comm):
+    with pytest.raises(ValueError, match="base_level"):
+        DistributedSphereForest(comm, 3, 2)
+    with pytest.raises(ValueError, match="base_level"):
+        DistributedSphereForest(comm, 0, 21)
+    rows = np.array([[1, 0], [1, 0]]) if comm.rank == 0 else np.zeros((0, 2), dtype=np.int64)
+    with pytest.raises(ValueError, match="Morton order"):
+        DistributedSphereForest.from_state(comm, {"leaves": rows, "levels": np.array([1, 3])})
+    with pytest.raises(ValueError, match="balanced"):
+        forest = DistributedSphereForest(comm, 0, 4)
+        for _ in range(3):  # the corner child of the first root, three times: next to level 0
+            mark = np.zeros(forest.n_local, dtype=bool)
+            mark[:1] = comm.rank == 0
+            forest.refine(mark)
+        forest.conforming_mesh()
