@@ -48,7 +48,6 @@ import numpy as np
 import numpy.typing as npt
 
 from meshes._sphere_blocks import (
-    CHILD_WEIGHTS,
     INWARD_FACES,
     face_point_ids,
     icosphere_num_nodes,
@@ -63,6 +62,8 @@ __all__ = ["DistributedSphereForest", "leaf_corners", "morton_keys"]
 IntArray = npt.NDArray[np.int64]
 Array = npt.NDArray[np.float64]
 _CORNER = ((0, 1), (1, 2), (2, 0))  # edge k of a triangle joins corners _CORNER[k]
+#: a set of leaves: levels (m,), indices (m,), corner lattice points (m, 3, 3)
+Leaves = tuple[IntArray, IntArray, IntArray]
 
 
 def morton_keys(level: IntArray, index: IntArray, max_level: int) -> IntArray:
@@ -78,6 +79,40 @@ def morton_keys(level: IntArray, index: IntArray, max_level: int) -> IntArray:
     return key
 
 
+def _children(raw: IntArray) -> IntArray:
+    """(m, 4, 3, 3) corner lattice points of the four children of each cell (m, 3, 3): child q
+    of (a, b, c) is (a, m_ab, m_ca), (b, m_bc, m_ab), (c, m_ca, m_bc), (m_ab, m_bc, m_ca) as in
+    ``icosphere_arrays`` (``meshes._sphere_blocks.CHILD_WEIGHTS``), with integer midpoints."""
+    a, b, c = raw[:, 0], raw[:, 1], raw[:, 2]
+    mab, mbc, mca = (a + b) >> 1, (b + c) >> 1, (c + a) >> 1
+    kids = [(a, mab, mca), (b, mbc, mab), (c, mca, mbc), (mab, mbc, mca)]
+    return np.stack([np.stack(k, axis=1) for k in kids], axis=1)
+
+
+def _raw_lattice(level: IntArray, index: IntArray, max_level: int) -> IntArray:
+    """(m, 3, 3) corner lattice points at ``n = 2^max_level`` in the refinement's vertex order
+    (before the orientation of the inward base faces)."""
+    level = np.asarray(level, dtype=np.int64)
+    rest = np.asarray(index, dtype=np.int64) // 20
+    raw = np.broadcast_to(np.eye(3, dtype=np.int32) << max_level, (len(level), 3, 3)).copy()
+    rows = np.arange(len(level))
+    for k in range(1, int(level.max(initial=0)) + 1):
+        go = k <= level
+        raw[go] = _children(raw[go])[rows[: int(go.sum())], (rest % 4)[go]]
+        rest = rest // 4
+    return raw
+
+
+def _orient(index: IntArray, raw: IntArray) -> tuple[IntArray, IntArray]:
+    """``(face, lattice)``: the outward vertex order of ``icosphere_arrays`` (inward base faces
+    swap corners 1 and 2)."""
+    face = np.asarray(index, dtype=np.int64) % 20
+    p = raw.astype(np.int64)
+    inward = INWARD_FACES[face]
+    p[inward] = p[inward][:, [0, 2, 1]]
+    return face, p
+
+
 def leaf_corners(level: IntArray, index: IntArray, max_level: int) -> tuple[IntArray, IntArray]:
     """Face and corner lattice points of each leaf at ``n = 2^max_level``.
 
@@ -85,19 +120,7 @@ def leaf_corners(level: IntArray, index: IntArray, max_level: int) -> tuple[IntA
         ``(face (m,), lattice (m, 3, 3))``: row r of ``lattice[i]`` is corner r's weights on the
         face's vertices (summing to n), in the outward vertex order of ``icosphere_arrays``.
     """
-    level = np.asarray(level, dtype=np.int64)
-    index = np.asarray(index, dtype=np.int64)
-    n = 1 << max_level
-    face, rest = index % 20, index // 20
-    p = np.broadcast_to(np.eye(3, dtype=np.int64) * n, (len(index), 3, 3)).copy()
-    for k in range(1, int(level.max(initial=0)) + 1):
-        q = rest % 4
-        rest = rest // 4
-        go = k <= level
-        p[go] = np.matmul(CHILD_WEIGHTS[q[go]], p[go]) // 2
-    inward = INWARD_FACES[face]
-    p[inward] = p[inward][:, [0, 2, 1]]
-    return face, p
+    return _orient(index, _raw_lattice(level, index, max_level))
 
 
 class DistributedSphereForest:
@@ -133,9 +156,12 @@ class DistributedSphereForest:
         self._set(np.full(hi - lo, base_level, dtype=np.int64), roots[order][lo:hi])
 
     # ------------------------------------------------------------------ the leaves
-    def _set(self, level: IntArray, index: IntArray) -> None:
+    def _set(self, level: IntArray, index: IntArray, raw: IntArray | None = None) -> None:
+        """The leaves (any order; ``raw``: their lattice points, computed if None)."""
+        if raw is None:
+            raw = _raw_lattice(level, index, self.max_level)
         order = np.argsort(morton_keys(level, index, self.max_level), kind="stable")
-        self.level, self.index = level[order], index[order]
+        self.level, self.index, self._raw = level[order], index[order], raw[order]
         self._corners: IntArray | None = None
 
     @property
@@ -157,15 +183,14 @@ class DistributedSphereForest:
         """Morton keys of this rank's leaves (increasing)."""
         return morton_keys(self.level, self.index, self.max_level)
 
-    def _lattice(self) -> tuple[IntArray, IntArray]:
-        return leaf_corners(self.level, self.index, self.max_level)
+    def _corner_ids(self, index: IntArray, raw: IntArray) -> IntArray:
+        face, p = _orient(index, raw)
+        return face_point_ids(self._n, np.repeat(face, 3), p.reshape(-1, 3)).reshape(-1, 3)
 
     def corners(self) -> IntArray:
         """(n_local, 3) vertex ids (outward) of this rank's leaves."""
         if self._corners is None:
-            face, p = self._lattice()
-            ids = face_point_ids(self._n, np.repeat(face, 3), p.reshape(-1, 3))
-            self._corners = ids.reshape(-1, 3)
+            self._corners = self._corner_ids(self.index, self._raw)
         return self._corners
 
     def leaf_vertices(self) -> Array:
@@ -213,11 +238,11 @@ class DistributedSphereForest:
         return out.reshape(ids.shape)
 
     def _edge_points(
-        self, level: IntArray, index: IntArray, fractions: tuple[int, ...]
+        self, level: IntArray, index: IntArray, raw: IntArray, fractions: tuple[int, ...]
     ) -> IntArray:
         """(m, 3, len(fractions)) vertex ids of the points at ``fraction / 4`` along each
         edge k (from corner _CORNER[k][0]); -1 where the leaf is too fine to have them."""
-        face, p = leaf_corners(level, index, self.max_level)
+        face, p = _orient(index, raw)
         out = np.full((len(level), 3, len(fractions)), -1, dtype=np.int64)
         for j, w in enumerate(fractions):
             # points at a quarter need leaves two levels above max_level, at a half one level
@@ -229,15 +254,16 @@ class DistributedSphereForest:
                 out[fine_enough, k, j] = face_point_ids(self._n, face[fine_enough], pts)
         return out
 
-    def _hanging(self, level: IntArray, index: IntArray, active: IntArray) -> npt.NDArray[np.bool_]:
+    def _hanging(self, leaves: Leaves, active: IntArray) -> npt.NDArray[np.bool_]:
         """(m, 3): True where edge k's midpoint is active."""
-        return self._is_active(self._edge_points(level, index, (2,))[:, :, 0], active)
+        return self._is_active(self._edge_points(*leaves, (2,))[:, :, 0], active)
 
-    def _quarter_active(
-        self, level: IntArray, index: IntArray, active: IntArray
-    ) -> npt.NDArray[np.bool_]:
+    def _quarter_active(self, leaves: Leaves, active: IntArray) -> npt.NDArray[np.bool_]:
         """(m, 3): True where a quarter point of edge k is active (a neighbour two finer)."""
-        return self._is_active(self._edge_points(level, index, (1, 3)), active).any(axis=2)
+        return self._is_active(self._edge_points(*leaves, (1, 3)), active).any(axis=2)
+
+    def _mine(self) -> Leaves:
+        return self.level, self.index, self._raw
 
     def _any(self, flags: npt.NDArray[np.bool_]) -> bool:
         return bool(self.comm.allreduce(bool(np.any(flags)), op=MPI.LOR))
@@ -253,6 +279,7 @@ class DistributedSphereForest:
         self._set(
             np.concatenate([self.level[~mask], kids_level]),
             np.concatenate([self.index[~mask], kids_index]),
+            np.concatenate([self._raw[~mask], _children(self._raw[mask]).reshape(-1, 3, 3)]),
         )
         return int(mask.sum())
 
@@ -267,17 +294,17 @@ class DistributedSphereForest:
         total = 0
         while True:
             active = self._active_set(self.corners())
-            bad = self._quarter_active(self.level, self.index, active).any(axis=1)
+            bad = self._quarter_active(self._mine(), active).any(axis=1)
             if not self._any(bad):
                 return total
             total += self.refine(bad)
 
     def _facing_greens(
-        self, level: IntArray, index: IntArray, corners: IntArray, active: IntArray
+        self, leaves: Leaves, corners: IntArray, active: IntArray
     ) -> npt.NDArray[np.bool_]:
         """Per leaf: a green leaf (one hanging midpoint) sharing a whole edge with another
         green leaf (collective: the edges meet at the owner of their smaller vertex)."""
-        green = self._hanging(level, index, active).sum(axis=1) == 1
+        green = self._hanging(leaves, active).sum(axis=1) == 1
         a, b = corners, corners[:, [1, 2, 0]]
         lo, hi = np.minimum(a, b).ravel(), np.maximum(a, b).ravel()
         rows = np.column_stack([lo, hi, np.repeat(green, 3).astype(np.int64)])
@@ -303,9 +330,9 @@ class DistributedSphereForest:
         while True:
             total += self.balance()
             active = self._active_set(self.corners())
-            bad = self._hanging(self.level, self.index, active).sum(axis=1) >= 2
+            bad = self._hanging(self._mine(), active).sum(axis=1) >= 2
             if self.delaunay and not self._any(bad):
-                bad = self._facing_greens(self.level, self.index, self.corners(), active)
+                bad = self._facing_greens(self._mine(), self.corners(), active)
             if not self._any(bad):
                 return total
             total += self.refine(bad)
@@ -333,21 +360,24 @@ class DistributedSphereForest:
             first = groups[:, 0]
             p_level = self.level[first] - 1
             p_index = self.index[first] % (20 * 4**p_level)
-            level = np.concatenate([self.level[keep], p_level])
-            index = np.concatenate([self.index[keep], p_index])
-            face, p = leaf_corners(level, index, self.max_level)
-            corners = face_point_ids(self._n, np.repeat(face, 3), p.reshape(-1, 3)).reshape(-1, 3)
+            # the parent's corners are corner 0 of its children 0, 1, 2
+            p_raw = self._raw[groups[:, :3], 0]
+            parents = (p_level, p_index, p_raw)
+            leaves = tuple(
+                np.concatenate([x[keep], y]) for x, y in zip(self._mine(), parents, strict=True)
+            )
+            corners = self._corner_ids(leaves[1], leaves[2])
             active = self._active_set(corners)
-            bad = self._quarter_active(p_level, p_index, active).any(axis=1)
+            bad = self._quarter_active(parents, active).any(axis=1)
             if closure:
-                bad |= self._hanging(p_level, p_index, active).sum(axis=1) >= 2
+                bad |= self._hanging(parents, active).sum(axis=1) >= 2
                 if self.delaunay:
-                    facing = self._facing_greens(level, index, corners, active)
-                    bad |= facing[len(level) - len(p_level) :]
+                    facing = self._facing_greens(leaves, corners, active)
+                    bad |= facing[len(leaves[0]) - len(p_level) :]
             if not self._any(bad):
                 break
             groups = groups[~bad]
-        self._set(level, index)
+        self._set(*leaves)
         return int(self.comm.allreduce(len(groups), op=MPI.SUM))
 
     # ------------------------------------------------------------------ partition
@@ -379,9 +409,11 @@ class DistributedSphereForest:
         cuts = np.concatenate([[0], cuts, [total]])
         dest = np.searchsorted(cuts, offset + np.arange(n), side="right") - 1
         extra = np.zeros(n, dtype=np.int64) if data is None else data
-        got, _ = send_rows(comm, dest, np.column_stack([self.level, self.index, extra]))
+        rows = np.column_stack([self.level, self.index, extra, self._raw.reshape(-1, 9)])
+        got, _ = send_rows(comm, dest, rows)
         # received in rank order, each rank's leaves in Morton order: already sorted
         self.level, self.index, self._corners = got[:, 0], got[:, 1], None
+        self._raw = got[:, 3:].astype(np.int32).reshape(-1, 3, 3)
         return got[:, 2]
 
     def partition(self) -> None:
@@ -403,9 +435,9 @@ class DistributedSphereForest:
             ValueError: the forest is not 2:1 balanced (call :meth:`balance`).
         """
         active = self._active_set(self.corners())
-        if self._any(self._quarter_active(self.level, self.index, active)):
+        if self._any(self._quarter_active(self._mine(), active)):
             raise ValueError("the forest is not 2:1 balanced: call balance() first")
-        m = self._edge_points(self.level, self.index, (2,))[:, :, 0]
+        m = self._edge_points(*self._mine(), (2,))[:, :, 0]
         hang = self._is_active(m, active)
         count = hang.sum(axis=1)
         t = self.corners()
@@ -509,6 +541,7 @@ class DistributedSphereForest:
                 "the forest state's rows are not the leaves of a forest in Morton order"
             )
         forest.level, forest.index, forest._corners = level, index, None
+        forest._raw = _raw_lattice(level, index, top)
         forest.partition()
         return forest
 
