@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 
 from meshes import control_volumes
-from meshes.adaptive import DistributedSphereForest, SphereForest
+from meshes.adaptive import (
+    DistributedSphereForest,
+    LeafCells,
+    SphereForest,
+    forest_mesh,
+    leaf_masses,
+)
 from meshes.sphere import distribute_blocks, icosphere_arrays
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +40,16 @@ def canonical(triangles: np.ndarray) -> list[tuple]:
         r = min(range(3), key=lambda i: rows[i])
         out.append(tuple(rows[r:] + rows[:r]))
     return sorted(out)
+
+
+def canonical_rows(triangles: np.ndarray) -> np.ndarray:
+    """Each triangle (m, 3, 3) as one row of 9 numbers, rotated to start at its smallest
+    vertex: a key of the leaf whatever the forest's vertex order."""
+    out = np.empty((len(triangles), 9))
+    for i, t in enumerate(np.asarray(triangles)):
+        r = min(range(3), key=lambda k: tuple(t[k]))
+        out[i] = np.roll(t, -r, axis=0).ravel()
+    return out
 
 
 def gathered(comm: MPI.Comm, local: np.ndarray) -> np.ndarray:
@@ -188,3 +204,61 @@ def test_bad_levels_and_bad_states_are_refused(comm):
             mark[:1] = comm.rank == 0
             forest.refine(mark)
         forest.conforming_mesh()
+
+
+def adapted_mesh(comm: MPI.Comm) -> tuple[DistributedSphereForest, object, object]:
+    """A closed, partitioned distributed forest, its mesh's control volumes and LeafCells."""
+    forest = DistributedSphereForest(comm, 2, 5)
+    for above in (0.3, 0.7, 0.9):
+        forest.refine(cap(forest.leaf_vertices(), 2, above))
+    forest.close()
+    forest.partition()
+    x, cells, owner = forest.mesh_blocks()
+    cv = control_volumes(distribute_blocks(comm, x, cells))
+    return forest, cv, LeafCells(forest, owner, cv)
+
+
+def bumps(cv) -> np.ndarray:
+    """Cell masses of a smooth density (its values at the cell centres times the areas)."""
+    c = cv.centres[: cv.n_owned]
+    return (np.exp(3 * c[:, 2]) + 0.5 * np.exp(2 * c[:, 0])) * cv.measures[: cv.n_owned]
+
+
+def test_leaf_sums_do_not_depend_on_the_ranks_and_split_back(comm):
+    forest, cv, link = adapted_mesh(comm)
+    masses = bumps(cv)
+    leaf = link.leaf_sums(masses)
+    assert len(leaf) == forest.n_local
+    # the same forest and mesh on one rank: the same leaf sums, bit for bit, in leaf order
+    _, cv1, link1 = adapted_mesh(MPI.COMM_SELF)
+    serial = link1.leaf_sums(bumps(cv1))
+    assert np.array_equal(gathered(comm, leaf), serial)
+    total = comm.allreduce(float(masses.sum()))
+    assert abs(comm.allreduce(float(leaf.sum())) - total) < 1e-13 * total
+    # leaf totals back onto the cells by area: the leaf sums again, all >= 0
+    back = link.split(leaf, cv.measures[: cv.n_owned])
+    assert np.all(back >= 0)
+    assert np.allclose(link.leaf_sums(back), leaf, rtol=1e-14, atol=0)
+    # cell_values: every owned cell gets its own leaf's value (here the leaf's global index)
+    x, cells, owner = forest.mesh_blocks()
+    expected = gathered(comm, owner)[cv.original_index[: cv.n_owned]]
+    got = link.cell_values(forest.offset + np.arange(forest.n_local, dtype=np.float64))
+    assert np.array_equal(got, expected.astype(np.float64))
+
+
+def test_leaf_sums_agree_with_the_replicated_forest(comm):
+    forest, cv, link = adapted_mesh(comm)
+    leaf = gathered(comm, link.leaf_sums(bumps(cv)))
+    verts = gathered(comm, forest.leaf_vertices())
+    rep = SphereForest(2, 5)
+    for above in (0.3, 0.7, 0.9):
+        rep.refine(cap(rep.leaf_vertices(), 2, above))
+    rep.close()
+    mesh, owner = forest_mesh(comm, rep)
+    rcv = control_volumes(mesh)
+    rleaf = leaf_masses(rcv, owner, bumps(rcv), rep.n_leaves)
+    mine = dict(zip(map(tuple, canonical_rows(verts)), leaf, strict=True))
+    theirs = dict(zip(map(tuple, canonical_rows(rep.leaf_vertices())), rleaf, strict=True))
+    assert mine.keys() == theirs.keys()
+    err = max(abs(mine[k] - theirs[k]) / theirs[k] for k in mine)
+    assert err < 1e-13

@@ -81,8 +81,10 @@ balance, the red-green (and Delaunay) closure, the merges and the green cuts ask
 of vertex ids whether a vertex is active (point-to-point messages, module ``_exchange``; no
 rank holds the whole forest). It makes the same leaves and triangles as :class:`SphereForest`
 under the same marks, on any number of ranks; :meth:`DistributedSphereForest.mesh_blocks`
-gives each rank its block of the triangulation for :func:`meshes.sphere.distribute_blocks`.
-The adaptive schemes still run on :class:`SphereForest`: moving their indicators, energy
+gives each rank its block of the triangulation for :func:`meshes.sphere.distribute_blocks`,
+and :class:`LeafCells` carries cell values to the leaves' ranks and back (leaf sums, and
+leaf totals split over their cells by measure; module ``_leaf_cells``), by point-to-point
+messages instead of :func:`leaf_masses`' gather. The adaptive schemes still run on :class:`SphereForest`: moving their indicators, energy
 correction and transfer onto the distributed leaves is the next step (docs/adaptivity.md).
 """
 
@@ -102,6 +104,7 @@ from meshes.adaptive._indicator import (
     parent_indicator,
     refinement_indicator,
 )
+from meshes.adaptive._leaf_cells import LeafCells
 from meshes.adaptive._mesh import cell_masses, forest_mesh, leaf_masses, owner_leaves
 from meshes.adaptive._tolerance import (
     COARSEN_RATIO,
@@ -118,6 +121,7 @@ __all__ = [
     "budget_marks",
     "delaunay_margins",
     "DistributedSphereForest",
+    "LeafCells",
     "INDICATORS",
     "AdaptCounts",
     "adapt_forest",
