@@ -55,6 +55,7 @@ from meshes._sphere_blocks import (
 )
 from meshes.adaptive._exchange import ask, range_owner, send_rows
 from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL
+from meshes.adaptive._green import green_cuts
 from meshes.control_volumes import spherical_triangle_area
 
 __all__ = ["DistributedSphereForest", "leaf_corners", "morton_keys"]
@@ -439,45 +440,7 @@ class DistributedSphereForest:
             raise ValueError("the forest is not 2:1 balanced: call balance() first")
         m = self._edge_points(*self._mine(), (2,))[:, :, 0]
         hang = self._is_active(m, active)
-        count = hang.sum(axis=1)
-        t = self.corners()
-        leaf = np.arange(self.n_local, dtype=np.int64)
-        tris, owners = [t[count == 0]], [leaf[count == 0]]
-        s = np.flatnonzero(count == 1)
-        v, mm = _rotate(t[s], m[s], np.argmax(hang[s], axis=1))
-        tris += [np.column_stack([v[:, 0], mm[:, 0], v[:, 2]])]
-        tris += [np.column_stack([mm[:, 0], v[:, 1], v[:, 2]])]
-        owners += [s, s]
-        s = np.flatnonzero(count == 2)
-        v, mm = _rotate(t[s], m[s], (np.argmin(hang[s], axis=1) + 1) % 3)
-        p0, p1 = self.coordinates(v[:, 0]), self.coordinates(mm[:, 1])
-        q, p2 = self.coordinates(mm[:, 0]), self.coordinates(v[:, 2])
-        diag_a = np.einsum("ij,ij->i", p0, p1) >= np.einsum("ij,ij->i", q, p2)
-        corner = np.column_stack([mm[:, 0], v[:, 1], mm[:, 1]])
-        t1 = np.where(
-            diag_a[:, None],
-            np.column_stack([v[:, 0], mm[:, 0], mm[:, 1]]),
-            np.column_stack([v[:, 0], mm[:, 0], v[:, 2]]),
-        )
-        t2 = np.where(
-            diag_a[:, None],
-            np.column_stack([v[:, 0], mm[:, 1], v[:, 2]]),
-            np.column_stack([mm[:, 0], mm[:, 1], v[:, 2]]),
-        )
-        tris += [corner, t1, t2]
-        owners += [s, s, s]
-        s = np.flatnonzero(count == 3)
-        v, mm = t[s], m[s]
-        tris += [
-            np.column_stack([v[:, 0], mm[:, 0], mm[:, 2]]),
-            np.column_stack([v[:, 1], mm[:, 1], mm[:, 0]]),
-            np.column_stack([v[:, 2], mm[:, 2], mm[:, 1]]),
-            np.column_stack([mm[:, 0], mm[:, 1], mm[:, 2]]),
-        ]
-        owners += [s, s, s, s]
-        tri, owner = np.concatenate(tris), np.concatenate(owners)
-        order = np.argsort(owner, kind="stable")
-        return tri[order], owner[order]
+        return green_cuts(self.corners(), m, hang, self.coordinates)
 
     def mesh_blocks(self) -> tuple[Array, IntArray, IntArray]:
         """This rank's blocks of the conforming triangulation in a global numbering
@@ -558,9 +521,3 @@ def _groups(level: IntArray, index: IntArray, base_level: int) -> IntArray:
         ok &= (level[first + j] == level[first]) & (index[first + j] == index[first] + j * step)
     first = first[ok]
     return first[:, None] + np.arange(4)
-
-
-def _rotate(t: IntArray, m: IntArray, r: IntArray) -> tuple[IntArray, IntArray]:
-    """Cyclically rotate rows so that vertex / edge r becomes 0 (orientation kept)."""
-    idx = (r[:, None] + np.arange(3)) % 3
-    return np.take_along_axis(t, idx, axis=1), np.take_along_axis(m, idx, axis=1)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from meshes.adaptive._green import green_cuts
 from meshes.adaptive._transfer import LeafSet
 from meshes.control_volumes import arc_length, spherical_triangle_area
 from meshes.sphere import icosphere_arrays
@@ -494,60 +495,10 @@ class SphereForest:
         a, b = self._edges(ids)
         m = self._find_mid(a, b)
         hang = (m >= 0) & active[np.maximum(m, 0)]
-        count = hang.sum(axis=1)
-        t = self._tri[ids]
-        leaf = np.arange(len(ids), dtype=np.int64)
-        tris, owners = [t[count == 0]], [leaf[count == 0]]
-        # one hanging vertex: rotate it onto edge 0 = (v0, v1)
-        s = np.flatnonzero(count == 1)
-        r = np.argmax(hang[s], axis=1)
-        v, mm = self._rotate(t[s], m[s], r)
-        tris += [np.column_stack([v[:, 0], mm[:, 0], v[:, 2]])]
-        tris += [np.column_stack([mm[:, 0], v[:, 1], v[:, 2]])]
-        owners += [s, s]
-        # two: rotate the free edge onto edge 2 = (v2, v0); hanging on (v0, v1), (v1, v2)
-        s = np.flatnonzero(count == 2)
-        r = (np.argmin(hang[s], axis=1) + 1) % 3
-        v, mm = self._rotate(t[s], m[s], r)
-        p0, p1, p2 = self._x[v[:, 0]], self._x[mm[:, 1]], self._x[v[:, 2]]
-        q = self._x[mm[:, 0]]
-        diag_a = np.einsum("ij,ij->i", p0, p1) >= np.einsum("ij,ij->i", q, p2)  # v0-m12 shorter
-        corner = np.column_stack([mm[:, 0], v[:, 1], mm[:, 1]])
-        t1 = np.where(
-            diag_a[:, None],
-            np.column_stack([v[:, 0], mm[:, 0], mm[:, 1]]),
-            np.column_stack([v[:, 0], mm[:, 0], v[:, 2]]),
-        )
-        t2 = np.where(
-            diag_a[:, None],
-            np.column_stack([v[:, 0], mm[:, 1], v[:, 2]]),
-            np.column_stack([mm[:, 0], mm[:, 1], v[:, 2]]),
-        )
-        tris += [corner, t1, t2]
-        owners += [s, s, s]
-        # three: the red split
-        s = np.flatnonzero(count == 3)
-        v, mm = t[s], m[s]
-        tris += [
-            np.column_stack([v[:, 0], mm[:, 0], mm[:, 2]]),
-            np.column_stack([v[:, 1], mm[:, 1], mm[:, 0]]),
-            np.column_stack([v[:, 2], mm[:, 2], mm[:, 1]]),
-            np.column_stack([mm[:, 0], mm[:, 1], mm[:, 2]]),
-        ]
-        owners += [s, s, s, s]
-        tri = np.concatenate(tris)
-        owner = np.concatenate(owners)
-        order = np.argsort(owner, kind="stable")
-        tri, owner = tri[order], owner[order]
+        tri, owner = green_cuts(self._tri[ids], m, hang, self._x.__getitem__)
         used = np.flatnonzero(active)
         remap = np.full(len(self._x), -1, dtype=np.int64)
         remap[used] = np.arange(len(used))
         return self._x[used], remap[tri], owner
 
     conforming_triangulation = conforming_mesh
-
-    @staticmethod
-    def _rotate(t: IntArray, m: IntArray, r: IntArray) -> tuple[IntArray, IntArray]:
-        """Cyclically rotate rows so that old vertex / edge r becomes 0 (orientation kept)."""
-        idx = (r[:, None] + np.arange(3)) % 3
-        return np.take_along_axis(t, idx, axis=1), np.take_along_axis(m, idx, axis=1)
