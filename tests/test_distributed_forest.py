@@ -25,6 +25,7 @@ from meshes.adaptive import (
     SphereForest,
     forest_mesh,
     leaf_masses,
+    transfer_masses,
 )
 from meshes.sphere import distribute_blocks, icosphere_arrays
 
@@ -262,3 +263,35 @@ def test_leaf_sums_agree_with_the_replicated_forest(comm):
     assert mine.keys() == theirs.keys()
     err = max(abs(mine[k] - theirs[k]) / theirs[k] for k in mine)
     assert err < 1e-13
+
+
+def test_neighbours_and_transfer_agree_with_the_replicated_forest(comm):
+    rep = SphereForest(1, 5)
+    dist = DistributedSphereForest(comm, 1, 5)
+    for above in (0.2, 0.6, 0.85):
+        rep.refine(cap(rep.leaf_vertices(), 2, above))
+        dist.refine(cap(dist.leaf_vertices(), 2, above))
+    rep.refine(cap(rep.leaf_vertices(), 0, 0.9))  # unbalanced: 2 and 3 levels across edges
+    dist.refine(cap(dist.leaf_vertices(), 0, 0.9))
+    dist.partition()
+    # global index of each replicated leaf, through its corners
+    rows = canonical_rows(gathered(comm, dist.leaf_vertices()))
+    index = {tuple(r): i for i, r in enumerate(rows)}
+    to_dist = np.array([index[tuple(r)] for r in canonical_rows(rep.leaf_vertices())])
+    expected = np.sort(to_dist[rep.neighbours()], axis=1)
+    expected = expected[np.lexsort((expected[:, 1], expected[:, 0]))]
+    got = np.unique(gathered(comm, dist.neighbours()), axis=0)
+    assert np.array_equal(got, expected)
+    diameters = np.sort(gathered(comm, dist.leaf_diameters()))
+    assert np.allclose(diameters, np.sort(rep.leaf_diameters()), rtol=1e-14, atol=0)
+    # every pair a rank returns has a leaf on that rank
+    mine = dist.neighbours() - dist.offset
+    assert np.all(((mine >= 0) & (mine < dist.n_local)).any(axis=1))
+    # masses carried across a refinement and a closure: local, exact, as the replicated transfer
+    masses = dist.leaf_areas() * (1 + dist.leaf_vertices()[:, :, 2].max(axis=1))
+    before = dist.leaf_set()
+    dist.refine(cap(dist.leaf_vertices(), 1, 0.5))
+    dist.close()
+    carried, _ = transfer_masses(before, dist, masses)
+    assert len(carried) == dist.n_local and np.all(carried >= 0)
+    assert abs(carried.sum() - masses.sum()) <= 1e-14 * masses.sum()

@@ -56,7 +56,9 @@ from meshes._sphere_blocks import (
 from meshes.adaptive._exchange import ask, range_owner, send_rows
 from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL
 from meshes.adaptive._green import green_cuts
-from meshes.control_volumes import spherical_triangle_area
+from meshes.adaptive._neighbours import edge_neighbours
+from meshes.adaptive._transfer import LeafSet
+from meshes.control_volumes import arc_length, spherical_triangle_area
 
 __all__ = ["DistributedSphereForest", "leaf_corners", "morton_keys"]
 
@@ -207,6 +209,33 @@ class DistributedSphereForest:
         v = self.leaf_vertices()
         return spherical_triangle_area(v[:, 0], v[:, 1], v[:, 2])
 
+    leaf_measures = leaf_areas
+
+    def leaf_diameters(self) -> Array:
+        """Longest geodesic edge of each local leaf (as :meth:`SphereForest.leaf_diameters`)."""
+        v = self.leaf_vertices()
+        return np.max([arc_length(v[:, i], v[:, (i + 1) % 3]) for i in range(3)], axis=0)
+
+    def lattice(self) -> tuple[IntArray, IntArray]:
+        """``(face, lattice)`` of the local leaves: base face (n_local,) and corner lattice
+        points (n_local, 3, 3) at ``2^max_level`` in outward order (:func:`leaf_corners`)."""
+        return _orient(self.index, self._raw)
+
+    def leaf_set(self) -> LeafSet:
+        """This rank's leaves as a :class:`~meshes.adaptive.LeafSet` (their Morton ranges):
+        :func:`~meshes.adaptive.transfer_masses` carries local leaf masses across refine,
+        close and coarsen, which keep every leaf on its rank."""
+        keys = self.keys()
+        ends = keys + 4 ** (self.max_level - self.level)
+        return LeafSet(
+            "S2", self.base_level, self.max_level, keys, ends, self.level, self.leaf_areas()
+        )
+
+    def neighbours(self) -> IntArray:
+        """Pairs (i, j), i < j, of global leaf indices sharing a piece of an edge, each pair
+        with a leaf on this rank (collective; :func:`edge_neighbours`)."""
+        return edge_neighbours(self)
+
     def coordinates(self, ids: IntArray) -> Array:
         """Coordinates (m, 3) of vertices ``ids`` (unit vectors; local, no communication)."""
         ids = np.asarray(ids, dtype=np.int64)
@@ -214,8 +243,11 @@ class DistributedSphereForest:
         return node_coordinates(self._n, uniq)[inv.ravel()]
 
     # ------------------------------------------------------------------ vertex queries
-    def _owner(self, ids: IntArray) -> IntArray:
+    def vertex_owner(self, ids: IntArray) -> IntArray:
+        """The rank that answers for vertex ids ``ids`` (contiguous ranges of the ids)."""
         return range_owner(ids, self._n_ids, self.comm.size)
+
+    _owner = vertex_owner
 
     def _active_set(self, corners: IntArray) -> IntArray:
         """The sorted active vertex ids of this rank's id range, from every rank's leaf
