@@ -256,8 +256,11 @@ class DistributedSphereForest:
         got, _ = send_rows(self.comm, self._owner(ids), ids[:, None])
         return np.unique(got[:, 0])
 
-    def _is_active(self, ids: IntArray, active: IntArray) -> npt.NDArray[np.bool_]:
-        """Whether each of ``ids`` (any shape; -1: no vertex) is active (collective)."""
+    def _is_active(self, ids: IntArray, active: Any) -> npt.NDArray[np.bool_]:
+        """Whether each of ``ids`` (any shape; -1: no vertex) is active (collective;
+        ``active``: this rank's range of the active set, or an :class:`_Activity`)."""
+        if isinstance(active, _Activity):
+            return active.query(ids)
         ids = np.asarray(ids, dtype=np.int64)
         flat = ids.ravel()
         uniq, inv = np.unique(flat[flat >= 0], return_inverse=True)
@@ -324,13 +327,23 @@ class DistributedSphereForest:
     def balance(self) -> int:
         """Enforce the 2:1 balance across edges by refining; returns the number of splits
         (collective)."""
+        return self._balance(_Activity(self))
+
+    def _balance(self, act: _Activity) -> int:
         total = 0
         while True:
-            active = self._active_set(self.corners())
-            bad = self._quarter_active(self._mine(), active).any(axis=1)
+            bad = self._quarter_active(self._mine(), act).any(axis=1)
             if not self._any(bad):
                 return total
-            total += self.refine(bad)
+            total += self._refine_tracked(bad, act)
+
+    def _refine_tracked(self, mask: npt.NDArray[np.bool_], act: _Activity) -> int:
+        """:meth:`refine`, telling ``act`` the new midpoints (collective)."""
+        mask = mask & (self.level < self.max_level)
+        mids = self._edge_points(self.level[mask], self.index[mask], self._raw[mask], (2,))
+        split = self._split(mask)
+        act.add(mids.ravel())
+        return int(self.comm.allreduce(split, op=MPI.SUM))
 
     def _facing_greens(
         self, leaves: Leaves, corners: IntArray, active: IntArray
@@ -338,9 +351,9 @@ class DistributedSphereForest:
         """Per leaf: a green leaf (one hanging midpoint) sharing a whole edge with another
         green leaf (collective: the edges meet at the owner of their smaller vertex)."""
         green = self._hanging(leaves, active).sum(axis=1) == 1
-        a, b = corners, corners[:, [1, 2, 0]]
+        a, b = corners[green], corners[green][:, [1, 2, 0]]  # only green leaves can face
         lo, hi = np.minimum(a, b).ravel(), np.maximum(a, b).ravel()
-        rows = np.column_stack([lo, hi, np.repeat(green, 3).astype(np.int64)])
+        rows = np.column_stack([lo, hi, np.ones(len(lo), dtype=np.int64)])
 
         def answer(got: IntArray) -> IntArray:
             order = np.lexsort((got[:, 1], got[:, 0]))
@@ -353,22 +366,23 @@ class DistributedSphereForest:
             return hit
 
         hit = ask(self.comm, self._owner(lo), rows, answer).reshape(-1, 3)
-        return hit.any(axis=1)
+        out = np.zeros(len(green), dtype=bool)
+        out[green] = hit.any(axis=1)
+        return out
 
     def close(self) -> int:
         """The red-green closure of :meth:`SphereForest.close` (balance, split leaves with two
         or more hanging midpoints, and with ``delaunay`` green leaves facing each other);
         returns the number of splits (collective)."""
-        total = 0
+        total, act = 0, _Activity(self)
         while True:
-            total += self.balance()
-            active = self._active_set(self.corners())
-            bad = self._hanging(self._mine(), active).sum(axis=1) >= 2
+            total += self._balance(act)
+            bad = self._hanging(self._mine(), act).sum(axis=1) >= 2
             if self.delaunay and not self._any(bad):
-                bad = self._facing_greens(self._mine(), self.corners(), active)
+                bad = self._facing_greens(self._mine(), self.corners(), act)
             if not self._any(bad):
                 return total
-            total += self.refine(bad)
+            total += self._refine_tracked(bad, act)
 
     def _families(self, mask: npt.NDArray[np.bool_]) -> IntArray:
         """Local positions (g, 4) of complete sibling groups of local leaves, all four
@@ -553,3 +567,70 @@ def _groups(level: IntArray, index: IntArray, base_level: int) -> IntArray:
         ok &= (level[first + j] == level[first]) & (index[first + j] == index[first] + j * step)
     first = first[ok]
     return first[:, None] + np.arange(4)
+
+
+class _Activity:
+    """Which vertex ids are active, for the loops that only refine (balance, closure).
+
+    In such a loop a vertex once active stays active, and the only new active vertices are
+    the edge midpoints of the leaves split since. So the answers are kept (per id asked), a
+    round asks the owners only about ids never asked before (the new leaves' edge points),
+    and the kept answers are updated from the new midpoints, which every rank learns (a few
+    per split; above :data:`FRESH_LIMIT` of them at once the state is rebuilt instead).
+    """
+
+    #: new midpoints of one round above which the active set is rebuilt rather than gathered
+    FRESH_LIMIT = 1 << 18
+
+    def __init__(self, forest: DistributedSphereForest) -> None:
+        self.forest = forest
+        self.owned = forest._active_set(forest.corners())  # this rank's range of the set
+        self.ids = np.zeros(0, dtype=np.int64)  # ids asked so far (sorted) ...
+        self.status = np.zeros(0, dtype=bool)  # ... and whether they were active then
+        self.fresh = np.zeros(0, dtype=np.int64)  # midpoints made since (sorted)
+
+    def query(self, ids: IntArray) -> npt.NDArray[np.bool_]:
+        """Whether each of ``ids`` (any shape; -1: no vertex) is active (collective)."""
+        forest = self.forest
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = ids.ravel()
+        valid = flat >= 0
+        out = np.zeros(len(flat), dtype=bool)
+        out[valid] = _member(flat[valid], self.fresh)
+        if len(self.ids):  # answers kept from earlier rounds
+            pos = np.minimum(np.searchsorted(self.ids, flat), len(self.ids) - 1)
+            known = valid & (self.ids[pos] == flat)
+            out[known] |= self.status[pos[known]]
+        else:
+            known = np.zeros(len(flat), dtype=bool)
+        new, inv = np.unique(flat[valid & ~known], return_inverse=True)
+        owned = self.owned
+
+        def answer(rows: IntArray) -> IntArray:
+            return _member(rows[:, 0], owned).astype(np.int64)
+
+        hit = ask(forest.comm, forest.vertex_owner(new), new[:, None], answer) > 0
+        out[valid & ~known] = hit[inv.ravel()]
+        order = np.argsort(np.concatenate([self.ids, new]), kind="stable")
+        self.ids = np.concatenate([self.ids, new])[order]
+        self.status = np.concatenate([self.status, hit])[order]
+        return out.reshape(ids.shape)
+
+    def add(self, mids: IntArray) -> None:
+        """The edge midpoints of the leaves this rank split (collective)."""
+        comm, forest = self.forest.comm, self.forest
+        new = np.unique(mids[mids >= 0])
+        if comm.allreduce(len(new), op=MPI.SUM) > self.FRESH_LIMIT:
+            self.__init__(forest)  # type: ignore[misc]
+            return
+        fresh = np.unique(np.concatenate(comm.allgather(new)))
+        self.fresh = np.union1d(self.fresh, fresh)
+        self.owned = np.union1d(self.owned, fresh[forest.vertex_owner(fresh) == comm.rank])
+
+
+def _member(values: IntArray, sorted_set: IntArray) -> npt.NDArray[np.bool_]:
+    """Whether each value is in ``sorted_set`` (sorted, unique): a binary search per value."""
+    if len(sorted_set) == 0:
+        return np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[pos] == values
