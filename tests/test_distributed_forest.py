@@ -23,9 +23,20 @@ from meshes.adaptive import (
     DistributedSphereForest,
     LeafCells,
     SphereForest,
+    adapt_forest,
+    default_tolerance,
+    equidistribute,
     forest_mesh,
     leaf_masses,
+    refinement_indicator,
     transfer_masses,
+)
+from meshes.adaptive._distributed_adapt import (
+    distributed_adapt,
+    distributed_default_tolerance,
+    distributed_equidistribute,
+    mass_indicator,
+    reproducible_sum,
 )
 from meshes.sphere import distribute_blocks, icosphere_arrays
 
@@ -295,3 +306,72 @@ def test_neighbours_and_transfer_agree_with_the_replicated_forest(comm):
     carried, _ = transfer_masses(before, dist, masses)
     assert len(carried) == dist.n_local and np.all(carried >= 0)
     assert abs(carried.sum() - masses.sum()) <= 1e-14 * masses.sum()
+
+
+def density_masses(forest, pole: float = 1.0) -> np.ndarray:
+    """Leaf masses of a two-bump density (its value at the leaf centres times the areas);
+    ``pole = -1`` moves the first bump to the south pole."""
+    c = forest.leaf_vertices().mean(axis=1)
+    c /= np.linalg.norm(c, axis=1)[:, None]
+    return (np.exp(4 * pole * c[:, 2]) + 0.6 * np.exp(5 * c[:, 0]) + 0.1) * forest.leaf_areas()
+
+
+#: the first bump's pole at each cycle: it moves after two cycles (merges at the north pole)
+POLES = (1.0, 1.0, -1.0, -1.0)
+
+
+def adapt_cycles(comm: MPI.Comm):
+    """Distributed adaptation cycles (default tolerance, mass indicator; the density of
+    :data:`POLES`): per cycle the gathered leaves, masses, thresholds and counts."""
+    forest = DistributedSphereForest(comm, 2, 5)
+    m = density_masses(forest)
+    tol = distributed_default_tolerance(forest, mass_indicator(forest, m), "mass")
+    out = []
+    for pole in POLES:
+        m = density_masses(forest, pole)
+        th = distributed_equidistribute(forest, mass_indicator(forest, m), "mass", tol)
+        m, counts = distributed_adapt(forest, m, th.refine, th.coarsen)
+        m = forest.partition(m)
+        out.append((gathered(comm, forest.leaf_vertices()), gathered(comm, m), th, counts))
+    return out
+
+
+def test_distributed_adaptation_matches_the_replicated_one(comm):
+    runs = adapt_cycles(comm)
+    rep = SphereForest(2, 5)
+    m = density_masses(rep)
+    tol = default_tolerance(rep, refinement_indicator(rep, m, "mass"), "mass")
+    for (leaves, masses, th, counts), pole in zip(runs, POLES, strict=True):
+        m = density_masses(rep, pole)
+        ref = equidistribute(rep, refinement_indicator(rep, m, "mass"), "mass", tol)
+        assert math.isclose(th.refine, ref.refine, rel_tol=1e-12)
+        m, ref_counts = adapt_forest(rep, m, "mass", ref.refine, ref.coarsen)
+        assert counts == ref_counts
+        rows = canonical_rows(leaves)
+        order = np.lexsort(rows.T[::-1])
+        ref_rows = canonical_rows(rep.leaf_vertices())
+        ref_order = np.lexsort(ref_rows.T[::-1])
+        assert np.array_equal(rows[order], ref_rows[ref_order])
+        assert np.allclose(masses[order], m[ref_order], rtol=1e-12, atol=0)
+        assert abs(masses.sum() - m.sum()) < 1e-14 * m.sum()
+    assert runs[2][3].refined > 0 and runs[2][3].coarsened > 0
+
+
+def test_distributed_adaptation_is_the_same_on_any_rank_count(comm):
+    here = adapt_cycles(comm)
+    alone = adapt_cycles(MPI.COMM_SELF)
+    for (leaves, masses, th, _), (leaves1, masses1, th1, _) in zip(here, alone, strict=True):
+        assert np.array_equal(leaves, leaves1)
+        assert np.array_equal(masses, masses1)
+        assert th == th1
+
+
+def test_reproducible_sum_does_not_depend_on_order_or_ranks(comm):
+    rng = np.random.default_rng(3)
+    values = rng.lognormal(0.0, 4.0, 20_000) * rng.choice([-1.0, 1.0], 20_000)
+    lo, hi = (comm.rank * len(values)) // comm.size, ((comm.rank + 1) * len(values)) // comm.size
+    total = reproducible_sum(comm, values[lo:hi])
+    assert total == reproducible_sum(MPI.COMM_SELF, values[::-1])
+    assert total == reproducible_sum(MPI.COMM_SELF, rng.permutation(values))
+    assert math.isclose(total, math.fsum(values), rel_tol=1e-15)
+    assert reproducible_sum(comm, np.zeros(3)) == 0.0

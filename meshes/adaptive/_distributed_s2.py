@@ -53,6 +53,7 @@ from meshes._sphere_blocks import (
     icosphere_num_nodes,
     node_coordinates,
 )
+from meshes.adaptive._activity import Activity
 from meshes.adaptive._exchange import ask, range_owner, send_rows
 from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL
 from meshes.adaptive._green import green_cuts
@@ -249,7 +250,7 @@ class DistributedSphereForest:
 
     _owner = vertex_owner
 
-    def _active_set(self, corners: IntArray) -> IntArray:
+    def active_set(self, corners: IntArray) -> IntArray:
         """The sorted active vertex ids of this rank's id range, from every rank's leaf
         corners (collective)."""
         ids = np.unique(corners)
@@ -258,8 +259,8 @@ class DistributedSphereForest:
 
     def _is_active(self, ids: IntArray, active: Any) -> npt.NDArray[np.bool_]:
         """Whether each of ``ids`` (any shape; -1: no vertex) is active (collective;
-        ``active``: this rank's range of the active set, or an :class:`_Activity`)."""
-        if isinstance(active, _Activity):
+        ``active``: this rank's range of the active set, or an :class:`Activity`)."""
+        if isinstance(active, Activity):
             return active.query(ids)
         ids = np.asarray(ids, dtype=np.int64)
         flat = ids.ravel()
@@ -327,9 +328,9 @@ class DistributedSphereForest:
     def balance(self) -> int:
         """Enforce the 2:1 balance across edges by refining; returns the number of splits
         (collective)."""
-        return self._balance(_Activity(self))
+        return self._balance(Activity(self))
 
-    def _balance(self, act: _Activity) -> int:
+    def _balance(self, act: Activity) -> int:
         total = 0
         while True:
             bad = self._quarter_active(self._mine(), act).any(axis=1)
@@ -337,7 +338,7 @@ class DistributedSphereForest:
                 return total
             total += self._refine_tracked(bad, act)
 
-    def _refine_tracked(self, mask: npt.NDArray[np.bool_], act: _Activity) -> int:
+    def _refine_tracked(self, mask: npt.NDArray[np.bool_], act: Activity) -> int:
         """:meth:`refine`, telling ``act`` the new midpoints (collective)."""
         mask = mask & (self.level < self.max_level)
         mids = self._edge_points(self.level[mask], self.index[mask], self._raw[mask], (2,))
@@ -374,7 +375,7 @@ class DistributedSphereForest:
         """The red-green closure of :meth:`SphereForest.close` (balance, split leaves with two
         or more hanging midpoints, and with ``delaunay`` green leaves facing each other);
         returns the number of splits (collective)."""
-        total, act = 0, _Activity(self)
+        total, act = 0, Activity(self)
         while True:
             total += self._balance(act)
             bad = self._hanging(self._mine(), act).sum(axis=1) >= 2
@@ -383,6 +384,22 @@ class DistributedSphereForest:
             if not self._any(bad):
                 return total
             total += self._refine_tracked(bad, act)
+
+    def align(self, data: npt.ArrayLike) -> Array:
+        """Move the rank boundaries that split a complete sibling group (merges made it) to
+        the group's end, ``data`` (n_local,) floats travelling with the leaves; returns it in
+        the new order (collective). A group is then decided on one rank."""
+        data = np.asarray(data, dtype=np.float64)
+        split_group = self.n_local > 0 and not self._cut_allowed()[0]
+        if not self._any(np.array(split_group)):
+            return data
+        starts = np.array(self.comm.allgather(self.offset), dtype=np.int64)[1:]
+        return self._move_cuts(starts, data.view(np.int64)).view(np.float64)
+
+    def sibling_groups(self) -> IntArray:
+        """Local positions (g, 4) of the complete groups of four sibling leaves above the
+        base level (each on one rank after :meth:`align`)."""
+        return _groups(self.level, self.index, self.base_level)
 
     def _families(self, mask: npt.NDArray[np.bool_]) -> IntArray:
         """Local positions (g, 4) of complete sibling groups of local leaves, all four
@@ -395,11 +412,7 @@ class DistributedSphereForest:
         merges that would break the 2:1 balance (and with ``closure`` those that the
         closure would split again), as :meth:`SphereForest.coarsen`; returns the number of
         merges on all ranks (collective)."""
-        mask = np.asarray(mask, dtype=bool)
-        split_group = self.n_local > 0 and not self._cut_allowed()[0]
-        if self._any(np.array(split_group)):  # merges made a group across a boundary
-            starts = np.array(self.comm.allgather(self.offset), dtype=np.int64)[1:]
-            mask = self._move_cuts(starts, mask.astype(np.int64)).astype(bool)
+        mask = self.align(np.asarray(mask, dtype=bool).astype(np.float64)) > 0
         groups = self._families(mask)
         while True:
             keep = np.ones(self.n_local, dtype=bool)
@@ -414,7 +427,7 @@ class DistributedSphereForest:
                 np.concatenate([x[keep], y]) for x, y in zip(self._mine(), parents, strict=True)
             )
             corners = self._corner_ids(leaves[1], leaves[2])
-            active = self._active_set(corners)
+            active = self.active_set(corners)
             bad = self._quarter_active(parents, active).any(axis=1)
             if closure:
                 bad |= self._hanging(parents, active).sum(axis=1) >= 2
@@ -463,11 +476,16 @@ class DistributedSphereForest:
         self._raw = got[:, 3:].astype(np.int32).reshape(-1, 3, 3)
         return got[:, 2]
 
-    def partition(self) -> None:
+    def partition(self, data: npt.ArrayLike | None = None) -> Array | None:
         """Move leaves between ranks so that each holds nearly ``n_leaves / size`` of them,
-        never splitting a complete sibling group (collective)."""
+        never splitting a complete sibling group (collective); ``data`` (n_local,) floats
+        (e.g. leaf masses) travel with the leaves and come back in the new order."""
         want = (np.arange(1, self.comm.size, dtype=np.int64) * self.n_leaves) // self.comm.size
-        self._move_cuts(want)
+        if data is None:
+            self._move_cuts(want)
+            return None
+        bits = np.asarray(data, dtype=np.float64).view(np.int64)
+        return self._move_cuts(want, bits).view(np.float64)
 
     # ------------------------------------------------------------------ the mesh
     def conforming_mesh(self) -> tuple[IntArray, IntArray]:
@@ -481,7 +499,7 @@ class DistributedSphereForest:
         Raises:
             ValueError: the forest is not 2:1 balanced (call :meth:`balance`).
         """
-        active = self._active_set(self.corners())
+        active = self.active_set(self.corners())
         if self._any(self._quarter_active(self._mine(), active)):
             raise ValueError("the forest is not 2:1 balanced: call balance() first")
         m = self._edge_points(*self._mine(), (2,))[:, :, 0]
@@ -567,70 +585,3 @@ def _groups(level: IntArray, index: IntArray, base_level: int) -> IntArray:
         ok &= (level[first + j] == level[first]) & (index[first + j] == index[first] + j * step)
     first = first[ok]
     return first[:, None] + np.arange(4)
-
-
-class _Activity:
-    """Which vertex ids are active, for the loops that only refine (balance, closure).
-
-    In such a loop a vertex once active stays active, and the only new active vertices are
-    the edge midpoints of the leaves split since. So the answers are kept (per id asked), a
-    round asks the owners only about ids never asked before (the new leaves' edge points),
-    and the kept answers are updated from the new midpoints, which every rank learns (a few
-    per split; above :data:`FRESH_LIMIT` of them at once the state is rebuilt instead).
-    """
-
-    #: new midpoints of one round above which the active set is rebuilt rather than gathered
-    FRESH_LIMIT = 1 << 18
-
-    def __init__(self, forest: DistributedSphereForest) -> None:
-        self.forest = forest
-        self.owned = forest._active_set(forest.corners())  # this rank's range of the set
-        self.ids = np.zeros(0, dtype=np.int64)  # ids asked so far (sorted) ...
-        self.status = np.zeros(0, dtype=bool)  # ... and whether they were active then
-        self.fresh = np.zeros(0, dtype=np.int64)  # midpoints made since (sorted)
-
-    def query(self, ids: IntArray) -> npt.NDArray[np.bool_]:
-        """Whether each of ``ids`` (any shape; -1: no vertex) is active (collective)."""
-        forest = self.forest
-        ids = np.asarray(ids, dtype=np.int64)
-        flat = ids.ravel()
-        valid = flat >= 0
-        out = np.zeros(len(flat), dtype=bool)
-        out[valid] = _member(flat[valid], self.fresh)
-        if len(self.ids):  # answers kept from earlier rounds
-            pos = np.minimum(np.searchsorted(self.ids, flat), len(self.ids) - 1)
-            known = valid & (self.ids[pos] == flat)
-            out[known] |= self.status[pos[known]]
-        else:
-            known = np.zeros(len(flat), dtype=bool)
-        new, inv = np.unique(flat[valid & ~known], return_inverse=True)
-        owned = self.owned
-
-        def answer(rows: IntArray) -> IntArray:
-            return _member(rows[:, 0], owned).astype(np.int64)
-
-        hit = ask(forest.comm, forest.vertex_owner(new), new[:, None], answer) > 0
-        out[valid & ~known] = hit[inv.ravel()]
-        order = np.argsort(np.concatenate([self.ids, new]), kind="stable")
-        self.ids = np.concatenate([self.ids, new])[order]
-        self.status = np.concatenate([self.status, hit])[order]
-        return out.reshape(ids.shape)
-
-    def add(self, mids: IntArray) -> None:
-        """The edge midpoints of the leaves this rank split (collective)."""
-        comm, forest = self.forest.comm, self.forest
-        new = np.unique(mids[mids >= 0])
-        if comm.allreduce(len(new), op=MPI.SUM) > self.FRESH_LIMIT:
-            self.__init__(forest)  # type: ignore[misc]
-            return
-        fresh = np.unique(np.concatenate(comm.allgather(new)))
-        self.fresh = np.union1d(self.fresh, fresh)
-        self.owned = np.union1d(self.owned, fresh[forest.vertex_owner(fresh) == comm.rank])
-
-
-def _member(values: IntArray, sorted_set: IntArray) -> npt.NDArray[np.bool_]:
-    """Whether each value is in ``sorted_set`` (sorted, unique): a binary search per value."""
-    if len(sorted_set) == 0:
-        return np.zeros(len(values), dtype=bool)
-    pos = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
-    return sorted_set[pos] == values

@@ -12,13 +12,14 @@ counts.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from mpi4py import MPI
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ask", "range_owner", "send_rows"]
+__all__ = ["ask", "ask_floats", "range_owner", "send_rows"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -61,12 +62,25 @@ def ask(
     comm: MPI.Comm, dest: IntArray, rows: IntArray, answer: Callable[[IntArray], IntArray]
 ) -> IntArray:
     """Send the rows (m, k) to ranks ``dest`` and return, per row, what ``answer`` (called on
-    every rank with the rows it received, in one array) says of it (collective)."""
+    every rank with the rows it received, in one array) says of it: one int64 per row, or a
+    row of them (collective; the answers' shape is (m,) or (m, j) alike on every rank)."""
     dest = np.asarray(dest, dtype=np.int64)
     order = np.argsort(dest, kind="stable")
     got, source = send_rows(comm, dest[order], np.asarray(rows, dtype=np.int64)[order])
-    reply = np.asarray(answer(got), dtype=np.int64).reshape(-1, 1)
-    back, _ = send_rows(comm, source, reply)  # grouped by the asked rank: the order of `order`
-    out = np.empty(len(dest), dtype=np.int64)
-    out[order] = back[:, 0]
-    return out
+    reply = np.asarray(answer(got), dtype=np.int64)
+    flat = reply.ndim == 1
+    back, _ = send_rows(comm, source, reply[:, None] if flat else reply)  # grouped as `order`
+    out = np.empty((len(dest), back.shape[1]), dtype=np.int64)
+    out[order] = back
+    return out[:, 0] if flat else out
+
+
+def ask_floats(
+    comm: MPI.Comm, dest: IntArray, rows: IntArray, answer: Callable[[IntArray], Any]
+) -> Any:
+    """:func:`ask` for float64 answers (sent as their bits): (m,) or (m, j) floats."""
+
+    def bits(got: IntArray) -> IntArray:
+        return np.ascontiguousarray(answer(got), dtype=np.float64).view(np.int64)
+
+    return np.ascontiguousarray(ask(comm, dest, rows, bits)).view(np.float64)

@@ -1,0 +1,267 @@
+"""One adaptation on the leaves of a :class:`DistributedSphereForest`, and its accuracy target.
+
+The distributed counterparts of :func:`~meshes.adaptive.refinement_indicator` (``"mass"``),
+:func:`~meshes.adaptive.parent_indicator`, :func:`~meshes.adaptive.equidistribute`,
+:func:`~meshes.adaptive.default_tolerance` and :func:`~meshes.adaptive.adapt_forest` (without
+``grading`` and the budget's ``also`` / ``hold``): the same rules on each rank's leaves, with
+the few global quantities (the sums of the indicators, the predicted numbers of leaves, the
+extremes) reduced over the ranks.
+
+Sums are reproducible: :func:`reproducible_sum` cuts every value at fixed binary places
+relative to the largest magnitude on any rank and adds the pieces as integers, so the result
+depends only on the values, not on how they are spread over the ranks or ordered (it differs
+from ``np.sum`` in the last bits). The thresholds, and with them the meshes, are then the same
+on any number of ranks.
+
+A merge is decided where its sibling group is: :meth:`DistributedSphereForest.align` first
+moves any rank boundary that splits a complete group, with the leaf masses. Leaves refined by
+an indicator share the parent's mass by the limited linear profile of its density, as the
+replicated transfer does; the slopes need the neighbours' densities and centres, asked from
+their ranks (one ghost layer, :func:`edge_neighbours`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mpi4py import MPI
+
+import numpy as np
+import numpy.typing as npt
+
+from meshes.adaptive._exchange import ask_floats
+from meshes.adaptive._indicator import INDICATORS, AdaptCounts
+from meshes.adaptive._tolerance import COARSEN_RATIO, DEFAULT_TOLERANCE_FACTOR, Thresholds
+from meshes.adaptive._transfer import leaf_transfer, transfer_masses
+
+__all__ = [
+    "distributed_adapt",
+    "distributed_default_tolerance",
+    "distributed_equidistribute",
+    "distributed_parent_indicator",
+    "reproducible_sum",
+]
+
+Array = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+_CHUNK_BITS = 40  # three integer pieces of 40 bits: 2^23 values a rank before int64 overflows
+
+
+def reproducible_sum(comm: MPI.Comm, values: npt.ArrayLike) -> float:
+    """The sum of ``values`` over all ranks, independent of their order and distribution
+    (collective). Values below 2^-120 of the largest magnitude are dropped (a relative
+    error of at most n 2^-120)."""
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if len(x) > 1 << 23:
+        raise ValueError(f"reproducible_sum takes at most 2^23 values a rank, got {len(x)}")
+    top = comm.allreduce(float(np.max(np.abs(x), initial=0.0)), op=MPI.MAX)
+    if not math.isfinite(top):  # inf or nan: what a plain sum gives
+        return float(comm.allreduce(float(np.sum(x)), op=MPI.SUM))
+    if top == 0.0:
+        return 0.0
+    k = math.frexp(top)[1]  # |x| < 2^k
+    pieces = np.zeros(3, dtype=np.int64)
+    r = np.ldexp(x, _CHUNK_BITS - k)  # |r| < 2^40, exact
+    for j in range(3):
+        whole = np.floor(r)
+        pieces[j] = whole.astype(np.int64).sum()  # below 2^63 for 2^23 values: exact
+        r = np.ldexp(r - whole, _CHUNK_BITS)  # the rest, exact
+    comm.Allreduce(MPI.IN_PLACE, pieces, op=MPI.SUM)
+    total = sum(int(p) << (_CHUNK_BITS * (2 - j)) for j, p in enumerate(pieces))
+    return math.ldexp(float(total), k - 3 * _CHUNK_BITS)  # one rounding, the same everywhere
+
+
+def _count(comm: MPI.Comm, n: int) -> int:
+    return int(comm.allreduce(int(n), op=MPI.SUM))
+
+
+def distributed_parent_indicator(forest: Any, eta: Array, kind: str = "mass") -> Array:
+    """Per local leaf, ``INDICATORS[kind]`` times its complete sibling group's sum; ``inf``
+    at the base level and in incomplete groups (groups must not straddle ranks:
+    :meth:`~meshes.adaptive.DistributedSphereForest.align`)."""
+    out = np.full(len(eta), np.inf)
+    groups = forest.sibling_groups()
+    if len(groups):
+        out[groups] = (
+            INDICATORS[kind] * np.asarray(eta, dtype=np.float64)[groups].sum(axis=1)[:, None]
+        )
+    return out
+
+
+def _predicted(forest: Any, eta: Array, kind: str, theta: float, P: Array) -> tuple[float, int]:
+    """:func:`~meshes.adaptive.predicted_estimate` over all ranks (collective)."""
+    F, B = INDICATORS[kind], forest.children_per_cell
+    room = forest.max_level - forest.leaf_levels()
+    split = (eta > theta) & (room > 0)
+    k = np.zeros(len(eta))
+    with np.errstate(divide="ignore"):
+        k[split] = np.ceil(np.log(eta[split] / theta) / math.log(F * B))
+    k = np.minimum(np.maximum(k, 1.0), room) * split
+    merge = P < COARSEN_RATIO * theta
+    comm = forest.comm
+    total = reproducible_sum(comm, np.concatenate([eta / F**k, P[merge] * (F - 1.0) / (F * B)]))
+    groups = _count(comm, np.count_nonzero(merge)) // B
+    extra = _count(comm, int(np.sum(B ** k[split].astype(np.int64) - 1)))
+    return total, forest.n_leaves + extra - groups * (B - 1)
+
+
+def distributed_equidistribute(
+    forest: Any, leaf_eta: Array, kind: str, tolerance: float
+) -> Thresholds:
+    """:func:`~meshes.adaptive.equidistribute` over the distributed leaves (collective)."""
+    if not (tolerance > 0 and math.isfinite(tolerance)):
+        raise ValueError(f"tolerance must be > 0, got {tolerance}")
+    comm = forest.comm
+    eta = np.asarray(leaf_eta, dtype=np.float64)
+    P = distributed_parent_indicator(forest, eta, kind)
+    estimate = reproducible_sum(comm, eta)
+    finite = P[np.isfinite(P)]
+    top = max(
+        comm.allreduce(float(eta.max(initial=0.0)), op=MPI.MAX),
+        comm.allreduce(float(finite.max(initial=0.0)), op=MPI.MAX) / COARSEN_RATIO,
+    )
+    hi = 2.0 * top if top > 0 else 1.0
+    s_hi, n_hi = _predicted(forest, eta, kind, hi, P)
+    if n_hi * hi <= tolerance:
+        return Thresholds(hi, COARSEN_RATIO * hi, estimate, s_hi, n_hi)
+    smallest = comm.allreduce(float(eta[eta > 0].min(initial=math.inf)), op=MPI.MIN)
+    r = INDICATORS[kind] * forest.children_per_cell
+    lo = smallest / r ** (forest.max_level - forest.base_level + 1) / 2.0
+    s_lo, n_lo = _predicted(forest, eta, kind, lo, P)
+    if n_lo * lo > tolerance:
+        return Thresholds(lo, COARSEN_RATIO * lo, estimate, s_lo, n_lo)
+    a, b = math.log(lo), math.log(hi)
+    while b - a > 1e-3:
+        mid = 0.5 * (a + b)
+        if _predicted(forest, eta, kind, math.exp(mid), P)[1] * math.exp(mid) <= tolerance:
+            a = mid
+        else:
+            b = mid
+    theta = math.exp(a)
+    s, n = _predicted(forest, eta, kind, theta, P)
+    return Thresholds(theta, COARSEN_RATIO * theta, estimate, s, n)
+
+
+def distributed_default_tolerance(
+    forest: Any, leaf_eta: Array, kind: str, factor: float = DEFAULT_TOLERANCE_FACTOR
+) -> float:
+    """:func:`~meshes.adaptive.default_tolerance` over the distributed leaves (collective)."""
+    comm = forest.comm
+    if comm.allreduce(bool(np.any(forest.leaf_levels() != forest.base_level)), op=MPI.LOR):
+        raise ValueError("the default tolerance is defined on the uniform base mesh")
+    depth = forest.max_level - forest.base_level
+    return factor * reproducible_sum(comm, leaf_eta) / INDICATORS[kind] ** depth
+
+
+def mass_indicator(forest: Any, leaf_mass: Array) -> Array:
+    """``m h`` of every local leaf (the ``"mass"`` indicator; local)."""
+    return np.abs(np.asarray(leaf_mass, dtype=np.float64)) * forest.leaf_diameters()
+
+
+def _slopes(forest: Any, m: Array) -> tuple[Array, Array]:
+    """Leaf centres and limited slopes of the leaf densities (the replicated
+    :func:`~meshes.adaptive.limited_slopes`), the neighbours' densities and centres asked
+    from their ranks (collective)."""
+    rho = m / forest.leaf_measures()
+    v = forest.leaf_vertices()
+    c = v.mean(axis=1)
+    c /= np.linalg.norm(c, axis=1)[:, None]
+    pairs = forest.neighbours()
+    off, n = forest.offset, forest.n_local
+    ids = np.unique(pairs)
+    starts = np.array(forest.comm.allgather(off), dtype=np.int64)
+    local = np.column_stack([rho, c])
+
+    def answer(rows: IntArray) -> Array:
+        return local[rows[:, 0] - off] if len(rows) else np.zeros((0, 4))
+
+    rank = np.searchsorted(starts, ids, side="right") - 1
+    known = ask_floats(forest.comm, rank, ids[:, None], answer).reshape(-1, 4)
+    at = np.searchsorted(ids, pairs)
+    rho_p, c_p = known[at, 0], known[at, 1:]
+    mine = (pairs >= off) & (pairs < off + n)
+    g = np.zeros((n, 3))
+    M = np.einsum("ni,nj->nij", c, c)
+    rhs = np.zeros((n, 3))
+    lo, hi = rho.copy(), rho.copy()
+    for side, other in ((0, 1), (1, 0)):
+        sel = mine[:, side]
+        i = pairs[sel, side] - off
+        d = _tangent(c[i], c_p[sel, other] - c[i])
+        np.add.at(M, i, np.einsum("fi,fj->fij", d, d))
+        diff = rho_p[sel, other] - rho[i]
+        np.add.at(rhs, i, d * diff[:, None])
+        np.minimum.at(lo, i, rho_p[sel, other])
+        np.maximum.at(hi, i, rho_p[sel, other])
+    g = np.linalg.solve(M, rhs[..., None])[..., 0]
+    phi = np.ones(n)
+    for vert in np.moveaxis(v, 1, 0):
+        delta = np.einsum("nd,nd->n", g, _tangent(c, vert - c))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(
+                delta > 0, (hi - rho) / delta, np.where(delta < 0, (lo - rho) / delta, np.inf)
+            )
+        phi = np.minimum(phi, np.minimum(ratio, 1.0))
+    return c, np.maximum(phi, 0.0)[:, None] * g
+
+
+def _tangent(x: Array, v: Array) -> Array:
+    return v - np.einsum("ij,ij->i", x, v)[:, None] * x
+
+
+def _prolong(before: Any, forest: Any, m: Array, profile: tuple[Array, Array]) -> Array:
+    """The replicated ``_prolong`` on this rank's leaves (refinement keeps leaves local)."""
+    transfer = leaf_transfer(before, forest.leaf_set())
+    new_mass = transfer.apply(m)
+    refined = np.flatnonzero(transfer.kind == 1)
+    if len(refined) == 0:
+        return new_mass
+    centres, slopes = profile
+    first = np.searchsorted(transfer.new_index, refined)
+    parent = transfer.old_index[first]
+    rho = m[parent] / before.measures[parent]
+    v = forest.leaf_vertices()[refined]
+    child_c = v.mean(axis=1)
+    child_c /= np.linalg.norm(child_c, axis=1)[:, None]
+    offset = _tangent(centres[parent], child_c - centres[parent])
+    value = np.maximum(rho + np.einsum("nd,nd->n", slopes[parent], offset), 0.0)
+    w = forest.leaf_measures()[refined] * value
+    total = np.bincount(parent, weights=w, minlength=len(m))
+    share = np.where(total[parent] > 0, w / np.where(total[parent] > 0, total[parent], 1.0), 0.0)
+    flat = total[parent] <= 0
+    new_mass[refined[~flat]] = m[parent[~flat]] * share[~flat]
+    return new_mass
+
+
+def distributed_adapt(
+    forest: Any, leaf_mass: Array, refine: float, coarsen: float
+) -> tuple[Array, AdaptCounts]:
+    """One adaptation with the mass indicator, as :func:`~meshes.adaptive.adapt_forest`
+    (merges, splits, closure; masses carried conservatively and >= 0), on the distributed
+    leaves; returns the masses on this rank's new leaves and the global counts (collective).
+    The leaves stay where they are: call ``forest.partition`` (with the masses) after."""
+    m = forest.align(np.asarray(leaf_mass, dtype=np.float64))
+    eta = mass_indicator(forest, m)
+    merged = 0
+    if coarsen > 0:
+        merge = (distributed_parent_indicator(forest, eta) < coarsen) & ~(eta > refine)
+        if forest.comm.allreduce(bool(np.any(merge)), op=MPI.LOR):
+            before = forest.leaf_set()
+            merged = forest.coarsen(merge, closure=True)
+            if merged:
+                m, _ = transfer_masses(before, forest, m)
+                eta = mass_indicator(forest, m)
+    before = forest.leaf_set()
+    marked = eta > refine
+    profile = _slopes(forest, m) if forest.comm.allreduce(bool(marked.any()), op=MPI.LOR) else None
+    split = forest.refine(marked)
+    balanced = forest.close()
+    if split or balanced:
+        m = (
+            _prolong(before, forest, m, profile)
+            if profile
+            else transfer_masses(before, forest, m)[0]
+        )
+    return m, AdaptCounts(split, balanced, merged)
