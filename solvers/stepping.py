@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdaptiveScheme",
+    "RowBlock",
     "SchemeState",
     "StepResult",
     "Stepper",
@@ -150,6 +151,18 @@ class TokenScheme(Stepper, Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RowBlock:
+    """This rank's contiguous rows ``[start, start + len(rows))`` of an array distributed
+    over the ranks (the ranks' blocks in rank order are the whole array), in a
+    :meth:`AdaptiveScheme.mesh_state`: a checkpoint writes the blocks into one array, and
+    :meth:`AdaptiveScheme.restore_mesh` gets back an object with ``row_count`` and
+    ``rows(start, stop)`` (or the array itself)."""
+
+    rows: npt.NDArray[Any]
+    start: int
+
+
 @runtime_checkable
 class AdaptiveScheme(TokenScheme, Protocol):
     """A :class:`TokenScheme` whose mesh changes while it runs (module docstring); the
@@ -175,8 +188,9 @@ class AdaptiveScheme(TokenScheme, Protocol):
         every rank)."""
         ...
 
-    def mesh_state(self) -> dict[str, npt.NDArray[Any]]:
-        """The mesh as arrays for a checkpoint, identical on every rank."""
+    def mesh_state(self) -> dict[str, Any]:
+        """The mesh for a checkpoint: arrays identical on every rank, or :class:`RowBlock`
+        blocks of a distributed array."""
         ...
 
     def restore_mesh(self, saved: dict[str, Any]) -> None:

@@ -25,18 +25,16 @@ from meshes.adaptive import (
     SphereForest,
     adapt_forest,
     default_tolerance,
-    equidistribute,
-    forest_mesh,
-    leaf_masses,
-    refinement_indicator,
-    transfer_masses,
-)
-from meshes.adaptive._distributed_adapt import (
     distributed_adapt,
     distributed_default_tolerance,
     distributed_equidistribute,
+    equidistribute,
+    forest_mesh,
+    leaf_masses,
     mass_indicator,
+    refinement_indicator,
     reproducible_sum,
+    transfer_masses,
 )
 from meshes.sphere import distribute_blocks, icosphere_arrays
 

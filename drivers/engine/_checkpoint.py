@@ -263,13 +263,20 @@ def restore_cells(saved: dict[str, Any], cells: Any) -> dict[str, np.ndarray]:
     return out
 
 
+def _member(value: Any) -> Any:
+    """A mesh-state value as a checkpoint member: a distributed block as :class:`Rows`."""
+    from solvers.stepping import RowBlock
+
+    return Rows(value.rows, value.start) if isinstance(value, RowBlock) else value
+
+
 def write_run_checkpoint(rec: Any, scheme: Any) -> None:
     """The checkpoint of the :class:`~drivers.engine.Recorder` ``rec`` at the state of
     ``scheme`` (collective; the write guarded on rank 0, module docstring)."""
     state = scheme.state()
     cells = rec.gathered
     arrays = {f"state_{k}": Rows(cells.block(v), cells.start) for k, v in state.cells.items()}
-    mesh = {f"mesh_{k}": v for k, v in scheme.mesh_state().items()} if rec.adaptive else {}
+    mesh = {f"mesh_{k}": _member(v) for k, v in scheme.mesh_state().items()} if rec.adaptive else {}
     budget: dict[str, Any] = {}
     if rec.budget is not None:  # between records also the measure of the latest one
         budget = rec.budget.checkpoint_state()

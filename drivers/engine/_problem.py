@@ -34,13 +34,14 @@ from meshes import (
     icosphere,
     mesh_quality,
 )
-from meshes.adaptive import CircleForest, SphereForest
+from meshes.adaptive import CircleForest, DistributedSphereForest, SphereForest
 from solvers.attention import Attention, Head, velocity_mismatch
 from solvers.stepping import TokenScheme
 from solvers.transport import (
     AdaptiveScheme,
     AdaptOptions,
     AttentionEnergy,
+    DistributedAdaptiveScheme,
     PointCloud,
     SchemeOptions,
     StepControl,
@@ -287,12 +288,11 @@ def adaptive_scheme(
     """The scheme of ``[time]`` on the adaptive mesh of ``[adapt]`` (collective): a forest
     from ``mesh.refinement`` to ``adapt.max_level``, adapted to the initial density."""
     m, ad = cfg["mesh"], cfg["adapt"]
-    if m["manifold"] == "S2":  # circumcentred two-point fluxes need a Delaunay mesh
-        forest: Any = SphereForest(
-            m["refinement"],
-            ad["max_level"],
-            delaunay=scheme_spec(cfg["time"]["scheme"]).delaunay_mesh,
-        )
+    delaunay = scheme_spec(cfg["time"]["scheme"]).delaunay_mesh
+    if ad["forest"] == "distributed":  # S2 (checked): each rank its own leaves
+        forest: Any = DistributedSphereForest(comm, m["refinement"], ad["max_level"], delaunay)
+    elif m["manifold"] == "S2":  # circumcentred two-point fluxes need a Delaunay mesh
+        forest = SphereForest(m["refinement"], ad["max_level"], delaunay=delaunay)
     else:
         forest = CircleForest(m["refinement"], ad["max_level"])
     # with local time steps a step spans up to 2^K steps of the finest cells: adapt as often in
@@ -308,7 +308,8 @@ def adaptive_scheme(
         budget=ad["budget"],
     )
     expression = cfg["initial"]["density"]
-    return AdaptiveScheme(
+    kind = DistributedAdaptiveScheme if ad["forest"] == "distributed" else AdaptiveScheme
+    return kind(
         comm,
         forest,
         build,

@@ -84,12 +84,23 @@ under the same marks, on any number of ranks; :meth:`DistributedSphereForest.mes
 gives each rank its block of the triangulation for :func:`meshes.sphere.distribute_blocks`,
 and :class:`LeafCells` carries cell values to the leaves' ranks and back (leaf sums, and
 leaf totals split over their cells by measure; module ``_leaf_cells``), by point-to-point
-messages instead of :func:`leaf_masses`' gather. The adaptive schemes still run on :class:`SphereForest`: moving their indicators, energy
-correction and transfer onto the distributed leaves is the next step (docs/adaptivity.md).
+messages instead of :func:`leaf_masses`' gather. :func:`distributed_adapt` is one adaptation
+on the distributed leaves (mass indicator; :func:`distributed_equidistribute` and
+:func:`distributed_default_tolerance` the accuracy target, with :func:`reproducible_sum`;
+module ``_distributed_adapt``), what :class:`solvers.transport.DistributedAdaptiveScheme`
+runs (``[adapt] forest = "distributed"``, docs/adaptivity.md).
 """
 
 from meshes.adaptive._budget import BudgetMarks, budget_marks
 from meshes.adaptive._delaunay import delaunay_margins
+from meshes.adaptive._distributed_adapt import (
+    distributed_adapt,
+    distributed_default_tolerance,
+    distributed_equidistribute,
+    distributed_parent_indicator,
+    mass_indicator,
+    reproducible_sum,
+)
 from meshes.adaptive._distributed_s2 import DistributedSphereForest
 from meshes.adaptive._energy import EnergyCorrection, energy_correction
 from meshes.adaptive._forest_s1 import MAX_CIRCLE_FOREST_LEVEL, CircleForest
@@ -121,6 +132,12 @@ __all__ = [
     "budget_marks",
     "delaunay_margins",
     "DistributedSphereForest",
+    "distributed_adapt",
+    "distributed_default_tolerance",
+    "distributed_equidistribute",
+    "distributed_parent_indicator",
+    "mass_indicator",
+    "reproducible_sum",
     "LeafCells",
     "INDICATORS",
     "AdaptCounts",

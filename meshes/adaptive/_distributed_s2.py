@@ -394,7 +394,7 @@ class DistributedSphereForest:
         if not self._any(np.array(split_group)):
             return data
         starts = np.array(self.comm.allgather(self.offset), dtype=np.int64)[1:]
-        return self._move_cuts(starts, data.view(np.int64)).view(np.float64)
+        return self._move_cuts(starts, np.ascontiguousarray(data).view(np.int64)).view(np.float64)
 
     def sibling_groups(self) -> IntArray:
         """Local positions (g, 4) of the complete groups of four sibling leaves above the
@@ -458,7 +458,7 @@ class DistributedSphereForest:
     def _move_cuts(self, want: IntArray, data: IntArray | None = None) -> IntArray:
         """Send the leaves so that rank k + 1 starts at the first allowed position at or after
         ``want[k]`` (global leaf positions, non-decreasing; collective); ``data`` (n_local,)
-        travels with the leaves and is returned in their new order."""
+        or (n_local, k) int64 travels with the leaves and is returned in their new order."""
         comm, n = self.comm, self.n_local
         total, offset = self.n_leaves, self.offset
         allowed = offset + np.flatnonzero(self._cut_allowed())
@@ -468,23 +468,26 @@ class DistributedSphereForest:
         comm.Allreduce(MPI.IN_PLACE, cuts, op=MPI.MIN)
         cuts = np.concatenate([[0], cuts, [total]])
         dest = np.searchsorted(cuts, offset + np.arange(n), side="right") - 1
-        extra = np.zeros(n, dtype=np.int64) if data is None else data
+        extra = np.zeros(n, dtype=np.int64) if data is None else np.asarray(data)
+        k = 1 if extra.ndim == 1 else extra.shape[1]
         rows = np.column_stack([self.level, self.index, extra, self._raw.reshape(-1, 9)])
         got, _ = send_rows(comm, dest, rows)
         # received in rank order, each rank's leaves in Morton order: already sorted
         self.level, self.index, self._corners = got[:, 0], got[:, 1], None
-        self._raw = got[:, 3:].astype(np.int32).reshape(-1, 3, 3)
-        return got[:, 2]
+        self._raw = got[:, 2 + k :].astype(np.int32).reshape(-1, 3, 3)
+        moved = np.ascontiguousarray(got[:, 2 : 2 + k])
+        return moved[:, 0] if extra.ndim == 1 else moved
 
     def partition(self, data: npt.ArrayLike | None = None) -> Array | None:
         """Move leaves between ranks so that each holds nearly ``n_leaves / size`` of them,
-        never splitting a complete sibling group (collective); ``data`` (n_local,) floats
-        (e.g. leaf masses) travel with the leaves and come back in the new order."""
+        never splitting a complete sibling group (collective); ``data`` (n_local,) or
+        (n_local, k) floats (e.g. leaf masses) travel with the leaves and come back in the new
+        order."""
         want = (np.arange(1, self.comm.size, dtype=np.int64) * self.n_leaves) // self.comm.size
         if data is None:
             self._move_cuts(want)
             return None
-        bits = np.asarray(data, dtype=np.float64).view(np.int64)
+        bits = np.ascontiguousarray(data, dtype=np.float64).view(np.int64)
         return self._move_cuts(want, bits).view(np.float64)
 
     # ------------------------------------------------------------------ the mesh

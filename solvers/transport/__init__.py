@@ -19,7 +19,8 @@ Public face of the transport package: every scheme that the run loop steps.
   :func:`read_positions`).
 
 - :class:`AdaptiveScheme`: any of them on a mesh that adapts to the solution (a forest of
-  :mod:`meshes.adaptive`; ``_adaptive``).
+  :mod:`meshes.adaptive`; ``_adaptive``); :class:`DistributedAdaptiveScheme` the same on a
+  distributed forest (``_adaptive_distributed``).
 
 Initial data (:func:`initial_density`) and the particle deposit (:func:`deposit_to_cells`)
 live here too. Modules: ``_finite_volume``, ``_particles``, ``_initial``, ``_deposit``,
@@ -30,6 +31,7 @@ constructors, :func:`make_scheme`, :func:`register_scheme`, and what each scheme
 """
 
 from solvers.transport._adaptive import AdaptiveScheme, AdaptOptions, AttentionEnergy, EnergyModel
+from solvers.transport._adaptive_distributed import DistributedAdaptiveScheme
 from solvers.transport._deposit import contains, deposit_to_cells
 from solvers.transport._diffusion import TwoPointDiffusion
 from solvers.transport._expression import CONSTANTS as EXPRESSION_CONSTANTS
@@ -100,6 +102,7 @@ __all__ = [
     "FreeParticles",
     "PointCloud",
     "AdaptiveScheme",
+    "DistributedAdaptiveScheme",
     "AttentionEnergy",
     "EnergyModel",
     "DEFAULT_OPTIONS",

@@ -66,7 +66,7 @@ from solvers.transport._finite_volume import TransportSolver
 from solvers.transport._fv_budget import energy_drift, gradient_flow
 from solvers.weights import WeightDynamics, head_weights_at
 
-__all__ = ["AdaptOptions", "AdaptiveScheme", "AttentionEnergy", "EnergyModel"]
+__all__ = ["changed_patches", "AdaptOptions", "AdaptiveScheme", "AttentionEnergy", "EnergyModel"]
 
 Array = npt.NDArray[np.float64]
 
@@ -412,7 +412,7 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         patches this adaptation changed, so that the energy is ``target`` (collective)."""
         model = self.energy_model
         assert model is not None
-        group = _changed_patches(before, self.forest.leaf_set(), self.forest.children_per_cell)
+        group = changed_patches(before, self.forest.leaf_set(), self.forest.children_per_cell)
         cell_group = group[owner_leaves(self.cv, self.owner_leaf)]
         cv = self.cv
         result = energy_correction(
@@ -499,7 +499,7 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         self.inner = self._build(self.cv, np.full(self.cv.n_owned, 1.0 / area))
 
 
-def _changed_patches(before: Any, after: Any, children: int) -> npt.NDArray[np.int64]:
+def changed_patches(before: Any, after: Any, children: int) -> npt.NDArray[np.int64]:
     """Per new leaf the patch it belongs to (-1: none): a leaf split by the adaptation is a
     patch with its children; a merged leaf above the base level joins the patch of its
     parent (all the new leaves under that parent), the freedom a merge leaves; nested
