@@ -77,6 +77,12 @@ def test_the_replicated_forest_meshes_and_results(shared_tmp):
     hb = json.loads((rep / "summary.json").read_text())["adaptation"]["history"]
     assert [h["levels"] for h in ha] == [h["levels"] for h in hb]
     assert [h["step"] for h in ha] == [h["step"] for h in hb]
+    # the final densities cell by cell (the cells in another order: matched by centre)
+    fa, fb = np.load(dist / "final.npz"), np.load(rep / "final.npz")
+    ia, ib = np.lexsort(fa["points"].T), np.lexsort(fb["points"].T)
+    assert np.array_equal(fa["points"][ia], fb["points"][ib])
+    scale = np.abs(fb["density"]).max()
+    assert np.abs(fa["density"][ia] - fb["density"][ib]).max() < 1e-12 * scale
 
 
 def test_restart_continues_bitwise(shared_tmp):

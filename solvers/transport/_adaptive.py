@@ -69,6 +69,7 @@ from solvers.weights import WeightDynamics, head_weights_at
 __all__ = ["changed_patches", "AdaptOptions", "AdaptiveScheme", "AttentionEnergy", "EnergyModel"]
 
 Array = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 #: builds the inner scheme on control volumes from owned cell densities, at t = 0
 SchemeBuilder = Callable[[ControlVolumes, Array], TokenScheme]
@@ -505,6 +506,12 @@ def changed_patches(before: Any, after: Any, children: int) -> npt.NDArray[np.in
     parent (all the new leaves under that parent), the freedom a merge leaves; nested
     patches are joined into the outermost one. Leaves are dyadic intervals of one line
     (:mod:`meshes.adaptive._transfer`), so patches are intervals too."""
+    return patch_of(after, *patch_intervals(before, after, children))
+
+
+def patch_intervals(before: Any, after: Any, children: int) -> tuple[IntArray, IntArray]:
+    """The intervals ``(starts, ends)`` that make the patches of :func:`changed_patches`
+    (nested ones included): the split leaves', and the parents' of the merged leaves."""
     transfer = leaf_transfer(before, after)
     split = np.flatnonzero(transfer.kind == 1)
     host = transfer.old_index[np.searchsorted(transfer.new_index, split)]
@@ -512,6 +519,13 @@ def changed_patches(before: Any, after: Any, children: int) -> npt.NDArray[np.in
     width = (after.ends[merged] - after.starts[merged]) * children
     starts = np.concatenate([before.starts[host], after.starts[merged] // width * width])
     ends = np.concatenate([before.ends[host], after.starts[merged] // width * width + width])
+    return starts, ends
+
+
+def patch_of(after: Any, starts: IntArray, ends: IntArray) -> npt.NDArray[np.int64]:
+    """Per leaf of ``after`` the index of the outermost of the intervals that contains it
+    (-1: none); the indices number the outermost intervals in increasing order, so they
+    depend only on the set of intervals."""
     group = np.full(len(after), -1, dtype=np.int64)
     if len(starts) == 0:
         return group

@@ -41,7 +41,13 @@ from meshes.control_volumes import control_volumes
 from meshes.sphere import distribute_blocks
 from solvers.errors import SolverError
 from solvers.stepping import RowBlock
-from solvers.transport._adaptive import AdaptiveScheme, AdaptOptions, EnergyModel, changed_patches
+from solvers.transport._adaptive import (
+    AdaptiveScheme,
+    AdaptOptions,
+    EnergyModel,
+    patch_intervals,
+    patch_of,
+)
 
 __all__ = ["DistributedAdaptiveScheme"]
 
@@ -157,11 +163,13 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         m_before = self._total(masses)
         t, steps = inner.t, inner.steps
         old_cv = self.cv
-        # the patches of the energy correction, numbered over the ranks, travel with the leaves
-        group = changed_patches(before, forest.leaf_set(), forest.children_per_cell)
-        n_groups = int(group.max(initial=-1)) + 1
-        first = int(self.comm.exscan(n_groups) or 0)
-        group = np.where(group >= 0, group + first, -1).astype(np.float64)
+        # the patches of the energy correction: every rank's intervals (a few per change), so
+        # that a patch across ranks is one patch, numbered as the replicated forest numbers it
+        after = forest.leaf_set()
+        starts, ends = patch_intervals(before, after, forest.children_per_cell)
+        starts = np.concatenate(self.comm.allgather(starts))
+        ends = np.concatenate(self.comm.allgather(ends))
+        group = patch_of(after, starts, ends).astype(np.float64)
         moved_data = forest.partition(np.column_stack([new_leaf, group]))
         assert moved_data is not None
         self._mesh_from_forest()
