@@ -263,6 +263,15 @@ def test_level_9_is_allowed_where_it_fits(monkeypatch):
     uniform = estimate_memory(load_config(demo, ["mesh.refinement=4"]), 2, 2)
     assert adaptive.node_bytes == 2 * adaptive.rank_bytes
     assert adaptive.rank_bytes == uniform.rank_bytes + uniform.cells * PER_CELL_REPLICATED
+    # the distributed forest: each rank its own leaves, as the uniform mesh
+    spread = [
+        "adapt.max_level=9",
+        "mesh.refinement=4",
+        'adapt.forest="distributed"',
+        "adapt.budget=0",
+    ]
+    distributed = estimate_memory(load_config(demo, spread), 2, 2)
+    assert distributed.rank_bytes == uniform.rank_bytes
 
 
 def test_memory_check_of_an_adaptive_mesh(capfd, monkeypatch):

@@ -19,7 +19,8 @@ the sparse factorisation). The particles are one per cell. A uniform built-in me
 in blocks on every rank and the outputs are written from row blocks, so rank 0 holds no more
 than the others; an adaptive mesh keeps its forest and triangulation on every rank (replicated,
 :data:`PER_CELL_REPLICATED` per cell on every rank; each rank hands DOLFINx one block of it,
-:func:`meshes.adaptive.forest_mesh`), and DOLFINx generates the boxes (R1, R2) on rank 0: for
+:func:`meshes.adaptive.forest_mesh`; with ``[adapt] forest = "distributed"`` each rank holds
+its own leaves only, like the uniform meshes), and DOLFINx generates the boxes (R1, R2) on rank 0: for
 those :data:`PER_CELL_ROOT` per cell more on rank 0. The check is
 made for the node of rank 0 with the ranks the launcher put on it. An adaptive mesh
 (``[adapt] max_level``) is checked at its base level (refused when that does not fit) and at
@@ -110,10 +111,12 @@ def built_on_root(cfg: dict[str, Any]) -> bool:
 
 
 def replicated(cfg: dict[str, Any]) -> bool:
-    """Whether every rank holds the whole forest of an adaptive mesh (module docstring)."""
+    """Whether every rank holds the whole forest of an adaptive mesh (module docstring; not
+    with ``[adapt] forest = "distributed"``: each rank its own leaves)."""
     if cfg.get("particles", {}).get("n") is not None:
         return False
-    return int(cfg.get("adapt", {}).get("max_level", 0) or 0) > 0
+    adapt = cfg.get("adapt", {})
+    return int(adapt.get("max_level", 0) or 0) > 0 and adapt.get("forest") != "distributed"
 
 
 def estimate_memory(cfg: dict[str, Any], ranks: int, local: int) -> MemoryEstimate | None:
