@@ -373,3 +373,12 @@ def test_reproducible_sum_does_not_depend_on_order_or_ranks(comm):
     assert total == reproducible_sum(MPI.COMM_SELF, rng.permutation(values))
     assert math.isclose(total, math.fsum(values), rel_tol=1e-15)
     assert reproducible_sum(comm, np.zeros(3)) == 0.0
+
+
+def test_rounds_that_rebuild_the_active_set_agree(comm, monkeypatch):
+    """Above FRESH_LIMIT new midpoints a round asks the whole active set again (here every
+    round): the same leaves and triangles as the replicated forest."""
+    from meshes.adaptive._activity import Activity
+
+    monkeypatch.setattr(Activity, "FRESH_LIMIT", 0)
+    assert run_parity(comm, 1, 5, True) > 300

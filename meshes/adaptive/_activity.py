@@ -39,7 +39,11 @@ class Activity:
 
     def __init__(self, forest: Any) -> None:
         self.forest = forest
-        self.owned = forest.active_set(forest.corners())  # this rank's range of the set
+        self._reset()
+
+    def _reset(self) -> None:
+        """Ask the whole active set afresh (collective)."""
+        self.owned = self.forest.active_set(self.forest.corners())  # this rank's range
         self.ids = np.zeros(0, dtype=np.int64)  # ids asked so far (sorted) ...
         self.status = np.zeros(0, dtype=bool)  # ... and whether they were active then
         self.fresh = np.zeros(0, dtype=np.int64)  # midpoints made since (sorted)
@@ -76,7 +80,7 @@ class Activity:
         comm, forest = self.forest.comm, self.forest
         new = np.unique(mids[mids >= 0])
         if comm.allreduce(len(new), op=MPI.SUM) > self.FRESH_LIMIT:
-            self.__init__(forest)  # type: ignore[misc]
+            self._reset()
             return
         fresh = np.unique(np.concatenate(comm.allgather(new)))
         self.fresh = np.union1d(self.fresh, fresh)
