@@ -39,14 +39,17 @@ pictures = false
 [adapt]
 max_level = 4
 every = 3
-budget = 0
+budget = {budget}
 forest = "{forest}"
 """
 
 
-def _config(path: Path, forest: str, t_end: float = 0.8, scheme: str = "fv", dt=0.0) -> Path:
+def _config(
+    path: Path, forest: str, t_end: float = 0.8, scheme: str = "fv", dt=0.0, budget=1e-3
+) -> Path:
     if MPI.COMM_WORLD.rank == 0:
-        path.write_text(CONFIG.format(forest=forest, t_end=t_end, scheme=scheme, dt=dt))
+        text = CONFIG.format(forest=forest, t_end=t_end, scheme=scheme, dt=dt, budget=budget)
+        path.write_text(text)
     MPI.COMM_WORLD.barrier()
     return path
 
@@ -140,7 +143,6 @@ def test_jko_runs_on_the_distributed_delaunay_closure(shared_tmp):
     "override, words",
     [
         ('mesh.manifold="S1"', "forest of S2"),
-        ("adapt.budget=0.001", "adapt.budget = 0"),
         ('adapt.indicator="jump"', 'indicator = "mass"'),
         ("adapt.grading=2", "grading = 0"),
         ('adapt.forest="shared"', "replicated"),

@@ -118,9 +118,3 @@ def _check_distributed(ad: dict[str, Any], manifold: str) -> None:
         )
     if ad["grading"]:
         raise ConfigError("adapt.forest", f'"distributed" takes grading = 0, got {ad["grading"]}')
-    if ad["budget"]:
-        raise ConfigError(
-            "adapt.forest",
-            f'"distributed" has no energy-budget criterion yet: set adapt.budget = 0 (got '
-            f"{ad['budget']:g})",
-        )

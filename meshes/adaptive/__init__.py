@@ -101,6 +101,7 @@ from meshes.adaptive._distributed_adapt import (
     mass_indicator,
     reproducible_sum,
 )
+from meshes.adaptive._distributed_budget import distributed_budget_marks
 from meshes.adaptive._distributed_s2 import DistributedSphereForest
 from meshes.adaptive._energy import EnergyCorrection, energy_correction
 from meshes.adaptive._forest_s1 import MAX_CIRCLE_FOREST_LEVEL, CircleForest
@@ -133,6 +134,7 @@ __all__ = [
     "delaunay_margins",
     "DistributedSphereForest",
     "distributed_adapt",
+    "distributed_budget_marks",
     "distributed_default_tolerance",
     "distributed_equidistribute",
     "distributed_parent_indicator",

@@ -236,25 +236,40 @@ def _prolong(before: Any, forest: Any, m: Array, profile: tuple[Array, Array]) -
 
 
 def distributed_adapt(
-    forest: Any, leaf_mass: Array, refine: float, coarsen: float
+    forest: Any,
+    leaf_mass: Array,
+    refine: float,
+    coarsen: float,
+    also: npt.NDArray[np.bool_] | None = None,
+    hold: npt.NDArray[np.bool_] | None = None,
 ) -> tuple[Array, AdaptCounts]:
     """One adaptation with the mass indicator, as :func:`~meshes.adaptive.adapt_forest`
-    (merges, splits, closure; masses carried conservatively and >= 0), on the distributed
-    leaves; returns the masses on this rank's new leaves and the global counts (collective).
-    The leaves stay where they are: call ``forest.partition`` (with the masses) after."""
-    m = forest.align(np.asarray(leaf_mass, dtype=np.float64))
+    (merges, splits, closure; masses carried conservatively and >= 0; ``also``: leaves to
+    split as well, ``hold``: leaves whose sibling group must not merge), on the distributed
+    leaves, whose sibling groups must each be on one rank (``forest.align``, which the
+    masses, ``also`` and ``hold`` must have gone through); returns the masses on this rank's
+    new leaves and the global counts (collective). The leaves stay where they are: call
+    ``forest.partition`` (with the masses) after."""
+    m = np.asarray(leaf_mass, dtype=np.float64)
     eta = mass_indicator(forest, m)
     merged = 0
+    also = np.zeros(len(m), dtype=bool) if also is None else np.asarray(also, dtype=bool)
+    keep = also if hold is None else also | np.asarray(hold, dtype=bool)
     if coarsen > 0:
         merge = (distributed_parent_indicator(forest, eta) < coarsen) & ~(eta > refine)
+        groups = forest.sibling_groups()
+        if len(groups):  # a group with a leaf to keep does not merge
+            kept = keep[groups].any(axis=1)
+            merge[groups[kept].ravel()] = False
         if forest.comm.allreduce(bool(np.any(merge)), op=MPI.LOR):
             before = forest.leaf_set()
             merged = forest.coarsen(merge, closure=True)
             if merged:
                 m, _ = transfer_masses(before, forest, m)
                 eta = mass_indicator(forest, m)
+                also = np.isin(forest.leaf_set().starts, before.starts[also])
     before = forest.leaf_set()
-    marked = eta > refine
+    marked = (eta > refine) | also
     profile = _slopes(forest, m) if forest.comm.allreduce(bool(marked.any()), op=MPI.LOR) else None
     split = forest.refine(marked)
     balanced = forest.close()

@@ -387,8 +387,9 @@ class DistributedSphereForest:
 
     def align(self, data: npt.ArrayLike) -> Array:
         """Move the rank boundaries that split a complete sibling group (merges made it) to
-        the group's end, ``data`` (n_local,) floats travelling with the leaves; returns it in
-        the new order (collective). A group is then decided on one rank."""
+        the group's end, ``data`` (n_local,) or (n_local, k) floats travelling with the
+        leaves; returns it in the new order (collective). A group is then decided on one
+        rank."""
         data = np.asarray(data, dtype=np.float64)
         split_group = self.n_local > 0 and not self._cut_allowed()[0]
         if not self._any(np.array(split_group)):

@@ -11,8 +11,9 @@ the transfer run on each rank's leaves and the few global numbers are reduced re
 ranks. After an adaptation the leaves are partitioned again (with their masses) and the new
 mesh is built from every rank's block (no rank holds the triangulation).
 
-Not yet: the ``"jump"`` indicator, ``grading`` and the energy-budget criterion (``budget``);
-S^1. Checkpoints hold the leaves as one array written in blocks by the ranks
+The energy-budget criterion (``budget``) picks its leaves by thresholds found with
+reproducible sums (``meshes/adaptive/_distributed_budget.py``). Not yet: the ``"jump"``
+indicator, ``grading``, S^1. Checkpoints hold the leaves as one array written in blocks by the ranks
 (:class:`solvers.stepping.RowBlock`), so a run restarts on another number of ranks.
 """
 
@@ -28,9 +29,11 @@ import numpy as np
 import numpy.typing as npt
 
 from meshes.adaptive import (
+    BudgetMarks,
     DistributedSphereForest,
     LeafCells,
     distributed_adapt,
+    distributed_budget_marks,
     distributed_default_tolerance,
     distributed_equidistribute,
     energy_correction,
@@ -48,6 +51,8 @@ from solvers.transport._adaptive import (
     patch_intervals,
     patch_of,
 )
+from solvers.transport._finite_volume import TransportSolver
+from solvers.transport._fv_budget import energy_drift, gradient_flow
 
 __all__ = ["DistributedAdaptiveScheme"]
 
@@ -76,10 +81,10 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         options: AdaptOptions,
         energy_model: EnergyModel | None = None,
     ) -> None:
-        if options.indicator != "mass" or options.grading or options.budget:
+        if options.indicator != "mass" or options.grading:
             raise ValueError(
-                "the distributed forest takes indicator 'mass', grading 0 and budget 0, got "
-                f"{options.indicator!r}, {options.grading}, {options.budget}"
+                "the distributed forest takes indicator 'mass' and grading 0, got "
+                f"{options.indicator!r}, {options.grading}"
             )
         self.comm, self.forest, self._build, self.options = comm, forest, build, options
         self.energy_model = energy_model
@@ -151,11 +156,20 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         self._adapted_at = inner.steps
         _, masses = inner.measure()
         leaves_before = np.column_stack([forest.level, forest.index])
+        drift = self._drift()
+        shares = self.link.leaf_sums(drift.numerical) if drift is not None else None
+        leaf = self.link.leaf_sums(masses)
         # sibling groups on one rank (merges may have split one across a boundary: rare)
-        leaf = forest.align(self.link.leaf_sums(masses))
+        if shares is None:
+            leaf = forest.align(leaf)
+        else:
+            leaf, shares = forest.align(np.column_stack([leaf, shares])).T
         refine, coarsen = self._threshold(leaf)
+        marks = self._marks(drift, shares)
         before = forest.leaf_set()
-        new_leaf, counts = distributed_adapt(forest, leaf, refine, coarsen)
+        new_leaf, counts = distributed_adapt(
+            forest, leaf, refine, coarsen, *((marks.split, marks.hold) if marks else ())
+        )
         moved = not np.array_equal(leaves_before, np.column_stack([forest.level, forest.index]))
         if not counts.changed and not self.comm.allreduce(moved, op=MPI.LOR):
             return False
@@ -202,6 +216,26 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         m_after = self._total(self.inner.measure()[1])
         self._log(t, steps, counts, (m_before, m_after), (e_before, e_after))
         return True
+
+    def _drift(self) -> Any:
+        """The energy drift of the current state when the budget criterion applies (fv runs
+        of gradient flows, ``budget`` > 0; as :class:`AdaptiveScheme`), else None."""
+        inner = self.inner
+        if not self.options.budget or not isinstance(inner, TransportSolver):
+            return None
+        return energy_drift(inner) if gradient_flow(inner) else None
+
+    def _marks(self, drift: Any, shares: Array | None) -> BudgetMarks | None:
+        if drift is None or shares is None:
+            return None
+        marks = distributed_budget_marks(
+            self.forest, shares, drift.drift, abs(drift.dissipation), self.options.budget
+        )
+        split = self.comm.allreduce(int(np.count_nonzero(marks.split)), op=MPI.SUM)
+        self._thresholds.update(
+            budget_drift=marks.drift, budget_predicted=marks.predicted, budget_split=split
+        )
+        return marks
 
     # ------------------------------------------------------------------ checkpoints
     def mesh_state(self) -> dict[str, Any]:
