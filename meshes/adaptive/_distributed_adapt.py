@@ -32,7 +32,12 @@ import numpy.typing as npt
 
 from meshes.adaptive._exchange import ask_floats
 from meshes.adaptive._indicator import INDICATORS, AdaptCounts
-from meshes.adaptive._tolerance import COARSEN_RATIO, DEFAULT_TOLERANCE_FACTOR, Thresholds
+from meshes.adaptive._tolerance import (
+    COARSEN_RATIO,
+    DEFAULT_TOLERANCE_FACTOR,
+    Thresholds,
+    search_thresholds,
+)
 from meshes.adaptive._transfer import leaf_transfer, transfer_masses
 
 __all__ = [
@@ -123,25 +128,17 @@ def distributed_equidistribute(
         comm.allreduce(float(finite.max(initial=0.0)), op=MPI.MAX) / COARSEN_RATIO,
     )
     hi = 2.0 * top if top > 0 else 1.0
-    s_hi, n_hi = _predicted(forest, eta, kind, hi, P)
-    if n_hi * hi <= tolerance:
-        return Thresholds(hi, COARSEN_RATIO * hi, estimate, s_hi, n_hi)
-    smallest = comm.allreduce(float(eta[eta > 0].min(initial=math.inf)), op=MPI.MIN)
     r = INDICATORS[kind] * forest.children_per_cell
-    lo = smallest / r ** (forest.max_level - forest.base_level + 1) / 2.0
-    s_lo, n_lo = _predicted(forest, eta, kind, lo, P)
-    if n_lo * lo > tolerance:
-        return Thresholds(lo, COARSEN_RATIO * lo, estimate, s_lo, n_lo)
-    a, b = math.log(lo), math.log(hi)
-    while b - a > 1e-3:
-        mid = 0.5 * (a + b)
-        if _predicted(forest, eta, kind, math.exp(mid), P)[1] * math.exp(mid) <= tolerance:
-            a = mid
-        else:
-            b = mid
-    theta = math.exp(a)
-    s, n = _predicted(forest, eta, kind, theta, P)
-    return Thresholds(theta, COARSEN_RATIO * theta, estimate, s, n)
+    depth = forest.max_level - forest.base_level + 1
+
+    def lowest() -> float:
+        smallest = comm.allreduce(float(eta[eta > 0].min(initial=math.inf)), op=MPI.MIN)
+        return smallest / r**depth / 2.0
+
+    def predict(theta: float) -> tuple[float, int]:
+        return _predicted(forest, eta, kind, theta, P)
+
+    return search_thresholds(predict, hi, lowest, tolerance, estimate)
 
 
 def distributed_default_tolerance(

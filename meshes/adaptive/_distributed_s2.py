@@ -55,11 +55,10 @@ from meshes._sphere_blocks import (
 )
 from meshes.adaptive._activity import Activity
 from meshes.adaptive._exchange import ask, range_owner, send_rows
-from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL
+from meshes.adaptive._forest_s2 import MAX_FOREST_LEVEL, triangle_areas, triangle_diameters
 from meshes.adaptive._green import green_cuts
 from meshes.adaptive._neighbours import edge_neighbours
 from meshes.adaptive._transfer import LeafSet
-from meshes.control_volumes import arc_length, spherical_triangle_area
 
 __all__ = ["DistributedSphereForest", "leaf_corners", "morton_keys"]
 
@@ -207,15 +206,13 @@ class DistributedSphereForest:
 
     def leaf_areas(self) -> Array:
         """Exact spherical area of each local leaf (as :meth:`SphereForest.leaf_areas`)."""
-        v = self.leaf_vertices()
-        return spherical_triangle_area(v[:, 0], v[:, 1], v[:, 2])
+        return triangle_areas(self.leaf_vertices())
 
     leaf_measures = leaf_areas
 
     def leaf_diameters(self) -> Array:
         """Longest geodesic edge of each local leaf (as :meth:`SphereForest.leaf_diameters`)."""
-        v = self.leaf_vertices()
-        return np.max([arc_length(v[:, i], v[:, (i + 1) % 3]) for i in range(3)], axis=0)
+        return triangle_diameters(self.leaf_vertices())
 
     def lattice(self) -> tuple[IntArray, IntArray]:
         """``(face, lattice)`` of the local leaves: base face (n_local,) and corner lattice

@@ -35,7 +35,7 @@ from meshes.adaptive._transfer import LeafSet
 from meshes.control_volumes import arc_length, spherical_triangle_area
 from meshes.sphere import icosphere_arrays
 
-__all__ = ["SphereForest", "MAX_FOREST_LEVEL"]
+__all__ = ["SphereForest", "MAX_FOREST_LEVEL", "triangle_areas", "triangle_diameters"]
 
 MAX_FOREST_LEVEL = 20
 IntArray = npt.NDArray[np.int64]
@@ -43,6 +43,16 @@ Array = npt.NDArray[np.float64]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _CORNER = ((0, 1), (1, 2), (2, 0))  # edge k of a triangle joins vertices _CORNER[k]
+
+
+def triangle_areas(v: Array) -> Array:
+    """Exact spherical areas of triangles with corners ``v`` (m, 3, 3)."""
+    return spherical_triangle_area(v[:, 0], v[:, 1], v[:, 2])
+
+
+def triangle_diameters(v: Array) -> Array:
+    """Longest geodesic edge of triangles with corners ``v`` (m, 3, 3)."""
+    return np.max([arc_length(v[:, i], v[:, (i + 1) % 3]) for i in range(3)], axis=0)
 
 
 def _key(a: IntArray, b: IntArray) -> IntArray:
@@ -130,15 +140,13 @@ class SphereForest:
 
     def leaf_areas(self) -> Array:
         """Exact spherical area of each leaf (Van Oosterom-Strackee solid angle)."""
-        v = self.leaf_vertices()
-        return spherical_triangle_area(v[:, 0], v[:, 1], v[:, 2])
+        return triangle_areas(self.leaf_vertices())
 
     leaf_measures = leaf_areas
 
     def leaf_diameters(self) -> Array:
         """Longest geodesic edge of each leaf (its diameter, for small triangles)."""
-        v = self.leaf_vertices()
-        return np.max([arc_length(v[:, i], v[:, (i + 1) % 3]) for i in range(3)], axis=0)
+        return triangle_diameters(self.leaf_vertices())
 
     # ------------------------------------------------------------------ checkpoints
     _STATE = ("x", "born", "mkeys", "mvals", "tri", "level", "parent", "child", "start", "state")

@@ -42,6 +42,7 @@ max-level mesh). docs/adaptivity.md gives the factor and what it buys.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ __all__ = [
     "default_tolerance",
     "equidistribute",
     "predicted_estimate",
+    "search_thresholds",
 ]
 
 Array = npt.NDArray[np.float64]
@@ -143,24 +145,46 @@ def equidistribute(forest: Any, leaf_eta: Array, kind: str, tolerance: float) ->
     finite = P[np.isfinite(P)]
     top = max(float(eta.max(initial=0.0)), float(finite.max(initial=0.0)) / COARSEN_RATIO)
     hi = 2.0 * top if top > 0 else 1.0  # nothing splits, every group that may merges
-    s_hi, n_hi = predicted_estimate(forest, eta, kind, hi, P)
+    r = INDICATORS[kind] * forest.children_per_cell
+    depth = forest.max_level - forest.base_level + 1
+
+    def lowest() -> float:
+        return float(eta[eta > 0].min()) / r**depth / 2.0
+
+    def predict(theta: float) -> tuple[float, int]:
+        return predicted_estimate(forest, eta, kind, theta, P)
+
+    return search_thresholds(predict, hi, lowest, tolerance, estimate)
+
+
+def search_thresholds(
+    predict: Callable[[float], tuple[float, int]],
+    hi: float,
+    lowest: Callable[[], float],
+    tolerance: float,
+    estimate: float,
+) -> Thresholds:
+    """The search of :func:`equidistribute` given the prediction ``predict(theta)`` (sum,
+    leaves), the largest threshold worth trying ``hi`` and the smallest ``lowest()``: ``hi``
+    when its leaves times ``hi`` are within the tolerance, the smallest when even its are not
+    (out of reach of max_level: every leaf with mass to the max level), else the largest
+    theta with ``theta N(theta) <= tolerance``, by bisection in log theta to 1e-3."""
+    s_hi, n_hi = predict(hi)
     if n_hi * hi <= tolerance:
         return Thresholds(hi, COARSEN_RATIO * hi, estimate, s_hi, n_hi)
-    positive = eta[eta > 0]
-    r = INDICATORS[kind] * forest.children_per_cell
-    lo = float(positive.min()) / r ** (forest.max_level - forest.base_level + 1) / 2.0
-    s_lo, n_lo = predicted_estimate(forest, eta, kind, lo, P)
-    if n_lo * lo > tolerance:  # out of reach of max_level: every leaf with mass to the max level
+    lo = lowest()
+    s_lo, n_lo = predict(lo)
+    if n_lo * lo > tolerance:
         return Thresholds(lo, COARSEN_RATIO * lo, estimate, s_lo, n_lo)
     a, b = math.log(lo), math.log(hi)  # theta N(theta) <= tolerance at e^a, > at e^b
     while b - a > 1e-3:
         mid = 0.5 * (a + b)
-        if predicted_estimate(forest, eta, kind, math.exp(mid), P)[1] * math.exp(mid) <= tolerance:
+        if predict(math.exp(mid))[1] * math.exp(mid) <= tolerance:
             a = mid
         else:
             b = mid
     theta = math.exp(a)
-    s, n = predicted_estimate(forest, eta, kind, theta, P)
+    s, n = predict(theta)
     return Thresholds(theta, COARSEN_RATIO * theta, estimate, s, n)
 
 

@@ -372,6 +372,18 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         if model is not None and opts.conserve_energy:
             target = model.energy(old_cv, masses, t)
             new = self._conserve(before, new, target, t)
+        self._install(new, t, steps, counts, m_before, e_before)
+        return True
+
+    def _install(
+        self, new: Array, t: float, steps: int, counts: Any, m_before: float, e_before: Any
+    ) -> None:
+        """The inner scheme on the new mesh from its owned cell masses ``new``, at ``t`` and
+        ``steps``, and the history entry of the adaptation (collective).
+
+        Raises:
+            SolverError: the inner scheme refuses the new mesh.
+        """
         try:
             self.inner = self._build(self.cv, new / self.cv.measures[: self.cv.n_owned])
         except ValueError as exc:  # the scheme refuses the new mesh (e.g. JKO: not Delaunay)
@@ -381,10 +393,9 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
                 t=t,
             ) from None
         self.inner.t, self.inner.steps = t, steps
-        e_after = self.inner.diagnostics().energy if opts.energy else None
+        e_after = self.inner.diagnostics().energy if self.options.energy else None
         m_after = self._total(self.inner.measure()[1])
         self._log(t, steps, counts, (m_before, m_after), (e_before, e_after))
-        return True
 
     def _budget_marks(self) -> BudgetMarks | None:
         """The energy-budget criterion (``options.budget``) of the current state, for finite

@@ -42,7 +42,6 @@ from meshes.adaptive import (
 )
 from meshes.control_volumes import control_volumes
 from meshes.sphere import distribute_blocks
-from solvers.errors import SolverError
 from solvers.stepping import RowBlock
 from solvers.transport._adaptive import (
     AdaptiveScheme,
@@ -203,18 +202,7 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
             )
             self._thresholds["energy_alpha"] = result.alpha
             new = result.masses
-        try:
-            self.inner = self._build(self.cv, new / self.cv.measures[:n])
-        except ValueError as exc:
-            raise SolverError(
-                f"adaptation at t = {t:.6g} (step {steps}): the scheme refuses the adapted mesh "
-                f"({self.cv.n_global} cells): {exc}",
-                t=t,
-            ) from None
-        self.inner.t, self.inner.steps = t, steps
-        e_after = self.inner.diagnostics().energy if opts.energy else None
-        m_after = self._total(self.inner.measure()[1])
-        self._log(t, steps, counts, (m_before, m_after), (e_before, e_after))
+        self._install(new, t, steps, counts, m_before, e_before)
         return True
 
     def _drift(self) -> Any:
