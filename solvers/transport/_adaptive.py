@@ -277,10 +277,10 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         if opts.refine is not None:
             self._thresholds = {"refine": opts.refine, "coarsen": opts.coarsen}
             return opts.refine, opts.coarsen
-        eta = refinement_indicator(self.forest, leaf, opts.indicator)
+        eta = self._indicator(leaf)
         if not self.tolerance:  # all indicators vanish: nothing to refine
             return math.inf, 0.0
-        th = equidistribute(self.forest, eta, opts.indicator, self.tolerance)
+        th = self._equidistribute(eta)
         self._thresholds = {
             "refine": th.refine,
             "coarsen": th.coarsen,
@@ -288,6 +288,15 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
             "predicted": th.predicted,
         }
         return th.refine, th.coarsen
+
+    def _indicator(self, leaf: Array) -> Array:
+        """The refinement indicator of the leaves with masses ``leaf``."""
+        return refinement_indicator(self.forest, leaf, self.options.indicator)
+
+    def _equidistribute(self, eta: Array) -> Any:
+        """The thresholds of the tolerance for indicators ``eta`` (collective)."""
+        assert self.tolerance is not None
+        return equidistribute(self.forest, eta, self.options.indicator, self.tolerance)
 
     def error_estimate(self) -> float:
         """The sum of the indicators over the current leaves (mass: a bound of the W1 error

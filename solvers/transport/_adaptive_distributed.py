@@ -20,7 +20,6 @@ indicator, ``grading``, S^1. Checkpoints hold the leaves as one array written in
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from mpi4py import MPI
@@ -111,22 +110,12 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         self.inner = build(self.cv, density)
         self._log(0.0, 0, None, None, None)
 
-    def _threshold(self, leaf: Array) -> tuple[float, float]:
-        opts = self.options
-        if opts.refine is not None:
-            self._thresholds = {"refine": opts.refine, "coarsen": opts.coarsen}
-            return opts.refine, opts.coarsen
-        if not self.tolerance:
-            return math.inf, 0.0
-        eta = mass_indicator(self.forest, leaf)
-        th = distributed_equidistribute(self.forest, eta, "mass", self.tolerance)
-        self._thresholds = {
-            "refine": th.refine,
-            "coarsen": th.coarsen,
-            "estimate_before": th.estimate,
-            "predicted": th.predicted,
-        }
-        return th.refine, th.coarsen
+    def _indicator(self, leaf: Array) -> Array:
+        return mass_indicator(self.forest, leaf)
+
+    def _equidistribute(self, eta: Array) -> Any:
+        assert self.tolerance is not None
+        return distributed_equidistribute(self.forest, eta, "mass", self.tolerance)
 
     def error_estimate(self) -> float:
         _, masses = self.inner.measure()
