@@ -41,14 +41,23 @@ max_level = 4
 every = 3
 budget = {budget}
 forest = "{forest}"
+indicator = "{indicator}"
 """
 
 
 def _config(
-    path: Path, forest: str, t_end: float = 0.8, scheme: str = "fv", dt=0.0, budget=1e-3
+    path: Path,
+    forest: str,
+    t_end: float = 0.8,
+    scheme: str = "fv",
+    dt=0.0,
+    budget=1e-3,
+    indicator="mass",
 ) -> Path:
     if MPI.COMM_WORLD.rank == 0:
-        text = CONFIG.format(forest=forest, t_end=t_end, scheme=scheme, dt=dt, budget=budget)
+        text = CONFIG.format(
+            forest=forest, t_end=t_end, scheme=scheme, dt=dt, budget=budget, indicator=indicator
+        )
         path.write_text(text)
     MPI.COMM_WORLD.barrier()
     return path
@@ -65,11 +74,13 @@ def _rows(out: Path) -> np.ndarray:
     return np.genfromtxt(out / "metrics.csv", delimiter=",", names=True)
 
 
-def test_the_replicated_forest_meshes_and_results(shared_tmp):
-    """Default tolerance, mass indicator, the energy-conserving transfer: the same cells at
-    every output as the replicated forest, mass to 1e-12, energies to 1e-12."""
-    dist = _run(shared_tmp, "dist", "distributed")
-    rep = _run(shared_tmp, "rep", "replicated")
+@pytest.mark.parametrize("indicator", ["mass", "jump"])
+def test_the_replicated_forest_meshes_and_results(shared_tmp, indicator):
+    """Default tolerance, the budget criterion, the energy-conserving transfer: the same
+    cells at every output as the replicated forest, mass to 1e-12, energies and final
+    densities to 1e-12."""
+    dist = _run(shared_tmp, f"dist_{indicator}", "distributed", indicator=indicator)
+    rep = _run(shared_tmp, f"rep_{indicator}", "replicated", indicator=indicator)
     if MPI.COMM_WORLD.rank != 0:
         return
     a, b = _rows(dist), _rows(rep)
@@ -143,7 +154,6 @@ def test_jko_runs_on_the_distributed_delaunay_closure(shared_tmp):
     "override, words",
     [
         ('mesh.manifold="S1"', "forest of S2"),
-        ('adapt.indicator="jump"', 'indicator = "mass"'),
         ("adapt.grading=2", "grading = 0"),
         ('adapt.forest="shared"', "replicated"),
     ],

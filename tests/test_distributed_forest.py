@@ -30,8 +30,8 @@ from meshes.adaptive import (
     distributed_equidistribute,
     equidistribute,
     forest_mesh,
+    leaf_indicator,
     leaf_masses,
-    mass_indicator,
     refinement_indicator,
     reproducible_sum,
     transfer_masses,
@@ -318,32 +318,33 @@ def density_masses(forest, pole: float = 1.0) -> np.ndarray:
 POLES = (1.0, 1.0, -1.0, -1.0)
 
 
-def adapt_cycles(comm: MPI.Comm):
+def adapt_cycles(comm: MPI.Comm, kind: str = "mass"):
     """Distributed adaptation cycles (default tolerance, mass indicator; the density of
     :data:`POLES`): per cycle the gathered leaves, masses, thresholds and counts."""
     forest = DistributedSphereForest(comm, 2, 5)
     m = density_masses(forest)
-    tol = distributed_default_tolerance(forest, mass_indicator(forest, m), "mass")
+    tol = distributed_default_tolerance(forest, leaf_indicator(forest, m, kind), kind)
     out = []
     for pole in POLES:
         m = density_masses(forest, pole)
-        th = distributed_equidistribute(forest, mass_indicator(forest, m), "mass", tol)
-        m, counts = distributed_adapt(forest, m, th.refine, th.coarsen)
+        th = distributed_equidistribute(forest, leaf_indicator(forest, m, kind), kind, tol)
+        m, counts = distributed_adapt(forest, m, th.refine, th.coarsen, kind=kind)
         m = forest.partition(m)
         out.append((gathered(comm, forest.leaf_vertices()), gathered(comm, m), th, counts))
     return out
 
 
-def test_distributed_adaptation_matches_the_replicated_one(comm):
-    runs = adapt_cycles(comm)
+@pytest.mark.parametrize("kind", ["mass", "jump"])
+def test_distributed_adaptation_matches_the_replicated_one(comm, kind):
+    runs = adapt_cycles(comm, kind)
     rep = SphereForest(2, 5)
     m = density_masses(rep)
-    tol = default_tolerance(rep, refinement_indicator(rep, m, "mass"), "mass")
+    tol = default_tolerance(rep, refinement_indicator(rep, m, kind), kind)
     for (leaves, masses, th, counts), pole in zip(runs, POLES, strict=True):
         m = density_masses(rep, pole)
-        ref = equidistribute(rep, refinement_indicator(rep, m, "mass"), "mass", tol)
+        ref = equidistribute(rep, refinement_indicator(rep, m, kind), kind, tol)
         assert math.isclose(th.refine, ref.refine, rel_tol=1e-12)
-        m, ref_counts = adapt_forest(rep, m, "mass", ref.refine, ref.coarsen)
+        m, ref_counts = adapt_forest(rep, m, kind, ref.refine, ref.coarsen)
         assert counts == ref_counts
         rows = canonical_rows(leaves)
         order = np.lexsort(rows.T[::-1])

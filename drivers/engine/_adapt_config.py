@@ -112,9 +112,5 @@ def _check_distributed(ad: dict[str, Any], manifold: str) -> None:
     """What the distributed forest runs (docs/adaptivity.md, "The distributed forest")."""
     if manifold != "S2":
         raise ConfigError("adapt.forest", f'"distributed" is a forest of S2, got {manifold}')
-    if ad["indicator"] != "mass":
-        raise ConfigError(
-            "adapt.forest", f'"distributed" takes indicator = "mass", got {ad["indicator"]!r}'
-        )
     if ad["grading"]:
         raise ConfigError("adapt.forest", f'"distributed" takes grading = 0, got {ad["grading"]}')

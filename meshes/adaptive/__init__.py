@@ -98,6 +98,7 @@ from meshes.adaptive._distributed_adapt import (
     distributed_default_tolerance,
     distributed_equidistribute,
     distributed_parent_indicator,
+    leaf_indicator,
     mass_indicator,
     reproducible_sum,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "distributed_default_tolerance",
     "distributed_equidistribute",
     "distributed_parent_indicator",
+    "leaf_indicator",
     "mass_indicator",
     "reproducible_sum",
     "LeafCells",

@@ -45,6 +45,8 @@ __all__ = [
     "distributed_default_tolerance",
     "distributed_equidistribute",
     "distributed_parent_indicator",
+    "leaf_indicator",
+    "mass_indicator",
     "reproducible_sum",
 ]
 
@@ -157,6 +159,41 @@ def mass_indicator(forest: Any, leaf_mass: Array) -> Array:
     return np.abs(np.asarray(leaf_mass, dtype=np.float64)) * forest.leaf_diameters()
 
 
+def leaf_indicator(forest: Any, leaf_mass: Array, kind: str = "mass") -> Array:
+    """:func:`~meshes.adaptive.refinement_indicator` of every local leaf (collective for
+    ``"jump"``: the neighbours' densities are asked from their ranks)."""
+    if kind not in INDICATORS:
+        raise ValueError(f"indicator must be one of {sorted(INDICATORS)}, got {kind!r}")
+    if kind == "mass":
+        return mass_indicator(forest, leaf_mass)
+    measure = forest.leaf_measures()
+    rho = np.asarray(leaf_mass, dtype=np.float64) / measure
+    pairs, both, mine = _across(forest, rho[:, None])
+    jump = np.abs(both[:, 0, 0] - both[:, 1, 0])
+    largest = np.zeros(forest.n_local)
+    for side in (0, 1):
+        sel = mine[:, side]
+        np.maximum.at(largest, pairs[sel, side] - forest.offset, jump[sel])
+    return forest.leaf_diameters() * measure * largest
+
+
+def _across(forest: Any, local: Array) -> tuple[IntArray, Array, npt.NDArray[np.bool_]]:
+    """The neighbour pairs (p, 2) with a leaf on this rank (global indices), the values
+    ``local`` (n_local, k) of both leaves of each pair (p, 2, k; asked from their ranks), and
+    which ends are on this rank (collective)."""
+    pairs = forest.neighbours()
+    off, n, k = forest.offset, forest.n_local, local.shape[1]
+    ids = np.unique(pairs)
+    starts = np.array(forest.comm.allgather(off), dtype=np.int64)
+
+    def answer(rows: IntArray) -> Array:
+        return local[rows[:, 0] - off] if len(rows) else np.zeros((0, k))
+
+    rank = np.searchsorted(starts, ids, side="right") - 1
+    known = ask_floats(forest.comm, rank, ids[:, None], answer).reshape(-1, k)
+    return pairs, known[np.searchsorted(ids, pairs)], (pairs >= off) & (pairs < off + n)
+
+
 def _slopes(forest: Any, m: Array) -> tuple[Array, Array]:
     """Leaf centres and limited slopes of the leaf densities (the replicated
     :func:`~meshes.adaptive.limited_slopes`), the neighbours' densities and centres asked
@@ -165,20 +202,9 @@ def _slopes(forest: Any, m: Array) -> tuple[Array, Array]:
     v = forest.leaf_vertices()
     c = v.mean(axis=1)
     c /= np.linalg.norm(c, axis=1)[:, None]
-    pairs = forest.neighbours()
     off, n = forest.offset, forest.n_local
-    ids = np.unique(pairs)
-    starts = np.array(forest.comm.allgather(off), dtype=np.int64)
-    local = np.column_stack([rho, c])
-
-    def answer(rows: IntArray) -> Array:
-        return local[rows[:, 0] - off] if len(rows) else np.zeros((0, 4))
-
-    rank = np.searchsorted(starts, ids, side="right") - 1
-    known = ask_floats(forest.comm, rank, ids[:, None], answer).reshape(-1, 4)
-    at = np.searchsorted(ids, pairs)
-    rho_p, c_p = known[at, 0], known[at, 1:]
-    mine = (pairs >= off) & (pairs < off + n)
+    pairs, both, mine = _across(forest, np.column_stack([rho, c]))
+    rho_p, c_p = both[..., 0], both[..., 1:]
     g = np.zeros((n, 3))
     M = np.einsum("ni,nj->nij", c, c)
     rhs = np.zeros((n, 3))
@@ -239,8 +265,9 @@ def distributed_adapt(
     coarsen: float,
     also: npt.NDArray[np.bool_] | None = None,
     hold: npt.NDArray[np.bool_] | None = None,
+    kind: str = "mass",
 ) -> tuple[Array, AdaptCounts]:
-    """One adaptation with the mass indicator, as :func:`~meshes.adaptive.adapt_forest`
+    """One adaptation with the indicator ``kind``, as :func:`~meshes.adaptive.adapt_forest`
     (merges, splits, closure; masses carried conservatively and >= 0; ``also``: leaves to
     split as well, ``hold``: leaves whose sibling group must not merge), on the distributed
     leaves, whose sibling groups must each be on one rank (``forest.align``, which the
@@ -248,12 +275,12 @@ def distributed_adapt(
     new leaves and the global counts (collective). The leaves stay where they are: call
     ``forest.partition`` (with the masses) after."""
     m = np.asarray(leaf_mass, dtype=np.float64)
-    eta = mass_indicator(forest, m)
+    eta = leaf_indicator(forest, m, kind)
     merged = 0
     also = np.zeros(len(m), dtype=bool) if also is None else np.asarray(also, dtype=bool)
     keep = also if hold is None else also | np.asarray(hold, dtype=bool)
     if coarsen > 0:
-        merge = (distributed_parent_indicator(forest, eta) < coarsen) & ~(eta > refine)
+        merge = (distributed_parent_indicator(forest, eta, kind) < coarsen) & ~(eta > refine)
         groups = forest.sibling_groups()
         if len(groups):  # a group with a leaf to keep does not merge
             kept = keep[groups].any(axis=1)
@@ -263,7 +290,7 @@ def distributed_adapt(
             merged = forest.coarsen(merge, closure=True)
             if merged:
                 m, _ = transfer_masses(before, forest, m)
-                eta = mass_indicator(forest, m)
+                eta = leaf_indicator(forest, m, kind)
                 also = np.isin(forest.leaf_set().starts, before.starts[also])
     before = forest.leaf_set()
     marked = (eta > refine) | also

@@ -12,8 +12,7 @@ ranks. After an adaptation the leaves are partitioned again (with their masses) 
 mesh is built from every rank's block (no rank holds the triangulation).
 
 The energy-budget criterion (``budget``) picks its leaves by thresholds found with
-reproducible sums (``meshes/adaptive/_distributed_budget.py``). Not yet: the ``"jump"``
-indicator, ``grading``, S^1. Checkpoints hold the leaves as one array written in blocks by the ranks
+reproducible sums (``meshes/adaptive/_distributed_budget.py``). Not yet: ``grading``, S^1. Checkpoints hold the leaves as one array written in blocks by the ranks
 (:class:`solvers.stepping.RowBlock`), so a run restarts on another number of ranks.
 """
 
@@ -36,7 +35,7 @@ from meshes.adaptive import (
     distributed_default_tolerance,
     distributed_equidistribute,
     energy_correction,
-    mass_indicator,
+    leaf_indicator,
     reproducible_sum,
 )
 from meshes.control_volumes import control_volumes
@@ -79,11 +78,8 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         options: AdaptOptions,
         energy_model: EnergyModel | None = None,
     ) -> None:
-        if options.indicator != "mass" or options.grading:
-            raise ValueError(
-                "the distributed forest takes indicator 'mass' and grading 0, got "
-                f"{options.indicator!r}, {options.grading}"
-            )
+        if options.grading:
+            raise ValueError(f"the distributed forest takes grading 0, got {options.grading}")
         self.comm, self.forest, self._build, self.options = comm, forest, build, options
         self.energy_model = energy_model
         self.mesh_version = 0
@@ -97,10 +93,10 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
             density = initial(self.cv)
             leaf = self.link.leaf_sums(density * self.cv.measures[: self.cv.n_owned])
             if k == 0 and options.refine is None and self.tolerance is None:
-                eta = mass_indicator(forest, leaf)
-                self.tolerance = distributed_default_tolerance(forest, eta, "mass")
+                eta = leaf_indicator(forest, leaf, options.indicator)
+                self.tolerance = distributed_default_tolerance(forest, eta, options.indicator)
             refine, coarsen = self._threshold(leaf)
-            _, counts = distributed_adapt(forest, leaf, refine, coarsen)
+            _, counts = distributed_adapt(forest, leaf, refine, coarsen, kind=options.indicator)
             if not counts.changed:
                 break
             forest.partition()
@@ -111,16 +107,17 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         self._log(0.0, 0, None, None, None)
 
     def _indicator(self, leaf: Array) -> Array:
-        return mass_indicator(self.forest, leaf)
+        return leaf_indicator(self.forest, leaf, self.options.indicator)
 
     def _equidistribute(self, eta: Array) -> Any:
         assert self.tolerance is not None
-        return distributed_equidistribute(self.forest, eta, "mass", self.tolerance)
+        kind = self.options.indicator
+        return distributed_equidistribute(self.forest, eta, kind, self.tolerance)
 
     def error_estimate(self) -> float:
         _, masses = self.inner.measure()
         leaf = self.link.leaf_sums(masses)
-        return reproducible_sum(self.comm, mass_indicator(self.forest, leaf))
+        return reproducible_sum(self.comm, self._indicator(leaf))
 
     def _mesh_from_forest(self) -> None:
         x, cells, owner = self.forest.mesh_blocks()
@@ -155,8 +152,9 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         refine, coarsen = self._threshold(leaf)
         marks = self._marks(drift, shares)
         before = forest.leaf_set()
+        split, hold = (marks.split, marks.hold) if marks else (None, None)
         new_leaf, counts = distributed_adapt(
-            forest, leaf, refine, coarsen, *((marks.split, marks.hold) if marks else ())
+            forest, leaf, refine, coarsen, split, hold, kind=opts.indicator
         )
         moved = not np.array_equal(leaves_before, np.column_stack([forest.level, forest.index]))
         if not counts.changed and not self.comm.allreduce(moved, op=MPI.LOR):
