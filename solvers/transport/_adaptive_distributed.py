@@ -63,7 +63,7 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         comm: the communicator of the meshes.
         forest: a :class:`~meshes.adaptive.DistributedSphereForest` at its base level.
         build, initial, options, energy_model: as for :class:`AdaptiveScheme`
-            (``options.indicator`` "mass", ``grading`` 0, ``budget`` 0).
+            (``grading`` 0).
 
     Raises:
         ValueError: options the distributed forest does not run yet.
