@@ -42,6 +42,7 @@ every = 3
 budget = {budget}
 forest = "{forest}"
 indicator = "{indicator}"
+grading = {grading}
 """
 
 
@@ -53,11 +54,11 @@ def _config(
     dt=0.0,
     budget=1e-3,
     indicator="mass",
+    grading=0,
 ) -> Path:
     if MPI.COMM_WORLD.rank == 0:
-        text = CONFIG.format(
-            forest=forest, t_end=t_end, scheme=scheme, dt=dt, budget=budget, indicator=indicator
-        )
+        keys = {"forest": forest, "t_end": t_end, "scheme": scheme, "dt": dt, "budget": budget}
+        text = CONFIG.format(**keys, indicator=indicator, grading=grading)
         path.write_text(text)
     MPI.COMM_WORLD.barrier()
     return path
@@ -74,13 +75,14 @@ def _rows(out: Path) -> np.ndarray:
     return np.genfromtxt(out / "metrics.csv", delimiter=",", names=True)
 
 
-@pytest.mark.parametrize("indicator", ["mass", "jump"])
-def test_the_replicated_forest_meshes_and_results(shared_tmp, indicator):
+@pytest.mark.parametrize("indicator, grading", [("mass", 0), ("jump", 0), ("mass", 2)])
+def test_the_replicated_forest_meshes_and_results(shared_tmp, indicator, grading):
     """Default tolerance, the budget criterion, the energy-conserving transfer: the same
     cells at every output as the replicated forest, mass to 1e-12, energies and final
     densities to 1e-12."""
-    dist = _run(shared_tmp, f"dist_{indicator}", "distributed", indicator=indicator)
-    rep = _run(shared_tmp, f"rep_{indicator}", "replicated", indicator=indicator)
+    kw = {"indicator": indicator, "grading": grading}
+    dist = _run(shared_tmp, f"dist_{indicator}{grading}", "distributed", **kw)
+    rep = _run(shared_tmp, f"rep_{indicator}{grading}", "replicated", **kw)
     if MPI.COMM_WORLD.rank != 0:
         return
     a, b = _rows(dist), _rows(rep)
@@ -154,7 +156,6 @@ def test_jko_runs_on_the_distributed_delaunay_closure(shared_tmp):
     "override, words",
     [
         ('mesh.manifold="S1"', "forest of S2"),
-        ("adapt.grading=2", "grading = 0"),
         ('adapt.forest="shared"', "replicated"),
     ],
 )

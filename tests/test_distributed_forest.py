@@ -318,7 +318,7 @@ def density_masses(forest, pole: float = 1.0) -> np.ndarray:
 POLES = (1.0, 1.0, -1.0, -1.0)
 
 
-def adapt_cycles(comm: MPI.Comm, kind: str = "mass"):
+def adapt_cycles(comm: MPI.Comm, kind: str = "mass", grading: int = 0):
     """Distributed adaptation cycles (default tolerance, mass indicator; the density of
     :data:`POLES`): per cycle the gathered leaves, masses, thresholds and counts."""
     forest = DistributedSphereForest(comm, 2, 5)
@@ -328,15 +328,15 @@ def adapt_cycles(comm: MPI.Comm, kind: str = "mass"):
     for pole in POLES:
         m = density_masses(forest, pole)
         th = distributed_equidistribute(forest, leaf_indicator(forest, m, kind), kind, tol)
-        m, counts = distributed_adapt(forest, m, th.refine, th.coarsen, kind=kind)
+        m, counts = distributed_adapt(forest, m, th.refine, th.coarsen, kind=kind, grading=grading)
         m = forest.partition(m)
         out.append((gathered(comm, forest.leaf_vertices()), gathered(comm, m), th, counts))
     return out
 
 
-@pytest.mark.parametrize("kind", ["mass", "jump"])
-def test_distributed_adaptation_matches_the_replicated_one(comm, kind):
-    runs = adapt_cycles(comm, kind)
+@pytest.mark.parametrize("kind, grading", [("mass", 0), ("jump", 0), ("mass", 2)])
+def test_distributed_adaptation_matches_the_replicated_one(comm, kind, grading):
+    runs = adapt_cycles(comm, kind, grading)
     rep = SphereForest(2, 5)
     m = density_masses(rep)
     tol = default_tolerance(rep, refinement_indicator(rep, m, kind), kind)
@@ -344,7 +344,7 @@ def test_distributed_adaptation_matches_the_replicated_one(comm, kind):
         m = density_masses(rep, pole)
         ref = equidistribute(rep, refinement_indicator(rep, m, kind), kind, tol)
         assert math.isclose(th.refine, ref.refine, rel_tol=1e-12)
-        m, ref_counts = adapt_forest(rep, m, kind, ref.refine, ref.coarsen)
+        m, ref_counts = adapt_forest(rep, m, kind, ref.refine, ref.coarsen, grading)
         assert counts == ref_counts
         rows = canonical_rows(leaves)
         order = np.lexsort(rows.T[::-1])

@@ -84,8 +84,8 @@ def check_adapt(cfg: dict[str, Any]) -> None:
             f"must be in (mesh.refinement, {top}] = ({m['refinement']}, {top}] for "
             f"{m['manifold']} (0: no adaptation), got {ad['max_level']}",
         )
-    if ad["forest"] == "distributed":
-        _check_distributed(ad, m["manifold"])
+    if ad["forest"] == "distributed" and m["manifold"] != "S2":
+        raise ConfigError("adapt.forest", f'"distributed" is a forest of S2, got {m["manifold"]}')
     if ad["local_time_stepping"]:
         if not scheme_spec(scheme).local_steps:
             names = " or ".join(f'"{n}"' for n in schemes_with("local_steps"))
@@ -106,11 +106,3 @@ def check_adapt(cfg: dict[str, Any]) -> None:
             f"the {scheme!r} scheme does not run on adaptive meshes: use time.scheme = "
             f"{names}, or set adapt.max_level = 0",
         )
-
-
-def _check_distributed(ad: dict[str, Any], manifold: str) -> None:
-    """What the distributed forest runs (docs/adaptivity.md, "The distributed forest")."""
-    if manifold != "S2":
-        raise ConfigError("adapt.forest", f'"distributed" is a forest of S2, got {manifold}')
-    if ad["grading"]:
-        raise ConfigError("adapt.forest", f'"distributed" takes grading = 0, got {ad["grading"]}')

@@ -373,7 +373,7 @@ def _run_keys() -> tuple[Key, ...]:
         Key("adapt", "forest", "string", "replicated",
             "replicated: every rank holds the whole forest of cells (all features); distributed: "
             "each rank only its own leaves, leaf data by point-to-point messages, no gather "
-            "(S2, grading 0; docs/adaptivity.md)",
+            "(S2 only; docs/adaptivity.md)",
             ("replicated", "distributed")),
         Key("adapt", "local_time_stepping", "boolean", False,
             "fv: the velocity (the sums over all cells) at the CFL step of the base-level cells, "

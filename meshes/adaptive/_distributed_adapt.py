@@ -44,6 +44,7 @@ __all__ = [
     "distributed_adapt",
     "distributed_default_tolerance",
     "distributed_equidistribute",
+    "distributed_graded_level",
     "distributed_parent_indicator",
     "leaf_indicator",
     "mass_indicator",
@@ -177,11 +178,13 @@ def leaf_indicator(forest: Any, leaf_mass: Array, kind: str = "mass") -> Array:
     return forest.leaf_diameters() * measure * largest
 
 
-def _across(forest: Any, local: Array) -> tuple[IntArray, Array, npt.NDArray[np.bool_]]:
-    """The neighbour pairs (p, 2) with a leaf on this rank (global indices), the values
-    ``local`` (n_local, k) of both leaves of each pair (p, 2, k; asked from their ranks), and
-    which ends are on this rank (collective)."""
-    pairs = forest.neighbours()
+def _across(
+    forest: Any, local: Array, pairs: IntArray | None = None
+) -> tuple[IntArray, Array, npt.NDArray[np.bool_]]:
+    """The neighbour pairs (p, 2) with a leaf on this rank (global indices; ``pairs``, or
+    ``forest.neighbours()``), the values ``local`` (n_local, k) of both leaves of each pair
+    (p, 2, k; asked from their ranks), and which ends are on this rank (collective)."""
+    pairs = forest.neighbours() if pairs is None else pairs
     off, n, k = forest.offset, forest.n_local, local.shape[1]
     ids = np.unique(pairs)
     starts = np.array(forest.comm.allgather(off), dtype=np.int64)
@@ -266,10 +269,12 @@ def distributed_adapt(
     also: npt.NDArray[np.bool_] | None = None,
     hold: npt.NDArray[np.bool_] | None = None,
     kind: str = "mass",
+    grading: int = 0,
 ) -> tuple[Array, AdaptCounts]:
     """One adaptation with the indicator ``kind``, as :func:`~meshes.adaptive.adapt_forest`
     (merges, splits, closure; masses carried conservatively and >= 0; ``also``: leaves to
-    split as well, ``hold``: leaves whose sibling group must not merge), on the distributed
+    split as well, ``hold``: leaves whose sibling group must not merge; ``grading``: the
+    graded refinement of :func:`distributed_graded_level`), on the distributed
     leaves, whose sibling groups must each be on one rank (``forest.align``, which the
     masses, ``also`` and ``hold`` must have gone through); returns the masses on this rank's
     new leaves and the global counts (collective). The leaves stay where they are: call
@@ -285,6 +290,8 @@ def distributed_adapt(
         if len(groups):  # a group with a leaf to keep does not merge
             kept = keep[groups].any(axis=1)
             merge[groups[kept].ravel()] = False
+        if grading and forest.comm.allreduce(bool(np.any(merge)), op=MPI.LOR):
+            merge = _graded_merges(forest, merge, grading)
         if forest.comm.allreduce(bool(np.any(merge)), op=MPI.LOR):
             before = forest.leaf_set()
             merged = forest.coarsen(merge, closure=True)
@@ -294,8 +301,11 @@ def distributed_adapt(
                 also = np.isin(forest.leaf_set().starts, before.starts[also])
     before = forest.leaf_set()
     marked = (eta > refine) | also
-    profile = _slopes(forest, m) if forest.comm.allreduce(bool(marked.any()), op=MPI.LOR) else None
+    any_marked = forest.comm.allreduce(bool(marked.any()), op=MPI.LOR)
+    profile = _slopes(forest, m) if any_marked or grading else None
     split = forest.refine(marked)
+    if grading:
+        split += _grade(forest, grading)
     balanced = forest.close()
     if split or balanced:
         m = (
@@ -304,3 +314,52 @@ def distributed_adapt(
             else transfer_masses(before, forest, m)[0]
         )
     return m, AdaptCounts(split, balanced, merged)
+
+
+def distributed_graded_level(
+    forest: Any, level: npt.ArrayLike, grading: int, pairs: IntArray | None = None
+) -> IntArray:
+    """:func:`~meshes.adaptive.graded_level` of the local leaves: the finest of ``level``
+    within ``grading + 1`` edge steps, less one (collective: each step asks the neighbours'
+    values from their ranks; ``pairs``: ``forest.neighbours()``, computed if None)."""
+    off, n = forest.offset, forest.n_local
+    pairs = forest.neighbours() if pairs is None else pairs
+    top = np.asarray(level, dtype=np.int64).copy()
+    for _ in range(grading + 1):
+        _, both, mine = _across(forest, top[:, None].astype(np.float64), pairs)
+        nxt = top.copy()
+        for side, other in ((0, 1), (1, 0)):
+            sel = mine[:, side]
+            np.maximum.at(nxt, pairs[sel, side] - off, both[sel, other, 0].astype(np.int64))
+        top = nxt
+    assert len(top) == n
+    return top - 1
+
+
+def _grade(forest: Any, grading: int) -> int:
+    """Split leaves below their graded level until none is (the replicated ``_grade``)."""
+    split = 0
+    while True:
+        level = forest.leaf_levels()
+        short = (level < distributed_graded_level(forest, level, grading)) & (
+            level < forest.max_level
+        )
+        if not forest.comm.allreduce(bool(short.any()), op=MPI.LOR):
+            return split
+        split += forest.refine(short)
+
+
+def _graded_merges(forest: Any, merge: npt.NDArray[np.bool_], grading: int) -> Any:
+    """The merge mask without the groups whose parent would be coarser than its graded
+    level (the replicated ``_graded_merges``; groups are on one rank)."""
+    groups = forest.sibling_groups()
+    pairs = forest.neighbours()
+    merge = merge.copy()
+    while True:
+        new_level = forest.leaf_levels() - merge
+        bad = merge & (new_level < distributed_graded_level(forest, new_level, grading, pairs))
+        if not forest.comm.allreduce(bool(bad.any()), op=MPI.LOR):
+            return merge
+        if len(groups):
+            refused = bad[groups].any(axis=1)
+            merge[groups[refused].ravel()] = False

@@ -12,7 +12,8 @@ ranks. After an adaptation the leaves are partitioned again (with their masses) 
 mesh is built from every rank's block (no rank holds the triangulation).
 
 The energy-budget criterion (``budget``) picks its leaves by thresholds found with
-reproducible sums (``meshes/adaptive/_distributed_budget.py``). Not yet: ``grading``, S^1. Checkpoints hold the leaves as one array written in blocks by the ranks
+reproducible sums (``meshes/adaptive/_distributed_budget.py``); graded refinement asks the
+neighbours' levels from their ranks, one ghost layer a step. Not yet: S^1. Checkpoints hold the leaves as one array written in blocks by the ranks
 (:class:`solvers.stepping.RowBlock`), so a run restarts on another number of ranks.
 """
 
@@ -62,11 +63,7 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
     Args:
         comm: the communicator of the meshes.
         forest: a :class:`~meshes.adaptive.DistributedSphereForest` at its base level.
-        build, initial, options, energy_model: as for :class:`AdaptiveScheme`
-            (``grading`` 0).
-
-    Raises:
-        ValueError: options the distributed forest does not run yet.
+        build, initial, options, energy_model: as for :class:`AdaptiveScheme`.
     """
 
     def __init__(
@@ -78,8 +75,6 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         options: AdaptOptions,
         energy_model: EnergyModel | None = None,
     ) -> None:
-        if options.grading:
-            raise ValueError(f"the distributed forest takes grading 0, got {options.grading}")
         self.comm, self.forest, self._build, self.options = comm, forest, build, options
         self.energy_model = energy_model
         self.mesh_version = 0
@@ -96,7 +91,9 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
                 eta = leaf_indicator(forest, leaf, options.indicator)
                 self.tolerance = distributed_default_tolerance(forest, eta, options.indicator)
             refine, coarsen = self._threshold(leaf)
-            _, counts = distributed_adapt(forest, leaf, refine, coarsen, kind=options.indicator)
+            _, counts = distributed_adapt(
+                forest, leaf, refine, coarsen, kind=options.indicator, grading=options.grading
+            )
             if not counts.changed:
                 break
             forest.partition()
@@ -154,7 +151,7 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         before = forest.leaf_set()
         split, hold = (marks.split, marks.hold) if marks else (None, None)
         new_leaf, counts = distributed_adapt(
-            forest, leaf, refine, coarsen, split, hold, kind=opts.indicator
+            forest, leaf, refine, coarsen, split, hold, opts.indicator, opts.grading
         )
         moved = not np.array_equal(leaves_before, np.column_stack([forest.level, forest.index]))
         if not counts.changed and not self.comm.allreduce(moved, op=MPI.LOR):
