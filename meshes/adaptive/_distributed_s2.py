@@ -197,8 +197,14 @@ class DistributedSphereForest:
         return self._corners
 
     def leaf_vertices(self) -> Array:
-        """(n_local, 3, 3) corner coordinates of this rank's leaves."""
-        return self.coordinates(self.corners().ravel()).reshape(-1, 3, 3)
+        """(n_local, 3, 3) corner coordinates of this rank's leaves (kept until the leaves
+        change: an adaptation reads them several times)."""
+        corners = self.corners()
+        cached = getattr(self, "_vertex_cache", None)
+        if cached is None or cached[0] is not corners:
+            cached = (corners, self.coordinates(corners.ravel()).reshape(-1, 3, 3))
+            self._vertex_cache = cached
+        return cached[1]
 
     def leaf_levels(self) -> IntArray:
         """Refinement level of each local leaf."""

@@ -58,8 +58,13 @@ def _match(got: IntArray) -> IntArray:
     """Neighbour pairs (i, j), i < j, among the edge records met at this rank."""
     if len(got) == 0:
         return np.zeros((0, 2), dtype=np.int64)
-    _, key = np.unique(got[:, :2], axis=0, return_inverse=True)
-    key = key.ravel()
+    # an edge's id: its rank among the distinct (lo, hi) pairs (a lexsort: faster than
+    # np.unique over rows)
+    order = np.lexsort((got[:, 1], got[:, 0]))
+    s = got[order, :2]
+    new = np.r_[True, (s[1:, 0] != s[:-1, 0]) | (s[1:, 1] != s[:-1, 1])]
+    key = np.empty(len(got), dtype=np.int64)
+    key[order] = np.cumsum(new) - 1
     own = np.flatnonzero(got[:, 2] == _OWN)
     order = own[np.argsort(key[own], kind="stable")]
     first = np.full(key.max() + 1, -1, dtype=np.int64)
