@@ -13,7 +13,8 @@ Columns, per rank count (run under ``mpiexec -n P``), the largest rank's values:
 
 - ``leaves``, ``cells``: of the final forest and of its conforming triangulation;
 - ``forest MB``: the bytes of the forest's arrays on a rank (the replicated node pool, or the
-  distributed leaves with their cached corner ids), and ``per leaf`` in bytes;
+  distributed leaves with their cached corner ids and coordinates), and ``per leaf`` in
+  bytes;
 - ``adapt s``: the refinement rounds and closure; ``mesh s``: the triangulation handed to
   DOLFINx (``conforming_mesh`` + every rank's block of it, or ``mesh_blocks``) and
   :func:`meshes.sphere.distribute_blocks`.
@@ -54,6 +55,7 @@ def marks(vertices: np.ndarray, radius: float) -> np.ndarray:
 
 
 def forest_bytes(forest: object) -> int:
+    """Bytes of the forest's arrays, its caches included."""
     return sum(v.nbytes for v in vars(forest).values() if isinstance(v, np.ndarray))
 
 

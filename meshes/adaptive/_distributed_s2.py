@@ -166,6 +166,7 @@ class DistributedSphereForest:
         order = np.argsort(morton_keys(level, index, self.max_level), kind="stable")
         self.level, self.index, self._raw = level[order], index[order], raw[order]
         self._corners: IntArray | None = None
+        self._vertices: Array | None = None
 
     @property
     def n_local(self) -> int:
@@ -199,12 +200,9 @@ class DistributedSphereForest:
     def leaf_vertices(self) -> Array:
         """(n_local, 3, 3) corner coordinates of this rank's leaves (kept until the leaves
         change: an adaptation reads them several times)."""
-        corners = self.corners()
-        cached = getattr(self, "_vertex_cache", None)
-        if cached is None or cached[0] is not corners:
-            cached = (corners, self.coordinates(corners.ravel()).reshape(-1, 3, 3))
-            self._vertex_cache = cached
-        return cached[1]
+        if self._vertices is None:
+            self._vertices = self.coordinates(self.corners().ravel()).reshape(-1, 3, 3)
+        return self._vertices
 
     def leaf_levels(self) -> IntArray:
         """Refinement level of each local leaf."""
@@ -478,6 +476,7 @@ class DistributedSphereForest:
         got, _ = send_rows(comm, dest, rows)
         # received in rank order, each rank's leaves in Morton order: already sorted
         self.level, self.index, self._corners = got[:, 0], got[:, 1], None
+        self._vertices = None
         self._raw = got[:, 2 + k :].astype(np.int32).reshape(-1, 3, 3)
         moved = np.ascontiguousarray(got[:, 2 : 2 + k])
         return moved[:, 0] if extra.ndim == 1 else moved
@@ -575,6 +574,7 @@ class DistributedSphereForest:
                 "the forest state's rows are not the leaves of a forest in Morton order"
             )
         forest.level, forest.index, forest._corners = level, index, None
+        forest._vertices = None
         forest._raw = _raw_lattice(level, index, top)
         forest.partition()
         return forest
