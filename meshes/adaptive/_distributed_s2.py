@@ -60,7 +60,7 @@ from meshes.adaptive._green import green_cuts
 from meshes.adaptive._neighbours import edge_neighbours
 from meshes.adaptive._transfer import LeafSet
 
-__all__ = ["DistributedSphereForest", "leaf_corners", "morton_keys"]
+__all__ = ["DistributedSphereForest", "morton_keys"]
 
 IntArray = npt.NDArray[np.int64]
 Array = npt.NDArray[np.float64]
@@ -114,16 +114,6 @@ def _orient(index: IntArray, raw: IntArray) -> tuple[IntArray, IntArray]:
     inward = INWARD_FACES[face]
     p[inward] = p[inward][:, [0, 2, 1]]
     return face, p
-
-
-def leaf_corners(level: IntArray, index: IntArray, max_level: int) -> tuple[IntArray, IntArray]:
-    """Face and corner lattice points of each leaf at ``n = 2^max_level``.
-
-    Returns:
-        ``(face (m,), lattice (m, 3, 3))``: row r of ``lattice[i]`` is corner r's weights on the
-        face's vertices (summing to n), in the outward vertex order of ``icosphere_arrays``.
-    """
-    return _orient(index, _raw_lattice(level, index, max_level))
 
 
 class DistributedSphereForest:
@@ -220,7 +210,9 @@ class DistributedSphereForest:
 
     def lattice(self) -> tuple[IntArray, IntArray]:
         """``(face, lattice)`` of the local leaves: base face (n_local,) and corner lattice
-        points (n_local, 3, 3) at ``2^max_level`` in outward order (:func:`leaf_corners`)."""
+        points (n_local, 3, 3) at ``2^max_level`` (row r: corner r's weights on the face's
+        vertices, summing to ``2^max_level``) in the outward vertex order of
+        ``icosphere_arrays``."""
         return _orient(self.index, self._raw)
 
     def leaf_set(self) -> LeafSet:

@@ -253,22 +253,31 @@ class AdaptiveScheme(stepping.AdaptiveScheme):
         for k in range(rounds):
             self._mesh_from_forest()
             density = initial(self.cv)
-            masses = density * self.cv.measures[: self.cv.n_owned]
-            leaf = leaf_masses(self.cv, self.owner_leaf, masses, forest.n_leaves)
+            leaf = self._leaf_masses(density * self.cv.measures[: self.cv.n_owned])
             if k == 0 and options.refine is None and self.tolerance is None:
-                eta = refinement_indicator(forest, leaf, options.indicator)
-                self.tolerance = default_tolerance(forest, eta, options.indicator)
+                self.tolerance = self._default_tolerance(self._indicator(leaf))
             refine, coarsen = self._threshold(leaf)
-            _, counts = adapt_forest(
-                forest, leaf, options.indicator, refine, coarsen, options.grading
-            )
-            if not counts.changed:
+            if not self._first_rounds_adapt(leaf, refine, coarsen):
                 break
         else:
             self._mesh_from_forest()
             density = initial(self.cv)
         self.inner = build(self.cv, density)
         self._log(0.0, 0, None, None, None)
+
+    def _leaf_masses(self, masses: Array) -> Array:
+        """The leaf masses of owned cell masses (collective)."""
+        return leaf_masses(self.cv, self.owner_leaf, masses, self.forest.n_leaves)
+
+    def _default_tolerance(self, eta: Array) -> float:
+        return default_tolerance(self.forest, eta, self.options.indicator)
+
+    def _first_rounds_adapt(self, leaf: Array, refine: float, coarsen: float) -> bool:
+        """One adaptation of the rounds at t = 0 (the masses are not carried: the next round
+        takes the initial density on the new mesh); whether the forest changed."""
+        opts = self.options
+        _, counts = adapt_forest(self.forest, leaf, opts.indicator, refine, coarsen, opts.grading)
+        return bool(counts.changed)
 
     def _threshold(self, leaf: Array) -> tuple[float, float]:
         """``(refine, coarsen)`` of an adaptation from the leaf masses: the fixed ones, or

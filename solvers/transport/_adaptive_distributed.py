@@ -44,8 +44,6 @@ from meshes.sphere import distribute_blocks
 from solvers.stepping import RowBlock
 from solvers.transport._adaptive import (
     AdaptiveScheme,
-    AdaptOptions,
-    EnergyModel,
     patch_intervals,
     patch_of,
 )
@@ -66,42 +64,20 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         build, initial, options, energy_model: as for :class:`AdaptiveScheme`.
     """
 
-    def __init__(
-        self,
-        comm: MPI.Comm,
-        forest: DistributedSphereForest,
-        build: Any,
-        initial: Any,
-        options: AdaptOptions,
-        energy_model: EnergyModel | None = None,
-    ) -> None:
-        self.comm, self.forest, self._build, self.options = comm, forest, build, options
-        self.energy_model = energy_model
-        self.mesh_version = 0
-        self.history: list[dict[str, Any]] = []
-        self.tolerance: float | None = options.tolerance
-        self._adapted_at = 0
-        self._thresholds: dict[str, float] = {}
-        self.owner_leaf = None  # the replicated map does not exist: see self.link
-        for k in range(forest.max_level - forest.base_level + 1):
-            self._mesh_from_forest()
-            density = initial(self.cv)
-            leaf = self.link.leaf_sums(density * self.cv.measures[: self.cv.n_owned])
-            if k == 0 and options.refine is None and self.tolerance is None:
-                eta = leaf_indicator(forest, leaf, options.indicator)
-                self.tolerance = distributed_default_tolerance(forest, eta, options.indicator)
-            refine, coarsen = self._threshold(leaf)
-            _, counts = distributed_adapt(
-                forest, leaf, refine, coarsen, kind=options.indicator, grading=options.grading
-            )
-            if not counts.changed:
-                break
+    def _leaf_masses(self, masses: Array) -> Array:
+        return self.link.leaf_sums(masses)
+
+    def _default_tolerance(self, eta: Array) -> float:
+        return distributed_default_tolerance(self.forest, eta, self.options.indicator)
+
+    def _first_rounds_adapt(self, leaf: Array, refine: float, coarsen: float) -> bool:
+        opts, forest = self.options, self.forest
+        _, counts = distributed_adapt(
+            forest, leaf, refine, coarsen, kind=opts.indicator, grading=opts.grading
+        )
+        if counts.changed:
             forest.partition()
-        else:
-            self._mesh_from_forest()
-            density = initial(self.cv)
-        self.inner = build(self.cv, density)
-        self._log(0.0, 0, None, None, None)
+        return bool(counts.changed)
 
     def _indicator(self, leaf: Array) -> Array:
         return leaf_indicator(self.forest, leaf, self.options.indicator)
@@ -117,6 +93,7 @@ class DistributedAdaptiveScheme(AdaptiveScheme):
         return reproducible_sum(self.comm, self._indicator(leaf))
 
     def _mesh_from_forest(self) -> None:
+        self.owner_leaf = None  # no replicated map of cells to leaves: self.link
         x, cells, owner = self.forest.mesh_blocks()
         self.cv = control_volumes(distribute_blocks(self.comm, x, cells))
         self.link = LeafCells(self.forest, owner, self.cv)
