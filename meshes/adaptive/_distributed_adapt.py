@@ -31,14 +31,14 @@ import numpy as np
 import numpy.typing as npt
 
 from meshes.adaptive._exchange import ask_floats
-from meshes.adaptive._indicator import INDICATORS, AdaptCounts
+from meshes.adaptive._indicator import INDICATORS, AdaptCounts, prolong_masses
 from meshes.adaptive._tolerance import (
     COARSEN_RATIO,
     DEFAULT_TOLERANCE_FACTOR,
     Thresholds,
     search_thresholds,
 )
-from meshes.adaptive._transfer import leaf_transfer, transfer_masses
+from meshes.adaptive._transfer import transfer_masses
 
 __all__ = [
     "distributed_adapt",
@@ -237,30 +237,6 @@ def _tangent(x: Array, v: Array) -> Array:
     return v - np.einsum("ij,ij->i", x, v)[:, None] * x
 
 
-def _prolong(before: Any, forest: Any, m: Array, profile: tuple[Array, Array]) -> Array:
-    """The replicated ``_prolong`` on this rank's leaves (refinement keeps leaves local)."""
-    transfer = leaf_transfer(before, forest.leaf_set())
-    new_mass = transfer.apply(m)
-    refined = np.flatnonzero(transfer.kind == 1)
-    if len(refined) == 0:
-        return new_mass
-    centres, slopes = profile
-    first = np.searchsorted(transfer.new_index, refined)
-    parent = transfer.old_index[first]
-    rho = m[parent] / before.measures[parent]
-    v = forest.leaf_vertices()[refined]
-    child_c = v.mean(axis=1)
-    child_c /= np.linalg.norm(child_c, axis=1)[:, None]
-    offset = _tangent(centres[parent], child_c - centres[parent])
-    value = np.maximum(rho + np.einsum("nd,nd->n", slopes[parent], offset), 0.0)
-    w = forest.leaf_measures()[refined] * value
-    total = np.bincount(parent, weights=w, minlength=len(m))
-    share = np.where(total[parent] > 0, w / np.where(total[parent] > 0, total[parent], 1.0), 0.0)
-    flat = total[parent] <= 0
-    new_mass[refined[~flat]] = m[parent[~flat]] * share[~flat]
-    return new_mass
-
-
 def distributed_adapt(
     forest: Any,
     leaf_mass: Array,
@@ -308,11 +284,7 @@ def distributed_adapt(
         split += _grade(forest, grading)
     balanced = forest.close()
     if split or balanced:
-        m = (
-            _prolong(before, forest, m, profile)
-            if profile
-            else transfer_masses(before, forest, m)[0]
-        )
+        m = prolong_masses(before, forest, m, profile)  # refinement keeps leaves local
     return m, AdaptCounts(split, balanced, merged)
 
 

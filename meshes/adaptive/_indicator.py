@@ -43,6 +43,7 @@ __all__ = [
     "leaf_centres",
     "limited_slopes",
     "parent_indicator",
+    "prolong_masses",
     "refinement_indicator",
 ]
 
@@ -189,7 +190,7 @@ def adapt_forest(
         split += _grade(forest, grading)
     balanced = forest.close()
     if split or balanced:
-        m = _prolong(before, forest, m, profile)
+        m = prolong_masses(before, forest, m, profile)
     return m, AdaptCounts(split, balanced, merged)
 
 
@@ -320,7 +321,9 @@ def _tangent(x: Array, v: Array) -> Array:
     return v - np.einsum("ij,ij->i", x, v)[:, None] * x
 
 
-def _prolong(before: Any, forest: Any, m: Array, profile: tuple[Array, Array] | None) -> Array:
+def prolong_masses(
+    before: Any, forest: Any, m: Array, profile: tuple[Array, Array] | None
+) -> Array:
     """Leaf masses after refinement: unchanged leaves keep theirs bitwise, merged leaves sum,
     and the children of a split leaf share its mass by the limited linear profile of its
     density at their centres times their areas (normalised: exactly the parent's mass, >= 0).
