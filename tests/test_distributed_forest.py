@@ -383,3 +383,13 @@ def test_rounds_that_rebuild_the_active_set_agree(comm, monkeypatch):
 
     monkeypatch.setattr(Activity, "FRESH_LIMIT", 0)
     assert run_parity(comm, 1, 5, True) > 300
+
+
+def test_reproducible_sum_in_chunks(comm, monkeypatch):
+    """Sums over more values than one int64 chunk holds: the same as in one chunk."""
+    import meshes.adaptive._distributed_adapt as module
+
+    values = np.random.default_rng(4).normal(size=5_000) * 1e3
+    whole = reproducible_sum(comm, values)
+    monkeypatch.setattr(module, "_CHUNK", 7)
+    assert reproducible_sum(comm, values) == whole

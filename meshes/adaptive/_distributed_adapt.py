@@ -54,30 +54,32 @@ __all__ = [
 Array = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-_CHUNK_BITS = 40  # three integer pieces of 40 bits: 2^23 values a rank before int64 overflows
+_CHUNK_BITS = 40  # three integer pieces of 40 bits a value
+_CHUNK = 1 << 22  # values summed in int64 at a time (below 2^62: exact)
 
 
 def reproducible_sum(comm: MPI.Comm, values: npt.ArrayLike) -> float:
     """The sum of ``values`` over all ranks, independent of their order and distribution
-    (collective). Values below 2^-120 of the largest magnitude are dropped (a relative
-    error of at most n 2^-120)."""
+    (collective): every value is cut into three integer pieces of 40 bits at binary places
+    fixed by the largest magnitude on any rank, and the integers are added exactly. Values
+    below 2^-120 of the largest magnitude are dropped (a relative error of at most
+    n 2^-120)."""
     x = np.asarray(values, dtype=np.float64).ravel()
-    if len(x) > 1 << 23:
-        raise ValueError(f"reproducible_sum takes at most 2^23 values a rank, got {len(x)}")
     top = comm.allreduce(float(np.max(np.abs(x), initial=0.0)), op=MPI.MAX)
     if not math.isfinite(top):  # inf or nan: what a plain sum gives
         return float(comm.allreduce(float(np.sum(x)), op=MPI.SUM))
     if top == 0.0:
         return 0.0
     k = math.frexp(top)[1]  # |x| < 2^k
-    pieces = np.zeros(3, dtype=np.int64)
-    r = np.ldexp(x, _CHUNK_BITS - k)  # |r| < 2^40, exact
-    for j in range(3):
-        whole = np.floor(r)
-        pieces[j] = whole.astype(np.int64).sum()  # below 2^63 for 2^23 values: exact
-        r = np.ldexp(r - whole, _CHUNK_BITS)  # the rest, exact
-    comm.Allreduce(MPI.IN_PLACE, pieces, op=MPI.SUM)
-    total = sum(int(p) << (_CHUNK_BITS * (2 - j)) for j, p in enumerate(pieces))
+    pieces = [0, 0, 0]  # Python integers: exact however many values
+    for start in range(0, len(x), _CHUNK):  # int64 sums of _CHUNK pieces < 2^40: exact
+        r = np.ldexp(x[start : start + _CHUNK], _CHUNK_BITS - k)  # |r| < 2^40, exact
+        for j in range(3):
+            whole = np.floor(r)
+            pieces[j] += int(whole.astype(np.int64).sum())
+            r = np.ldexp(r - whole, _CHUNK_BITS)  # the rest, exact
+    local = sum(p << (_CHUNK_BITS * (2 - j)) for j, p in enumerate(pieces))
+    total = comm.allreduce(local, op=MPI.SUM)  # Python integers: exact, in any order
     return math.ldexp(float(total), k - 3 * _CHUNK_BITS)  # one rounding, the same everywhere
 
 
