@@ -155,8 +155,7 @@ class DistributedSphereForest:
             raw = _raw_lattice(level, index, self.max_level)
         order = np.argsort(morton_keys(level, index, self.max_level), kind="stable")
         self.level, self.index, self._raw = level[order], index[order], raw[order]
-        self._corners: IntArray | None = None
-        self._vertices: Array | None = None
+        self._forget()
 
     @property
     def n_local(self) -> int:
@@ -176,6 +175,13 @@ class DistributedSphereForest:
     def keys(self) -> IntArray:
         """Morton keys of this rank's leaves (increasing)."""
         return morton_keys(self.level, self.index, self.max_level)
+
+    def _forget(self) -> None:
+        """Drop what is derived from the leaves (after they change): corner ids, corner
+        coordinates, neighbour pairs."""
+        self._corners: IntArray | None = None
+        self._vertices: Array | None = None
+        self._pairs: IntArray | None = None
 
     def _corner_ids(self, index: IntArray, raw: IntArray) -> IntArray:
         face, p = _orient(index, raw)
@@ -227,8 +233,11 @@ class DistributedSphereForest:
 
     def neighbours(self) -> IntArray:
         """Pairs (i, j), i < j, of global leaf indices sharing a piece of an edge, each pair
-        with a leaf on this rank (collective; :func:`edge_neighbours`)."""
-        return edge_neighbours(self)
+        with a leaf on this rank (collective; :func:`edge_neighbours`; kept until the leaves
+        change: an adaptation's indicator, slopes and grading read them)."""
+        if self._pairs is None:
+            self._pairs = edge_neighbours(self)
+        return self._pairs
 
     def coordinates(self, ids: IntArray) -> Array:
         """Coordinates (m, 3) of vertices ``ids`` (unit vectors; local, no communication)."""
@@ -467,8 +476,8 @@ class DistributedSphereForest:
         rows = np.column_stack([self.level, self.index, extra, self._raw.reshape(-1, 9)])
         got, _ = send_rows(comm, dest, rows)
         # received in rank order, each rank's leaves in Morton order: already sorted
-        self.level, self.index, self._corners = got[:, 0], got[:, 1], None
-        self._vertices = None
+        self.level, self.index = got[:, 0], got[:, 1]
+        self._forget()
         self._raw = got[:, 2 + k :].astype(np.int32).reshape(-1, 3, 3)
         moved = np.ascontiguousarray(got[:, 2 : 2 + k])
         return moved[:, 0] if extra.ndim == 1 else moved
@@ -565,8 +574,8 @@ class DistributedSphereForest:
             raise ValueError(
                 "the forest state's rows are not the leaves of a forest in Morton order"
             )
-        forest.level, forest.index, forest._corners = level, index, None
-        forest._vertices = None
+        forest.level, forest.index = level, index
+        forest._forget()
         forest._raw = _raw_lattice(level, index, top)
         forest.partition()
         return forest
