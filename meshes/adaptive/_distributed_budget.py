@@ -66,7 +66,8 @@ def distributed_budget_marks(
     d = np.maximum(math.copysign(1.0, drift) * signed, 0.0)
     target = budget * reference
     total = abs(drift)
-    cand = d[(forest.leaf_levels() < forest.max_level) & (d > target / n)]
+    candidate = (forest.leaf_levels() < forest.max_level) & (d > target / n)
+    cand = d[candidate]
     split = none.copy()
     if total > target and comm.allreduce(len(cand), op=MPI.SUM):
         # the k-th largest share, k the fewest splits that meet the target: the largest v
@@ -79,8 +80,7 @@ def distributed_budget_marks(
         last = _largest_value_where(comm, cand, enough)
         if last < 0:
             last = comm.allreduce(float(cand.min(initial=math.inf)), op=MPI.MIN)
-        cut = (forest.leaf_levels() < forest.max_level) & (d > target / n)
-        split = cut & (d >= last * (1.0 - TIE))
+        split = candidate & (d >= last * (1.0 - TIE))
     predicted = total - 0.5 * reproducible_sum(comm, d[split])
     hold = _held_groups(forest, d, split, target - predicted)
     return BudgetMarks(split, hold, drift / reference, math.copysign(predicted, drift) / reference)
@@ -94,7 +94,8 @@ def _held_groups(forest: Any, d: Array, split: BoolArray, room: float) -> BoolAr
     groups = forest.sibling_groups()  # (g, 4) local positions, complete groups only
     held_leaf = np.zeros(len(d), dtype=bool)
     share = d[groups].sum(axis=1) if len(groups) else np.zeros(0)
-    held = split[groups].any(axis=1) if len(groups) else np.zeros(0, dtype=bool)
+    splitting = split[groups].any(axis=1) if len(groups) else np.zeros(0, dtype=bool)
+    held = splitting.copy()
     free = share[~held]
     room = max(room, 0.0)
 
@@ -106,7 +107,7 @@ def _held_groups(forest: Any, d: Array, split: BoolArray, room: float) -> BoolAr
     if total_free > room:
         u = _largest_value_where(comm, free, fits)
         held[~held] = free > u if u >= 0 else True
-        above = share[held & ~split[groups].any(axis=1)] if len(groups) else np.zeros(0)
+        above = share[held & ~splitting]
         top = comm.allreduce(float(above.min(initial=math.inf)), op=MPI.MIN)
         if math.isfinite(top):  # a threshold: groups tied with the first held are held too
             held |= share >= top * (1.0 - TIE)
