@@ -87,7 +87,7 @@ def test_numerical_dissipation_falls_under_refinement(comm):
 def test_only_gradient_flows_have_a_drift_to_keep(comm):
     """The criterion needs M_h = Q_h^T K_h symmetric and V_h = M_h: the identity head has
     them; a non-symmetric Q^T K or V != Q^T K turns it off (their budget is no identity), and
-    an adaptive run of such a head records no budget marks."""
+    so does noise; an adaptive run of such a head records no budget marks."""
     cv = control_volumes(icosphere(comm, 2))
     rho = initial_density(cv, DENSITY)
     Q = np.array([[1.0, 0.3, 0.0], [0.0, 1.0, 0.2], [0.1, 0.0, 1.0]])
@@ -97,6 +97,13 @@ def test_only_gradient_flows_have_a_drift_to_keep(comm):
     for head, expected in cases:
         s = TransportSolver(cv, Attention(4.0, 1), make_weights("frozen", [head]), rho)
         assert gradient_flow(s) is expected
+    # noise: the flow of the free energy, whose budget has the noise's power besides
+    cvd = control_volumes(icosphere(comm, 2))
+    noisy = TransportSolver(
+        cvd, Attention(4.0, 1), make_weights("frozen", [Head.identity(3)]),
+        initial_density(cvd, DENSITY), diffusion=0.1,
+    )  # fmt: skip
+    assert gradient_flow(noisy) is False
 
     def build(cv, density):
         weights = make_weights("frozen", [Head(Q, I3, I3)])

@@ -264,7 +264,7 @@ def test_bad_noise_input_exit_2(shared_tmp, capfd, item, message):
     "sets,message",
     [
         (['mesh.manifold="R2"', "mesh.refinement=0"], "spheres S1 and S2"),
-        (["adapt.max_level=3"], "Delaunay"),
+        # adaptive meshes take noise (tests/test_adaptive_noise.py)
     ],
 )
 def test_noise_refused_where_not_implemented(shared_tmp, capfd, sets, message):

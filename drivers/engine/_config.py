@@ -418,18 +418,13 @@ def _cadence(cfg: dict[str, Any]) -> None:
 
 
 def _diffusion(cfg: dict[str, Any]) -> None:
-    """The manifolds and schemes that take ``[attention] diffusion`` > 0."""
+    """The manifolds that take ``[attention] diffusion`` > 0 (every scheme, uniform or adaptive
+    meshes: an adaptive S2 forest then adds its Delaunay closure, ``_problem``)."""
     if cfg["attention"]["diffusion"] == 0:
         return
     if cfg["mesh"]["manifold"] not in ("S1", "S2"):
         raise ConfigError(
             "attention.diffusion", "noisy tokens are implemented on the spheres S1 and S2"
-        )
-    if cfg["adapt"]["max_level"] > 0:
-        raise ConfigError(
-            "attention.diffusion",
-            "noisy tokens need a Delaunay mesh (two-point fluxes between circumcentres), and "
-            "the green closure of adaptive meshes is not: set adapt.max_level = 0",
         )
 
 

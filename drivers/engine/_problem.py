@@ -288,10 +288,13 @@ def adaptive_scheme(
     """The scheme of ``[time]`` on the adaptive mesh of ``[adapt]`` (collective): a forest
     from ``mesh.refinement`` to ``adapt.max_level``, adapted to the initial density."""
     m, ad = cfg["mesh"], cfg["adapt"]
-    delaunay = scheme_spec(cfg["time"]["scheme"]).delaunay_mesh
+    # circumcentred two-point fluxes (the JKO scheme, the noise's diffusion) need a Delaunay
+    # mesh: the forest then adds the cells of its Delaunay closure (S2; S1 meshes always are)
+    noisy = cfg["attention"]["diffusion"] > 0
+    delaunay = scheme_spec(cfg["time"]["scheme"]).delaunay_mesh or noisy
     if ad["forest"] == "distributed":  # S2 (checked): each rank its own leaves
         forest: Any = DistributedSphereForest(comm, m["refinement"], ad["max_level"], delaunay)
-    elif m["manifold"] == "S2":  # circumcentred two-point fluxes need a Delaunay mesh
+    elif m["manifold"] == "S2":
         forest = SphereForest(m["refinement"], ad["max_level"], delaunay=delaunay)
     else:
         forest = CircleForest(m["refinement"], ad["max_level"])

@@ -223,8 +223,9 @@ def _run_keys() -> tuple[Key, ...]:
             ("attention", "gradient")),
         Key("attention", "diffusion", "number", 0.0,
             "noise nu >= 0 of the tokens: the PDE gains nu Delta_S mu (fv: two-point "
-            "Laplace-Beltrami fluxes; particles: Brownian motion on the sphere, seeded by "
-            "weights.seed); S1/S2, schemes fv and particles; 0: none"),
+            "Laplace-Beltrami fluxes between circumcentres; jko: the entropy term of the step; "
+            "particles: Brownian motion on the sphere, seeded by weights.seed); S1/S2; on "
+            "adaptive S2 meshes the forest adds its Delaunay closure; 0: none"),
         # [weights]
         Key("weights", "dynamics", "string", "frozen",
             "frozen heads; Ornstein-Uhlenbeck or oscillating D_h(t) (heads (I, D, D)); "
@@ -363,7 +364,7 @@ def _run_keys() -> tuple[Key, ...]:
             "break it are refused); 0: the 2:1 balance only; the energy budget of a clustering "
             "run needs 2 (docs/adaptivity.md)"),
         Key("adapt", "budget", "number", 1e-3,
-            "fv, heads with symmetric Q^T K = V: also refine where the fluxes' numerical "
+            "fv, heads with symmetric Q^T K = V, no noise: also refine where the fluxes' numerical "
             "dissipation makes the energy budget drift, until the predicted drift is below "
             "budget times the dissipation rate, and hold merges that would raise it (>= 0; 0: "
             "off; docs/adaptivity.md)"),

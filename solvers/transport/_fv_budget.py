@@ -65,10 +65,13 @@ class EnergyDrift:
 
 def gradient_flow(solver: Any) -> bool:
     """Whether ``solver``'s flow at its time is the (weighted) gradient flow of the energy whose
-    budget the drift measures: no background field, and every head's :math:`M_h = Q_h^T K_h`
-    symmetric and its :math:`V_h = M_h` (or the velocity model ``"gradient"``), to 1e-12 of
-    :math:`|M_h|`."""
+    budget the drift measures: no background field, no noise (with ``diffusion`` > 0 the flow
+    is that of the free energy, and the budget gains the noise's power, which the drift does
+    not measure), and every head's :math:`M_h = Q_h^T K_h` symmetric and its :math:`V_h = M_h`
+    (or the velocity model ``"gradient"``), to 1e-12 of :math:`|M_h|`."""
     if getattr(solver, "background", None) is not None:
+        return False
+    if getattr(solver, "diffusion", 0.0) > 0:
         return False
     for head in solver.weights.heads_at(solver.t):
         M = head.Q.T @ head.K
