@@ -21,7 +21,9 @@ upper bound); ``_wasserstein_b`` the b-weighted Wasserstein distance of two mesh
 barrier Newton method; the equivalence constants sqrt(min b), sqrt(max b) with W_2).
 ``_linear_stability`` gives the dispersion relation of the uniform state (growth rates of
 its modes with and without noise, the critical noise) and the angular power spectrum that
-measures them; ``_metastability`` fits mode growth in the linear window, predicts the
+measures them; ``_stationary`` the stationary noisy cluster on S^2 below the critical noise
+(:func:`stationary_cluster`, a fixed point in one variable by Funk-Hecke: an exact reference
+for noisy runs) and the exact W1 of polar-angle marginals (:func:`polar_angle_w1`); ``_metastability`` fits mode growth in the linear window, predicts the
 cluster count from the linearised dynamics, finds plateaus and fits exponential laws.
 ``_clusters`` finds the clusters of a measure on S^{d-1} (:class:`ClusterAnalysis`,
 :func:`cluster_statistics`: count, masses, centres, angular radii, by persistence of the
@@ -138,6 +140,7 @@ from solvers.diagnostics._stability import (
     transport_w1,
     two_point_measure,
 )
+from solvers.diagnostics._stationary import polar_angle_w1, stationary_cluster
 from solvers.diagnostics._threshold_clusters import threshold_clusters
 from solvers.diagnostics._wasserstein_b import WassersteinB, wasserstein_b
 
@@ -175,6 +178,8 @@ __all__ = [
     "kernel_eigenvalue_ratio",
     "laplace_eigenvalue",
     "zonal_heads",
+    "polar_angle_w1",
+    "stationary_cluster",
     "ClusterAnalysis",
     "ClusterEvent",
     "ClusterStatistics",
