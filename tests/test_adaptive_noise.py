@@ -9,9 +9,9 @@ adds its Delaunay closure (as for the JKO scheme). Checked here:
   e^(beta x.y) rho(y) dy; for a density zonal about the north pole Funk-Hecke makes it a
   fixed point in one variable (``solvers.diagnostics.stationary_cluster``: no mesh, no time
   stepping, nothing of the solver; checked here against a direct quadrature of Z on the
-  sphere). The runs go to
-  t = 10 (measured: the errors below are those at t = 15 to three digits). Error: the exact W1
-  of the polar-angle marginals (the flow keeps the zonal symmetry). Measured (2 ranks):
+  sphere). The runs go to t = 10 (measured: the errors below are those at t = 15 to three
+  digits). Error: the exact W1 of the polar-angle marginals (the flow keeps the zonal
+  symmetry). Measured (2 ranks):
   uniform level 2 5.85e-2, uniform 3 1.84e-2 (1,280 cells), adaptive 2-4 with the default
   tolerance 7.4e-3 with at most 832 cells;
 - the adaptive runs conserve the mass to round-off and keep the density non-negative;
