@@ -29,6 +29,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 import numpy as np
+import pytest
 
 from drivers.engine import build_problem, load_config, run
 from solvers.diagnostics import critical_diffusion, polar_angle_w1, stationary_cluster
@@ -86,6 +87,9 @@ def test_the_stationary_cluster_solves_its_fixed_point():
     moved = np.column_stack([np.sin(theta), np.zeros_like(z), np.cos(theta)])
     assert polar_angle_w1(y.reshape(-1, 3), weight, z, rho) < 2e-3  # measured 9.8e-4
     assert abs(polar_angle_w1(moved, w * rho, z, rho) - 0.05) < 2e-3
+    for bad in ({"beta": 0.0}, {"nu": float("nan")}, {"nodes": 1}, {"max_iter": 3}):
+        with pytest.raises(ValueError, match="beta and nu|nodes|converge"):
+            stationary_cluster(**{"beta": BETA, "nu": NU, **bad})
 
 
 def test_the_stationary_noisy_cluster(shared_tmp):

@@ -54,12 +54,16 @@ def stationary_cluster(
         (z, rho): the nodes and the density there (:math:`2\pi \int \rho\, dz = 1`).
 
     Raises:
-        ValueError: beta or nu not finite and > 0, or no convergence within ``max_iter``.
+        ValueError: beta or nu not finite and > 0, nodes < 2 or max_iter < 1, or no
+            convergence within ``max_iter``.
     """
     from scipy.special import i0e
 
     if not (math.isfinite(beta) and beta > 0 and math.isfinite(nu) and nu > 0):
         raise ValueError(f"beta and nu must be finite and > 0, got {beta!r}, {nu!r}")
+    if not (isinstance(nodes, int) and nodes >= 2 and isinstance(max_iter, int) and max_iter >= 1):
+        raise ValueError(f"nodes must be >= 2 and max_iter >= 1, got {nodes!r}, {max_iter!r}")
+    change = math.inf
     z, w = np.polynomial.legendre.leggauss(nodes)
     r = np.sqrt(1.0 - z * z)
     rr = np.outer(r, r)
