@@ -36,6 +36,7 @@ from meshes.adaptive._tolerance import (
     COARSEN_RATIO,
     DEFAULT_TOLERANCE_FACTOR,
     Thresholds,
+    predicted_changes,
     search_thresholds,
 )
 from meshes.adaptive._transfer import transfer_masses
@@ -103,13 +104,7 @@ def distributed_parent_indicator(forest: Any, eta: Array, kind: str = "mass") ->
 def _predicted(forest: Any, eta: Array, kind: str, theta: float, P: Array) -> tuple[float, int]:
     """:func:`~meshes.adaptive.predicted_estimate` over all ranks (collective)."""
     F, B = INDICATORS[kind], forest.children_per_cell
-    room = forest.max_level - forest.leaf_levels()
-    split = (eta > theta) & (room > 0)
-    k = np.zeros(len(eta))
-    with np.errstate(divide="ignore"):
-        k[split] = np.ceil(np.log(eta[split] / theta) / math.log(F * B))
-    k = np.minimum(np.maximum(k, 1.0), room) * split
-    merge = P < COARSEN_RATIO * theta
+    split, k, merge = predicted_changes(forest, eta, kind, theta, P)
     comm = forest.comm
     total = reproducible_sum(comm, np.concatenate([eta / F**k, P[merge] * (F - 1.0) / (F * B)]))
     groups = _count(comm, np.count_nonzero(merge)) // B

@@ -57,11 +57,13 @@ __all__ = [
     "Thresholds",
     "default_tolerance",
     "equidistribute",
+    "predicted_changes",
     "predicted_estimate",
     "search_thresholds",
 ]
 
 Array = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 
 #: merge a sibling group when its parent's estimated indicator is below this times theta
 COARSEN_RATIO = 0.25
@@ -88,6 +90,24 @@ class Thresholds:
     leaves: int
 
 
+def predicted_changes(
+    forest: Any, eta: Array, kind: str, theta: float, parent: Array
+) -> tuple[BoolArray, Array, BoolArray]:
+    """What the threshold ``theta`` is predicted to do to this rank's leaves (module
+    docstring): ``(split, k, merge)``, the leaves above it that can split, the levels each
+    gains (0 for the others: at least one, until its indicator is below ``theta`` with the
+    indicator's refinement factor, at most to ``max_level``), and the leaves whose sibling
+    group's ``parent`` indicator is below ``COARSEN_RATIO * theta`` (B leaves a group)."""
+    F, B = INDICATORS[kind], forest.children_per_cell
+    room = forest.max_level - forest.leaf_levels()
+    split = (eta > theta) & (room > 0)
+    k = np.zeros(len(eta))
+    with np.errstate(divide="ignore"):
+        k[split] = np.ceil(np.log(eta[split] / theta) / math.log(F * B))
+    k = np.minimum(np.maximum(k, 1.0), room) * split
+    return split, k, parent < COARSEN_RATIO * theta
+
+
 def predicted_estimate(
     forest: Any, eta: Array, kind: str, theta: float, parent: Array | None = None
 ) -> tuple[float, int]:
@@ -107,13 +127,7 @@ def predicted_estimate(
     F, B = INDICATORS[kind], forest.children_per_cell
     eta = np.asarray(eta, dtype=np.float64)
     P = parent_indicator(forest, eta, kind) if parent is None else parent
-    room = forest.max_level - forest.leaf_levels()
-    split = (eta > theta) & (room > 0)
-    k = np.zeros(len(eta))
-    with np.errstate(divide="ignore"):
-        k[split] = np.ceil(np.log(eta[split] / theta) / math.log(F * B))
-    k = np.minimum(np.maximum(k, 1.0), room) * split
-    merge = P < COARSEN_RATIO * theta  # B leaves per group, each with the group's P
+    split, k, merge = predicted_changes(forest, eta, kind, theta, P)
     total = float(np.sum(eta / F**k) + np.sum(P[merge]) * (F - 1.0) / (F * B))
     groups = np.count_nonzero(merge) // B
     leaves = int(len(eta) + np.sum(float(B) ** k[split] - 1.0)) - groups * (B - 1)
